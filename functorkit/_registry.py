@@ -1,0 +1,383 @@
+"""The node table: which types are nodes, how to take them apart and rebuild them.
+
+One global, thread-safe table maps an exact type to a :class:`NodeDef` (a node)
+or to the leaf marker. Types not registered are resolved once and cached:
+namedtuples and dataclasses are nodes by default, objects of a backend with an
+adapter (``torch.nn.Module``) are handed to that adapter, loaded lazily, and
+everything else is a leaf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import threading
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+__all__ = [
+    "SCALAR",
+    "NodeDef",
+    "child_items",
+    "dispatch",
+    "register",
+    "register_dataclass",
+    "register_leaf",
+    "resolve",
+]
+
+T = TypeVar("T")
+
+#: Marker returned by :func:`resolve` for leaves that are never identity-cached.
+SCALAR = object()
+#: Marker stored in the table for classes registered with :func:`register_leaf`.
+_LEAF = object()
+
+SCALAR_TYPES = frozenset({bool, int, float, complex, str, bytes, type(None)})
+
+# fast-path codes used by the walk for the built-in containers
+GENERIC, DICT, LIST, TUPLE = 0, 1, 2, 3
+
+
+class NodeDef:
+    """How one node type is taken apart and put back together.
+
+    ``flatten(obj) -> (keys, values, aux, named)`` lists the children in walk
+    order (``named`` is true when the children form a mapping);
+    ``unflatten(aux, keys, values) -> obj`` rebuilds; ``trainable(obj)``
+    returns the set of trainable child keys, or ``None`` for all.
+    """
+
+    __slots__ = ("cls", "fast", "flatten", "trainable", "unflatten")
+
+    def __init__(
+        self,
+        cls: type,
+        flatten: Callable[[Any], tuple[list[Any], list[Any], Any, bool]],
+        unflatten: Callable[[Any, list[Any], list[Any]], Any],
+        trainable: Callable[[Any], frozenset[Any] | None] | None = None,
+        fast: int = GENERIC,
+    ) -> None:
+        self.cls = cls
+        self.flatten = flatten
+        self.unflatten = unflatten
+        self.trainable = trainable
+        self.fast = fast
+
+    def __repr__(self) -> str:
+        return f"NodeDef({self.cls.__qualname__})"
+
+
+# ---------------------------------------------------------------- built-ins
+
+
+def _dict_flatten(x: dict[Any, Any]) -> tuple[list[Any], list[Any], Any, bool]:
+    return list(x), list(x.values()), None, True
+
+
+def _dict_unflatten(aux: Any, keys: list[Any], values: list[Any]) -> dict[Any, Any]:
+    return dict(zip(keys, values))
+
+
+def _odict_unflatten(aux: Any, keys: list[Any], values: list[Any]) -> OrderedDict[Any, Any]:
+    return OrderedDict(zip(keys, values))
+
+
+def _ddict_flatten(x: defaultdict[Any, Any]) -> tuple[list[Any], list[Any], Any, bool]:
+    return list(x), list(x.values()), x.default_factory, True
+
+
+def _ddict_unflatten(aux: Any, keys: list[Any], values: list[Any]) -> defaultdict[Any, Any]:
+    return defaultdict(aux, zip(keys, values))
+
+
+def _seq_flatten(x: Any) -> tuple[list[Any], list[Any], Any, bool]:
+    return list(range(len(x))), list(x), None, False
+
+
+def _list_unflatten(aux: Any, keys: list[Any], values: list[Any]) -> list[Any]:
+    return list(values)
+
+
+def _tuple_unflatten(aux: Any, keys: list[Any], values: list[Any]) -> tuple[Any, ...]:
+    return tuple(values)
+
+
+def _namedtuple_def(cls: type) -> NodeDef:
+    fields = list(cls._fields)  # type: ignore[attr-defined]
+
+    def flatten(x: Any) -> tuple[list[Any], list[Any], Any, bool]:
+        return fields, list(x), None, True
+
+    def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
+        return cls(*values)
+
+    return NodeDef(cls, flatten, unflatten)
+
+
+def _dataclass_def(cls: type) -> NodeDef:
+    """Children: the fields not marked ``metadata={"static": True}``.
+
+    Rebuilt without calling ``__init__``/``__post_init__`` (fields set with
+    ``object.__setattr__``, so frozen dataclasses work); static fields and any
+    non-field instance attributes are carried over from the input.
+    """
+    all_fields = dataclasses.fields(cls)
+    names = [f.name for f in all_fields if not f.metadata.get("static", False)]
+    statics = [f.name for f in all_fields if f.metadata.get("static", False)]
+    field_names = {f.name for f in all_fields}
+
+    def flatten(x: Any) -> tuple[list[Any], list[Any], Any, bool]:
+        values = [getattr(x, n) for n in names]
+        extra = getattr(x, "__dict__", None)
+        if extra is not None:
+            extra = [(k, v) for k, v in extra.items() if k not in field_names]
+        aux = ([(n, getattr(x, n)) for n in statics], extra)
+        return names, values, aux, True
+
+    def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
+        obj = object.__new__(cls)
+        setattr_ = object.__setattr__
+        for n, v in zip(keys, values):
+            setattr_(obj, n, v)
+        static, extra = aux
+        for n, v in static:
+            setattr_(obj, n, v)
+        if extra:
+            for n, v in extra:
+                setattr_(obj, n, v)
+        return obj
+
+    return NodeDef(cls, flatten, unflatten)
+
+
+def _user_def(
+    cls: type,
+    children: Callable[[Any], tuple[Any, Any]],
+    rebuild: Callable[[Any, Any], Any],
+    trainable: Callable[[Any], Iterable[Any]] | None,
+) -> NodeDef:
+    qual = cls.__qualname__
+
+    def flatten(x: Any) -> tuple[list[Any], list[Any], Any, bool]:
+        out = children(x)
+        if type(out) is not tuple or len(out) != 2:
+            msg = (
+                f"the `children` function registered for {qual} must return a "
+                f"(children, aux) pair, got {type(out).__name__}; return "
+                "`(mapping_or_sequence, aux)`."
+            )
+            raise TypeError(msg)
+        ch, aux = out
+        if isinstance(ch, Mapping):
+            return list(ch.keys()), list(ch.values()), (aux, None), True
+        if isinstance(ch, (list, tuple)):
+            vals = list(ch)
+            return list(range(len(vals))), vals, (aux, type(ch) is tuple), False
+        msg = (
+            f"the `children` function registered for {qual} returned children of "
+            f"type {type(ch).__name__}; expected a mapping, list or tuple."
+        )
+        raise TypeError(msg)
+
+    def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
+        user_aux, seq_kind = aux
+        if seq_kind is None:
+            return rebuild(user_aux, dict(zip(keys, values)))
+        return rebuild(user_aux, tuple(values) if seq_kind else list(values))
+
+    tfn = None
+    if trainable is not None:
+        t = trainable
+
+        def tfn(x: Any) -> frozenset[Any] | None:
+            return frozenset(t(x))
+
+    return NodeDef(cls, flatten, unflatten, tfn)
+
+
+# ---------------------------------------------------------------- the table
+
+_lock = threading.RLock()
+_TABLE: dict[type, Any] = {
+    dict: NodeDef(dict, _dict_flatten, _dict_unflatten, fast=DICT),
+    list: NodeDef(list, _seq_flatten, _list_unflatten, fast=LIST),
+    tuple: NodeDef(tuple, _seq_flatten, _tuple_unflatten, fast=TUPLE),
+    OrderedDict: NodeDef(OrderedDict, _dict_flatten, _odict_unflatten),
+    defaultdict: NodeDef(defaultdict, _ddict_flatten, _ddict_unflatten),
+}
+#: type -> NodeDef (node), None (identity-cached leaf) or SCALAR (uncached leaf)
+_DISPATCH: dict[type, Any] = {}
+
+# module name -> adapter module, imported the first time an object of that
+# library is met (only possible once the library itself is imported).
+_ADAPTERS: tuple[tuple[str, str], ...] = (("torch", "functorkit.adapters.torch"),)
+
+
+def _is_namedtuple(cls: type) -> bool:
+    return issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)
+
+
+def resolve(cls: type) -> Any:
+    """Return the dispatch entry for `cls` (NodeDef, None or SCALAR), caching it."""
+    with _lock:
+        entry = _TABLE.get(cls)
+        if entry is not None:
+            out = None if entry is _LEAF else entry
+        elif cls in SCALAR_TYPES:
+            out = SCALAR
+        elif _is_namedtuple(cls):
+            out = _namedtuple_def(cls)
+        elif dataclasses.is_dataclass(cls):
+            out = _dataclass_def(cls)
+        else:
+            out = None
+            for modname, adapter in _ADAPTERS:
+                if modname in sys.modules:
+                    nd = importlib.import_module(adapter).node_for(cls)
+                    if nd is not None:
+                        out = nd
+                        break
+        _DISPATCH[cls] = out
+        return out
+
+
+def dispatch(x: Any) -> Any:
+    """The dispatch entry for ``type(x)``."""
+    t = type(x)
+    try:
+        return _DISPATCH[t]
+    except KeyError:
+        return resolve(t)
+
+
+def child_items(node: Any) -> list[tuple[Any, Any]] | None:
+    """``[(key, child), ...]`` of a node, or None for a leaf."""
+    nd = dispatch(node)
+    if nd is None or nd is SCALAR:
+        return None
+    keys, values, _, _ = nd.flatten(node)
+    return list(zip(keys, values))
+
+
+def _store(cls: Any, entry: Any, replace: bool, what: str) -> None:
+    if not isinstance(cls, type):
+        msg = f"`cls` must be a class, got {type(cls).__name__} ({cls!r})."
+        raise TypeError(msg)
+    with _lock:
+        if cls in _TABLE and not replace:
+            msg = (
+                f"{cls.__qualname__} is already registered; pass `replace=True` to "
+                f"{what} to replace its entry."
+            )
+            raise ValueError(msg)
+        _TABLE[cls] = entry
+        _DISPATCH.clear()
+
+
+def register(
+    cls: type[T],
+    *,
+    children: Callable[[T], tuple[Any, Any]],
+    rebuild: Callable[[Any, Any], T],
+    trainable: Callable[[T], Iterable[Any]] | None = None,
+    replace: bool = False,
+) -> type[T]:
+    """Register `cls` (by exact type) as a node.
+
+    Parameters
+    ----------
+    cls
+        The class. Subclasses are not covered: register each one.
+    children
+        ``children(obj) -> (children, aux)``. ``children`` is a mapping (its
+        keys become path entries and ``fmapstructure`` gives a dict) or a
+        list/tuple (indices become path entries). ``aux`` is static data
+        handed back to `rebuild` untouched.
+    rebuild
+        ``rebuild(aux, children) -> obj``; ``children`` has the form
+        `children` gave (a dict with the same keys, or a list/tuple).
+    trainable
+        ``trainable(obj) -> iterable of child keys`` that are trainable
+        (default: all children).
+    replace
+        Replace an existing entry instead of raising ``ValueError``.
+
+    Returns
+    -------
+    type
+        `cls`, so that this can be used from a decorator.
+
+    Examples
+    --------
+    >>> import functorkit as fk
+    >>> class Pair:
+    ...     def __init__(self, a, b):
+    ...         self.a, self.b = a, b
+    >>> _ = fk.register(
+    ...     Pair,
+    ...     children=lambda p: ({"a": p.a, "b": p.b}, None),
+    ...     rebuild=lambda aux, ch: Pair(ch["a"], ch["b"]),
+    ... )
+    >>> fk.fmap(lambda x: x + 1, Pair(1, 2)).b
+    3
+    """
+    if not callable(children) or not callable(rebuild):
+        msg = "`children` and `rebuild` must be callables; see fk.register's docstring."
+        raise TypeError(msg)
+    if trainable is not None and not callable(trainable):
+        msg = "`trainable` must be a callable returning the trainable child keys, or None."
+        raise TypeError(msg)
+    _store(cls, _user_def(cls, children, rebuild, trainable), replace, "fk.register")
+    return cls
+
+
+def register_dataclass(cls: Any = None, /, *, replace: bool = False) -> Any:
+    """Register a dataclass as a node (a decorator; plain dataclasses are nodes anyway).
+
+    Fields with ``field(metadata={"static": True})`` are static data, not
+    children. The rebuilt object is made without calling ``__init__`` or
+    ``__post_init__``; non-field instance attributes are carried over.
+
+    Examples
+    --------
+    >>> import dataclasses
+    >>> import functorkit as fk
+    >>> @fk.register_dataclass
+    ... @dataclasses.dataclass
+    ... class Layer:
+    ...     w: float
+    ...     name: str = dataclasses.field(default="l", metadata={"static": True})
+    >>> fk.fmapstructure(lambda x: x * 2, Layer(1.5))
+    {'w': 3.0}
+    """
+    if cls is None:
+        return lambda c: register_dataclass(c, replace=replace)
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        msg = (
+            f"fk.register_dataclass expects a dataclass type, got {cls!r}; apply "
+            "@dataclasses.dataclass first (below @fk.register_dataclass)."
+        )
+        raise TypeError(msg)
+    _store(cls, _dataclass_def(cls), replace, "fk.register_dataclass")
+    return cls
+
+
+def register_leaf(cls: type[T], /, *, replace: bool = False) -> type[T]:
+    """Force objects of exactly type `cls` to be leaves (e.g. a dataclass).
+
+    Examples
+    --------
+    >>> import dataclasses
+    >>> import functorkit as fk
+    >>> @dataclasses.dataclass
+    ... class Config:
+    ...     lr: float
+    >>> _ = fk.register_leaf(Config)
+    >>> fk.leaves({"cfg": Config(0.1)})
+    [Config(lr=0.1)]
+    """
+    _store(cls, _LEAF, replace, "fk.register_leaf")
+    return cls

@@ -1,0 +1,1 @@
+"""Backend adapters, each loaded lazily the first time one of its objects is met."""
