@@ -40,7 +40,8 @@ BACKENDS: dict[str, list[str]] = {
     "array_api_strict": ["array-api-strict>=2.2"],
     "jax": ["jax>=0.4.30"],
     "dask": ["dask[array]>=2024.1"],
-    "cupy": ["cupy-cuda12x>=13"],
+    # [ctk] brings the CUDA 12 libraries as wheels, so a GPU machine needs only the driver
+    "cupy": ["cupy-cuda12x[ctk]>=13"],
 }
 # which test backends (tests/conftest.py Backend values) each session exercises
 SELECT = {

@@ -19,6 +19,7 @@ tree with the same number of leaves.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -257,18 +258,19 @@ def time_tree(tree: Any, rounds: int) -> tuple[int, dict[str, dict[str, float]]]
     where: dict[str, str] = {}
     for group, ops in groups.items():
         for _, call, fn in ops:
-            calls[call] = (lambda fn=fn: fn(tree))  # type: ignore[misc]
+            calls[call] = functools.partial(fn, tree)
             where[call] = group
     calls[FLOOR["map (1 tree)"]] = lambda: list(map(_ident, flat))
     calls[FLOOR["map (2 trees)"]] = lambda: list(map(_first, flat, flat))
     where[FLOOR["map (1 tree)"]] = "map (1 tree)"
     where[FLOOR["map (2 trees)"]] = "map (2 trees)"
-    # sanity: every map gives the tree back, every leaves call the leaves (in some order)
-    for call, fn in calls.items():
-        out = fn()
-        if where[call] == "leaves":
-            got = out[0] if isinstance(out, tuple) else out
-            assert len(got) == len(flat), call
+    # sanity: every call sees every leaf (a map's output has as many leaves as the input)
+    for call, run_once in calls.items():
+        out = run_once()
+        got = (out[0] if isinstance(out, tuple) else out) if where[call] == "leaves" else _rec_leaves(out)
+        if len(got) != len(flat):
+            msg = f"{call} gave {len(got)} leaves, expected {len(flat)}"
+            raise AssertionError(msg)
     best = best_of(calls, rounds)
     res: dict[str, dict[str, float]] = {g: {} for g in groups}
     for call, t in best.items():
@@ -428,7 +430,7 @@ def deep_timing(depths: list[int], rounds: int) -> str:
     for d in depths:
         deep, flat = chain(d), flat_like(d)
         best = best_of(
-            {"deep": lambda deep=deep: fk.fmap(_ident, deep), "flat": lambda flat=flat: fk.fmap(_ident, flat)},
+            {"deep": functools.partial(fk.fmap, _ident, deep), "flat": functools.partial(fk.fmap, _ident, flat)},
             rounds,
             target_s=0.02,
         )
