@@ -33,6 +33,20 @@ def _is_wrapper(x: Any) -> bool:
     return not is_array(x) and callable(getattr(x, "dense", None)) and hasattr(x, "shape")
 
 
+def _array_at(x: Any, w: Any) -> Any:
+    """``x @ w`` for an array `x` and a wrapper `w`, calling ``w.__rmatmul__`` directly.
+
+    (array-api-strict arrays raise TypeError on a foreign operand instead of
+    returning NotImplemented, so the operator alone never reaches `w`.)
+    """
+    rmatmul = getattr(w, "__rmatmul__", None)
+    if rmatmul is not None:
+        out = rmatmul(x)
+        if out is not NotImplemented:
+            return out
+    return x @ w
+
+
 def _common_namespace(store: Any, x: Any, what: str) -> Any:
     xp = namespace(store)
     if namespace(x) is not xp:
@@ -189,7 +203,7 @@ class Diagonal:
             self._check_n(other.shape[-1], "entries" if other.ndim == 1 else "columns", what)
             return other * self.diag
         if _is_wrapper(other):
-            return other.dense() @ self
+            return self.__rmatmul__(other.dense())
         return NotImplemented
 
 
@@ -323,9 +337,9 @@ class Transpose:
             # p.T @ x == (x.T @ p).T; for a vector, x @ p
             _need_matrix_operand(other, what)
             if other.ndim == 1:
-                return other @ p
+                return _array_at(other, p)
             xp = namespace(other)
-            return xp.matrix_transpose(xp.matrix_transpose(other) @ p)
+            return xp.matrix_transpose(_array_at(xp.matrix_transpose(other), p))
         if _is_wrapper(other):
             return self @ other.dense()
         return NotImplemented
@@ -344,7 +358,7 @@ class Transpose:
             xp = namespace(other)
             return xp.matrix_transpose(p @ xp.matrix_transpose(other))
         if _is_wrapper(other):
-            return other.dense() @ self
+            return self.__rmatmul__(other.dense())
         return NotImplemented
 
 
