@@ -311,9 +311,9 @@ class Transpose:
 
     @property
     def device(self) -> Any:
-        """The parent's device (None where it cannot be determined, e.g. a JAX tracer)."""
+        """The parent's device (None where it cannot be determined: a JAX tracer, a wrapper without ``device``)."""
         p = self.parent
-        return device_of(p) if is_array(p) else p.device
+        return device_of(p) if is_array(p) else getattr(p, "device", None)
 
     @property
     def T(self) -> Any:
