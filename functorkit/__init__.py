@@ -11,6 +11,8 @@ from ._keypath import KeyPath as KeyPath
 from ._registry import register as register
 from ._registry import register_dataclass as register_dataclass
 from ._registry import register_leaf as register_leaf
+from ._structured import Diagonal as Diagonal
+from ._structured import Transpose as Transpose
 from ._walk import fmap as fmap
 from ._walk import fmap_with_path as fmap_with_path
 from ._walk import fmapstructure as fmapstructure
@@ -20,9 +22,11 @@ from ._walk import leaves_with_path as leaves_with_path
 __version__ = "0.1.0"
 
 __all__ = [
+    "Diagonal",
     "KeyPath",
     "PolicyError",
     "StructureError",
+    "Transpose",
     "fmap",
     "fmap_with_path",
     "fmapstructure",
