@@ -154,7 +154,8 @@ def _coefficient(c: Any, what: str, fname: str, *, real: bool = False) -> Any:
     if type(c) in _PY_SCALARS:
         out = c
     elif isinstance(c, np.generic) and c.dtype.kind in "iufc":
-        out = c.item()
+        kind = c.dtype.kind
+        out = int(c) if kind in "iu" else float(c) if kind == "f" else complex(c)  # longdouble too
     elif isinstance(c, numbers.Number) and not is_array(c):
         if isinstance(c, numbers.Integral):
             out = int(c)
@@ -266,7 +267,7 @@ def _run(fname: str, names: Sequence[str], models: Sequence[Any], visit: Callabl
     try:
         return walk(tuple(models), visit, build=build, with_path=True, track=True)
     except StructureError as e:
-        if len(models) > 1 and "`trees[" in str(e):
+        if len(models) > 1 and "`trees[" in str(e) and hasattr(e, "add_note"):  # add_note: Python 3.11+
             which = ", ".join(f"`trees[{k}]` is `{n}`" for k, n in enumerate(names[1:]))
             e.add_note(f"(in fk.{fname} the first tree is `{names[0]}`; {which})")
         raise

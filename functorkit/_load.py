@@ -323,7 +323,7 @@ def load_into(dst: Any, src: Any, /) -> Any:
     try:
         walk((dst, src), visit, build=BUILD_NONE, with_path=True)
     except StructureError as e:
-        if "`trees[" in str(e):
+        if "`trees[" in str(e) and hasattr(e, "add_note"):  # add_note: Python 3.11+
             e.add_note("(in fk.load_into the first tree is `dst`; `trees[0]` is `src`)")
         raise
     check_no_aliases([(p, d) for p, d, _ in plan], "fk.load_into")

@@ -199,6 +199,8 @@ def test_numpy_scalars_are_weak(xp: Any) -> None:
     m = model(xp, 0, "float32")
     out = fk.lincomb([np.float64(0.5), np.float32(2.0)], [m, m])
     assert values(out)["tie_a"].dtype == np.float32
+    assert values(fk.scale(np.longdouble(0.5), m))["tie_a"].dtype == np.float32
+    assert values(fk.scale(np.int64(3), m))["tie_a"].dtype == np.float32
     out = fk.lerp(m, m, np.float64(0.25))
     assert values(out)["part.w"].dtype == np.float32
     np.testing.assert_allclose(values(out)["part.w"], values(m)["part.w"], rtol=1e-6)
@@ -536,6 +538,45 @@ def test_torch_modules() -> None:
     with torch.no_grad():
         c[0].weight.add_(1.0)
     torch.testing.assert_close(m1[0].weight, sd1["0.weight"])
+
+
+@pytest.mark.parametrize("op", [*OPS, "normalize", "filter_normalize"])
+def test_torch_module_every_operation(op: str) -> None:
+    torch = pytest.importorskip("torch")
+    trainable = ["0.weight", "0.bias", "1.weight", "1.bias", "2.weight"]
+    if op == "normalize":
+        n, call = 1, lambda m: fk.normalize(m[0])
+        ref = None
+    elif op == "filter_normalize":
+        n, call = 2, lambda m: fk.filter_normalize(m[0], m[1])
+        ref = None
+    else:
+        n, call, ref = OPS[op]
+    ms = [_net(torch, s) for s in range(n)]
+    sds = [{k: v.detach().numpy().copy() for k, v in m.state_dict().items()} for m in ms]
+    out = call(ms)
+    assert type(out) is torch.nn.Sequential
+    assert [type(c) for c in out] == [type(c) for c in ms[0]]
+    got = {k: v.detach().numpy() for k, v in out.state_dict().items()}
+    assert got.keys() == sds[0].keys()
+    if op == "normalize":
+        total = math.sqrt(sum(float(np.sum(sds[0][k].astype(np.float64) ** 2)) for k in trainable))
+        want = {k: sds[0][k] / total for k in trainable}
+    elif op == "filter_normalize":
+        want = {k: np.zeros_like(sds[0][k]) for k in trainable if sds[0][k].ndim == 1}
+        for k in ("0.weight", "2.weight"):
+            d, r = sds[0][k], sds[1][k]
+            want[k] = d * (np.linalg.norm(r, axis=1, keepdims=True) / np.linalg.norm(d, axis=1, keepdims=True))
+    else:
+        want = {k: ref(*(sd[k] for sd in sds)) for k in trainable}
+    for k in trainable:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+        assert got[k].dtype == np.float32
+    for k in ("1.running_mean", "1.running_var", "1.num_batches_tracked", "2.bias"):  # constants: models[0]
+        np.testing.assert_array_equal(got[k], sds[0][k])
+    for m, sd in zip(ms, sds, strict=True):
+        for k, v in m.state_dict().items():
+            np.testing.assert_array_equal(v.detach().numpy(), sd[k])
 
 
 def test_torch_autograd_and_transforms() -> None:
