@@ -2,7 +2,10 @@
 
 Part 1, the tour: what functorkit sees in a small torch model (leaves, paths,
 shapes, dtypes, devices, trainable parameters, ties), and ``fmap`` rebuilding
-it. Further parts plug in below ``tour.main()`` in :func:`main`.
+it. Part 2, the main job: train a small MLP on scikit-learn's digits and draw
+its loss landscape on a plane of filter-normalised random directions, writing
+``loss_landscape.png`` and ``loss_landscape.md`` (into ``--out``, default the
+current directory).
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling example modules
 
+import loss_landscape
 import tour
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     tour.main()
-    # ---- later parts of the demo go here, each a module of examples/ with a main():
-    #      e.g. the loss landscape along a line between two models (destructure / re / lerp).
+    print("\n== Part 2: the loss landscape of a small MLP trained on digits\n")
+    loss_landscape.main(sys.argv[1:] if argv is None else argv)
     print(f"\ndemo finished in {time.perf_counter() - start:.1f} s")
 
 
