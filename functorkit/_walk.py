@@ -417,7 +417,10 @@ def _flatten(root: Any) -> Any:
                     prog_append(None)
                     continue
                 k = id(c)
-                if k in seen:
+                # a node met twice is a shared sub-tree or a cycle: the general walk
+                # handles it; but the empty tuple is a singleton, met twice in many
+                # trees, and both engines rebuild it as the same `()`
+                if k in seen and (type(c) is not tuple or c):
                     return _ABORT
                 seen_add(k)
                 fast = nd.fast
