@@ -45,6 +45,7 @@ __all__ = [
 BUILD_NONE, BUILD_SAME, BUILD_STRUCTURE = 0, 1, 2
 _MISS = object()
 _ROOT = make_path(())
+_REBUILDING = object()
 
 # frame slots (a frame is a list: cheaper than an object in the hot loop)
 _NODES, _ND, _KEYS, _VALS, _AUX, _RES, _I, _PATH, _TRAIN, _TSET, _CKEY, _NAMED, _KEY = range(13)
@@ -146,6 +147,13 @@ def walk(
     fr = root
     i = 0
     rebuilding = False
+    # a node whose children are all leaves is handled without a frame; while its
+    # leaves are visited `inline` is the list of their results, while it is rebuilt
+    # `inline` is _REBUILDING
+    inline: Any = None
+    tnew = tuple.__new__
+    leaf_types = LEAF_TYPES
+    scalar_types = SCALAR_TYPES
     own: BaseException | None = None  # an error this walk raised itself (no note)
     try:
         while True:
@@ -267,6 +275,70 @@ def walk(
                     ctset = nd.trainable(c) if (tr and nd.trainable is not None) else None
                 else:
                     ctrain, ctset = True, None
+                if is_leaf is None and all(leaf_types.issuperset(map(type, v)) for v in allvals):
+                    # ---- a node whose children are all leaves (in every tree): no frame
+                    cres: list[Any] = []
+                    inline = cres
+                    if with_path:
+                        cpp = () if fr is root else (*_node_path(stack), keys[i])
+                        paths = [tnew(KeyPath, (*cpp, k)) for k in ckeys]
+                    if not multi and not track:
+                        if leaf_cache is None:
+                            cres.extend(map(visit, paths, cvals) if with_path else map(visit, cvals))
+                        else:
+                            for x in cvals:
+                                if type(x) in scalar_types:
+                                    r = visit(paths[len(cres)], x) if with_path else visit(x)
+                                else:
+                                    r = leaf_cache.get(id(x), _MISS)
+                                    if r is _MISS:
+                                        r = leaf_cache[id(x)] = visit(paths[len(cres)], x) if with_path else visit(x)
+                                cres.append(r)
+                    else:
+                        xo: Any = ()
+                        path = None
+                        for j, x in enumerate(cvals):
+                            if multi:
+                                xo = [v[j] for v in allvals[1:]]
+                            if track:
+                                xtr = ctrain and (ctset is None or ckeys[j] in ctset)
+                            if with_path:
+                                path = paths[j]
+                            if leaf_cache is not None and type(x) not in scalar_types:
+                                lk: Any = (id(x), *map(id, xo)) if multi else id(x)
+                                if track:
+                                    lk = (lk, xtr)
+                                r = leaf_cache.get(lk, _MISS)
+                                if r is not _MISS:
+                                    cres.append(r)
+                                    continue
+                            if track:
+                                r = visit(path, x, xo, xtr)
+                            elif with_path:
+                                r = visit(path, x, *xo)
+                            else:
+                                r = visit(x, *xo)
+                            if leaf_cache is not None and type(x) not in scalar_types:
+                                leaf_cache[lk] = r
+                            cres.append(r)
+                    inline = _REBUILDING
+                    if build == BUILD_SAME:
+                        out = nd.unflatten(aux, ckeys, cres)
+                    elif build == BUILD_STRUCTURE:
+                        if named:
+                            out = dict(zip(ckeys, cres, strict=True))
+                        elif nd.fast == TUPLE:
+                            out = tuple(cres)
+                        else:
+                            out = cres
+                    else:
+                        out = None
+                    inline = None
+                    if node_cache is not None:
+                        node_cache[ck] = out
+                    res.append(out)
+                    i += 1
+                    continue
                 fr[_I] = i + 1
                 active.add(id(c))
                 stack.append(
@@ -315,6 +387,10 @@ def walk(
     except Exception as e:
         if e is not own:
             where = _node_path(stack) if rebuilding or fr is root else (*_node_path(stack), fr[_KEYS][i])
+            if inline is _REBUILDING:  # rebuilding a node handled without a frame
+                where = () if fr is root else where
+            elif inline is not None:  # visiting a leaf of such a node: `inline` holds the results so far
+                where = (*(() if fr is root else where), ckeys[len(inline)])
             add_note(e, _visiting_note(make_path(where)))
         raise
 

@@ -434,6 +434,27 @@ def test_trainable_only_maps_float_arrays_reached_through_trainable_children(xp:
     assert paths == ["w", "node.train", "inner.train[0]"]
 
 
+def test_trainable_only_tie_between_trainable_and_frozen_positions(xp: Any) -> None:
+    class Holder:
+        def __init__(self, train: Any, fixed: Any) -> None:
+            self.train, self.fixed = train, fixed
+
+    fk.register(
+        Holder,
+        children=lambda o: ({"fixed": o.fixed, "train": o.train}, None),
+        rebuild=lambda aux, ch: Holder(ch["train"], ch["fixed"]),
+        trainable=lambda o: ["train"],
+    )
+    w = xp.asarray([1.0])
+    tree = Holder(w, w)  # one array, reached first through a frozen child, then through a trainable one
+    calls, f = recording()
+    out = fk.fmap(f, tree, trainable_only=True)
+    assert len(calls) == 1
+    assert calls[0] is w
+    assert out.fixed is w
+    assert type(out.train) is Tag
+
+
 def test_trainable_only_two_trees(xp: Any) -> None:
     t1 = {"w": xp.asarray([1.0]), "i": xp.asarray([1])}
     t2 = {"w": xp.asarray([10.0]), "i": xp.asarray([7])}
