@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 __all__ = [
+    "KNOWN_TYPES",
     "LEAF_TYPES",
     "SCALAR",
     "SCALAR_TYPES",
@@ -245,6 +246,8 @@ _TABLE: dict[type, Any] = dict(_BUILTIN)
 _DISPATCH: dict[type, Any] = {}
 #: the resolved types that are leaves (a set, so a node's children can be checked in one go)
 LEAF_TYPES: set[type] = set()
+#: every resolved type (leaves and nodes)
+KNOWN_TYPES: set[type] = set()
 
 # module name -> adapter module, imported the first time an object of that
 # library is met (only possible once the library itself is imported).
@@ -278,6 +281,7 @@ def resolve(cls: type) -> Any:
         _DISPATCH[cls] = out
         if not isinstance(out, NodeDef):
             LEAF_TYPES.add(cls)
+        KNOWN_TYPES.add(cls)
         return out
 
 
@@ -324,6 +328,7 @@ def _store(cls: type, entry: Any, replace: bool, what: str) -> None:
         _TABLE[cls] = entry
         _DISPATCH.clear()
         LEAF_TYPES.clear()
+        KNOWN_TYPES.clear()
 
 
 def register(

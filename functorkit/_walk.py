@@ -27,7 +27,7 @@ from typing import Any
 
 from ._errors import StructureError
 from ._keypath import KeyPath, make_path
-from ._registry import _DISPATCH, DICT, LEAF_TYPES, LIST, SCALAR, SCALAR_TYPES, TUPLE, NodeDef, resolve
+from ._registry import _DISPATCH, DICT, KNOWN_TYPES, LEAF_TYPES, LIST, SCALAR, SCALAR_TYPES, TUPLE, NodeDef, resolve
 from ._xp import is_inexact_array
 
 __all__ = [
@@ -459,6 +459,7 @@ def _flatten(root: Any) -> Any:
     so every leaf stays alive (and its ``id`` unique) while it is used.
     """
     leaf_types = LEAF_TYPES
+    known_types = KNOWN_TYPES
     disp = _DISPATCH
     flat: list[Any] = []
     prog: list[Any] = []
@@ -516,7 +517,9 @@ def _flatten(root: Any) -> Any:
                         keep.append(vals)
                 if leaf_types.issuperset(map(type, vals)):
                     leafy = True
-                else:
+                elif known_types.issuperset(map(type, vals)):
+                    leafy = False
+                else:  # types never met: resolve them first (so every tree gets the same answer)
                     ts = set(map(type, vals))
                     for t in ts:
                         if t not in disp:
@@ -639,12 +642,23 @@ def _map_leaves(f: Callable[..., Any], flats: list[list[Any]], cache: bool, tree
     return res
 
 
-def _fast_walk(f: Callable[..., Any], trees: tuple[Any, ...], build: int, cache: bool) -> Any:
-    """fmap/fmapstructure through the fast engine, or _ABORT before `f` is ever called."""
+def _fast_walk(
+    f: Callable[..., Any], trees: tuple[Any, ...], build: int, cache: bool, trainable_only: bool = False
+) -> Any:
+    """fmap/fmapstructure through the fast engine, or _ABORT before `f` is ever called.
+
+    With `trainable_only` it runs only on trees whose every child is
+    trainable (no node declares a `trainable` function): there the rule is
+    just "map the floating and complex arrays".
+    """
     first = _flatten(trees[0])
     if first is _ABORT:
         return _ABORT
     flat, prog, auxs, keep = first
+    if trainable_only:
+        if any(e is not None and e[0].trainable is not None for e in prog):
+            return _ABORT
+        f = _inexact_only(f)
     flats = [flat]
     keeps = [keep]
     for t in trees[1:]:
@@ -690,6 +704,15 @@ def _check_options(f: Any, is_leaf: Any, trainable_only: Any, cache: Any, name: 
     _check_is_leaf(is_leaf, name)
     _check_flag(trainable_only, "trainable_only", name)
     _check_flag(cache, "cache", name)
+
+
+def _inexact_only(f: Callable[..., Any]) -> Callable[..., Any]:
+    inexact = is_inexact_array
+
+    def g(leaf: Any, *others: Any) -> Any:
+        return f(leaf, *others) if inexact(leaf) else leaf
+
+    return g
 
 
 def _trainable_visit(f: Callable[..., Any], with_path: bool) -> Callable[..., Any]:
@@ -757,12 +780,12 @@ def fmap(
     """
     _check_options(f, is_leaf, trainable_only, cache, "fmap")
     trees = (tree, *trees)
-    if trainable_only:
-        return walk(trees, _trainable_visit(f, False), is_leaf=is_leaf, cache=cache, track=True)
     if is_leaf is None:
-        out = _fast_walk(f, trees, BUILD_SAME, cache)
+        out = _fast_walk(f, trees, BUILD_SAME, cache, trainable_only)
         if out is not _ABORT:
             return out
+    if trainable_only:
+        return walk(trees, _trainable_visit(f, False), is_leaf=is_leaf, cache=cache, track=True)
     return walk(trees, f, is_leaf=is_leaf, cache=cache)
 
 
@@ -791,14 +814,14 @@ def fmapstructure(
     """
     _check_options(f, is_leaf, trainable_only, cache, "fmapstructure")
     trees = (tree, *trees)
+    if is_leaf is None:
+        out = _fast_walk(f, trees, BUILD_STRUCTURE, cache, trainable_only)
+        if out is not _ABORT:
+            return out
     if trainable_only:
         return walk(
             trees, _trainable_visit(f, False), build=BUILD_STRUCTURE, is_leaf=is_leaf, cache=cache, track=True
         )
-    if is_leaf is None:
-        out = _fast_walk(f, trees, BUILD_STRUCTURE, cache)
-        if out is not _ABORT:
-            return out
     return walk(trees, f, build=BUILD_STRUCTURE, is_leaf=is_leaf, cache=cache)
 
 

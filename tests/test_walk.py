@@ -858,14 +858,36 @@ class DC:
     tag: str = dataclasses.field(default="dc", metadata={"static": True})
 
 
+class HalfFrozen:
+    """A registered node whose `right` child is not trainable."""
+
+    def __init__(self, left: Any, right: Any) -> None:
+        self.left, self.right = left, right
+
+
+fk.register(
+    HalfFrozen,
+    children=lambda h: ({"left": h.left, "right": h.right}, None),
+    rebuild=lambda aux, ch: HalfFrozen(ch["left"], ch["right"]),
+    trainable=lambda h: ["left"],
+)
+
+
+def _children(x: Any) -> list[tuple[Any, Any]] | None:
+    if type(x) is HalfFrozen:
+        return [("left", x.left), ("right", x.right)]
+    return oracle_children(x)
+
+
 def _trees() -> Any:
     from hypothesis import strategies as st
 
     @st.composite
-    def trees(draw: Any) -> tuple[Any, bool]:
+    def trees(draw: Any) -> tuple[Any, bool, bool]:
         leaves: list[Any] = []
         nodes: list[Any] = []
         shared_node = [False]
+        restricted = [False]
 
         def leaf() -> Any:
             kind = draw(st.sampled_from(["float", "int_array", "int", "str", "none", "float_scalar", "object",
@@ -892,7 +914,7 @@ def _trees() -> Any:
         def node(depth: int) -> Any:
             if depth == 0 or draw(st.integers(0, 3)) == 0:
                 return leaf()
-            kind = draw(st.sampled_from(["dict", "list", "tuple", "nt", "dc", "pair", "reuse"]))
+            kind = draw(st.sampled_from(["dict", "list", "tuple", "nt", "dc", "pair", "half_frozen", "reuse"]))
             if kind == "reuse" and nodes:
                 shared_node[0] = True
                 return nodes[draw(st.integers(0, len(nodes) - 1))]
@@ -902,6 +924,9 @@ def _trees() -> Any:
                 out = DC(node(depth - 1), node(depth - 1), tag=draw(st.sampled_from(["p", "q"])))
             elif kind == "pair":
                 out = Pair(node(depth - 1), node(depth - 1), tag=draw(st.sampled_from(["p", "q"])))
+            elif kind == "half_frozen":
+                restricted[0] = True
+                out = HalfFrozen(node(depth - 1), node(depth - 1))
             else:
                 kids = [node(depth - 1) for _ in range(draw(st.integers(0, 4)))]
                 if kind == "dict":
@@ -911,7 +936,7 @@ def _trees() -> Any:
             nodes.append(out)
             return out
 
-        return node(4), shared_node[0]
+        return node(4), shared_node[0], restricted[0]
 
     return trees()
 
@@ -928,6 +953,8 @@ def _clone(t: Any) -> Any:
         return DC(_clone(t.x), _clone(t.y), tag=t.tag)
     if type(t) is Pair:
         return Pair(_clone(t.left), _clone(t.right), tag=t.tag)
+    if type(t) is HalfFrozen:
+        return HalfFrozen(_clone(t.left), _clone(t.right))
     if isinstance(t, np.ndarray):
         return t.copy()
     return t
@@ -943,7 +970,7 @@ def _same_output(a: Any, b: Any, pairs: dict[int, int], back: dict[int, int]) ->
     if type(a) is Tag:
         assert a.of == b.of
     else:
-        ch_a, ch_b = oracle_children(a), oracle_children(b)
+        ch_a, ch_b = _children(a), _children(b)
         assert (ch_a is None) == (ch_b is None)
         if ch_a is None:
             assert a is b  # leaves returned unchanged
@@ -968,28 +995,41 @@ def _recorder() -> tuple[list[Any], Any]:
     return calls, f
 
 
-def _check_engines_agree(tree: Any, has_shared_node: bool) -> None:
+def _check_engines_agree(tree: Any, has_shared_node: bool, restricted: bool) -> None:
     from unittest import mock
 
     from functorkit import _walk
 
     reference = _walk.walk
-    guard = (
-        mock.patch.object(_walk, "walk", side_effect=AssertionError("the fast engine gave up"))
-        if not has_shared_node
-        else mock.patch.object(_walk, "walk", reference)
-    )
+
+    def guard(fast_expected: bool) -> Any:
+        if fast_expected:
+            return mock.patch.object(_walk, "walk", side_effect=AssertionError("the fast engine gave up"))
+        return mock.patch.object(_walk, "walk", reference)
+
+    def trainable_visit(f: Any) -> Any:
+        def visit(path: Any, leaf: Any, others: Any, trainable: bool) -> Any:
+            inexact = isinstance(leaf, np.ndarray) and leaf.dtype.kind in "fc"
+            return f(leaf, *others) if trainable and inexact else leaf
+
+        return visit
+
     for extra in ((), (_clone(tree),), (tree,)):
         for cache in (True, False):
             for public, build in ((fk.fmap, _walk.BUILD_SAME), (fk.fmapstructure, _walk.BUILD_STRUCTURE)):
-                calls_fast, f_fast = _recorder()
-                calls_ref, f_ref = _recorder()
-                with guard:
-                    out_fast = public(f_fast, tree, *extra, cache=cache)
-                out_ref = reference((tree, *extra), f_ref, build=build, cache=cache)
-                assert calls_fast == calls_ref
-                _same_output(out_fast, out_ref, {}, {})
-    with guard:
+                for trainable_only in (False, True):
+                    calls_fast, f_fast = _recorder()
+                    calls_ref, f_ref = _recorder()
+                    with guard(not has_shared_node and not (trainable_only and restricted)):
+                        out_fast = public(f_fast, tree, *extra, cache=cache, trainable_only=trainable_only)
+                    if trainable_only:
+                        out_ref = reference((tree, *extra), trainable_visit(f_ref), build=build, cache=cache,
+                                            track=True)
+                    else:
+                        out_ref = reference((tree, *extra), f_ref, build=build, cache=cache)
+                    assert calls_fast == calls_ref
+                    _same_output(out_fast, out_ref, {}, {})
+    with guard(not has_shared_node):
         got = fk.leaves(tree)
     ref: list[Any] = []
     reference((tree,), ref.append, build=_walk.BUILD_NONE, share_nodes=False)
@@ -1003,8 +1043,7 @@ def test_fast_engine_and_walk_agree_on_random_trees() -> None:
 
     @settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
     @given(_trees())
-    def check(drawn: tuple[Any, bool]) -> None:
-        tree, has_shared_node = drawn
-        _check_engines_agree(tree, has_shared_node)
+    def check(drawn: tuple[Any, bool, bool]) -> None:
+        _check_engines_agree(*drawn)
 
     check()
