@@ -194,32 +194,26 @@ def walk(
                                     raise own
                     else:
                         others = []
-                    if with_path:
+                    if nd is None and leaf_cache is not None:
+                        ck: Any = (id(c), *map(id, others)) if multi else id(c)
+                        if track:
+                            ck = (ck, tr)
+                        r = leaf_cache.get(ck, _MISS)
+                        if r is not _MISS:
+                            res.append(r)
+                            i += 1
+                            continue
+                    if with_path:  # built only when `visit` needs it
                         if fr is root:
                             path = _ROOT
                         else:
                             pp = fr[_PATH]
                             if pp is None:
                                 pp = fr[_PATH] = _node_path(stack)
-                            path = make_path((*pp, keys[i]))
+                            path = tnew(KeyPath, (*pp, keys[i]))
                     else:
                         path = None
-                    if nd is None and leaf_cache is not None:
-                        ck: Any = (id(c), *map(id, others)) if multi else id(c)
-                        if track:
-                            ck = (ck, tr)
-                        r = leaf_cache.get(ck, _MISS)
-                        if r is _MISS:
-                            if track:
-                                r = visit(path, c, others, tr)
-                            elif with_path:
-                                r = visit(path, c, *others)
-                            elif multi:
-                                r = visit(c, *others)
-                            else:
-                                r = visit(c)
-                            leaf_cache[ck] = r
-                    elif track:
+                    if track:
                         r = visit(path, c, others, tr)
                     elif with_path:
                         r = visit(path, c, *others)
@@ -227,6 +221,8 @@ def walk(
                         r = visit(c, *others)
                     else:
                         r = visit(c)
+                    if nd is None and leaf_cache is not None:
+                        leaf_cache[ck] = r
                     res.append(r)
                     i += 1
                     continue
