@@ -46,6 +46,7 @@ BUILD_NONE, BUILD_SAME, BUILD_STRUCTURE = 0, 1, 2
 _MISS = object()
 _ROOT = make_path(())
 _REBUILDING = object()
+_NO_OTHERS: Any = ()
 
 # frame slots (a frame is a list: cheaper than an object in the hot loop)
 _NODES, _ND, _KEYS, _VALS, _AUX, _RES, _I, _PATH, _TRAIN, _TSET, _CKEY, _NAMED, _KEY = range(13)
@@ -193,7 +194,7 @@ def walk(
                                     own = _mismatch(make_path(p), _describe(c, nd), _describe(o, ond), j + 1)
                                     raise own
                     else:
-                        others = []
+                        others = _NO_OTHERS
                     if nd is None and leaf_cache is not None:
                         ck: Any = (id(c), *map(id, others)) if multi else id(c)
                         if track:
