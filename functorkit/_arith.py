@@ -264,13 +264,7 @@ def _check_same(fname: str, names: Sequence[str], path: KeyPath, x: Any, others:
 
 
 def _run(fname: str, names: Sequence[str], models: Sequence[Any], visit: Callable[..., Any], build: int) -> Any:
-    try:
-        return walk(tuple(models), visit, build=build, with_path=True, track=True)
-    except StructureError as e:
-        if len(models) > 1 and "`trees[" in str(e) and hasattr(e, "add_note"):  # add_note: Python 3.11+
-            which = ", ".join(f"`trees[{k}]` is `{n}`" for k, n in enumerate(names[1:]))
-            e.add_note(f"(in fk.{fname} the first tree is `{names[0]}`; {which})")
-        raise
+    return walk(tuple(models), visit, build=build, with_path=True, track=True, names=tuple(names))
 
 
 def _map_params(

@@ -84,7 +84,7 @@ def _into_namespace(path: KeyPath, d: Any, s: Any) -> Any:
         src = s.detach() if _module(s) == "torch" else s
         try:
             s = dxp.asarray(src)
-        except Exception:  # try the other interchange path, then explain
+        except Exception:  # noqa: BLE001 - try the other interchange path, then explain
             try:
                 s = dxp.from_dlpack(src)
             except Exception as e:
@@ -320,12 +320,7 @@ def load_into(dst: Any, src: Any, /) -> Any:
         fed[id(d)] = (path, prepared)
         plan.append((path, d, prepared))
 
-    try:
-        walk((dst, src), visit, build=BUILD_NONE, with_path=True)
-    except StructureError as e:
-        if "`trees[" in str(e) and hasattr(e, "add_note"):  # add_note: Python 3.11+
-            e.add_note("(in fk.load_into the first tree is `dst`; `trees[0]` is `src`)")
-        raise
+    walk((dst, src), visit, build=BUILD_NONE, with_path=True, names=("dst", "src"))
     check_no_aliases([(p, d) for p, d, _ in plan], "fk.load_into")
     mem = _dst_memory([d for _, d, _ in plan])
     writes: list[tuple[Any, Any]] = []

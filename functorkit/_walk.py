@@ -87,15 +87,21 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def _mismatch(path: KeyPath, left: str, right: str, which: int) -> StructureError:
+def _mismatch(
+    path: KeyPath, left: str, right: str, which: int, names: tuple[str, ...] | None = None
+) -> StructureError:
     lhead, sep, _ = left.partition(" keys ")
     if sep and right.startswith(lhead + sep):
         right = right[len(lhead + sep) :]  # "dict keys {...} vs {...}"
+    if names is not None:
+        differs = f"`{names[which]}` differs from `{names[0]}` here"
+    else:
+        differs = f"the {_ordinal(which + 1)} tree differs from the first here"
     msg = (
         f"at {path.display}: {left} vs {right}\n"
         "Every tree must have the structure of the first one (node types, keys, "
-        f"lengths); the {_ordinal(which + 1)} tree differs from the first here. Fix "
-        "that tree, or pass `is_leaf` to stop the walk above this point."
+        f"lengths); {differs}. Fix that tree, or pass `is_leaf` to stop the walk "
+        "above this point."
     )
     return StructureError(msg)
 
@@ -124,8 +130,12 @@ def walk(
     share_nodes: bool = True,
     with_path: bool = False,
     track: bool = False,
+    names: tuple[str, ...] | None = None,
 ) -> Any:
     """Walk `trees` in lock-step and rebuild the first one's structure.
+
+    `names` (one per tree) lets structure-mismatch messages name the caller's
+    arguments (``dst``/``src``) instead of "the 2nd tree".
 
     `visit` is called once per leaf position (once per distinct leaf object
     when `cache`): ``visit(path, leaf, others, trainable)`` when `track`,
@@ -191,7 +201,7 @@ def walk(
                                     ond = resolve(type(o))
                                 if isinstance(ond, NodeDef):
                                     p = () if fr is root else (*_node_path(stack), keys[i])
-                                    own = _mismatch(make_path(p), _describe(c, nd), _describe(o, ond), j + 1)
+                                    own = _mismatch(make_path(p), _describe(c, nd), _describe(o, ond), j + 1, names)
                                     raise own
                     else:
                         others = _NO_OTHERS
@@ -253,7 +263,7 @@ def walk(
                             if ond is _MISS:
                                 ond = resolve(type(o))
                             p = () if fr is root else (*_node_path(stack), keys[i])
-                            own = _mismatch(make_path(p), _describe(c, nd), _describe(o, ond), j + 1)
+                            own = _mismatch(make_path(p), _describe(c, nd), _describe(o, ond), j + 1, names)
                             raise own
                         okeys, ovals, _, onamed = nd.flatten(o)
                         if okeys != ckeys or onamed != named:
@@ -262,7 +272,7 @@ def walk(
                                 ovals = [lookup[k] for k in ckeys]
                             else:
                                 p = () if fr is root else (*_node_path(stack), keys[i])
-                                own = _mismatch(make_path(p), _describe(c, nd), _describe(o, nd), j + 1)
+                                own = _mismatch(make_path(p), _describe(c, nd), _describe(o, nd), j + 1, names)
                                 raise own
                         allvals.append(ovals)
                 if not nd.owns:
@@ -538,7 +548,7 @@ def _flatten(root: Any) -> Any:
                 aux = astk.pop()
                 if aux is not _NOAUX:
                     auxs.append(aux)
-    except Exception:  # `walk` redoes the work and reports the error with its path
+    except Exception:  # noqa: BLE001 - `walk` redoes the work and reports the error with its path
         return _ABORT
     prog.pop()  # the root's pseudo-parent
     return flat, prog, auxs, keep

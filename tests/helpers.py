@@ -80,7 +80,10 @@ def zoo(xp: Any) -> dict[str, Any]:
         "registered_sequence": Seq(arr(1.0), arr(2.0)),
         "scalars": {"lr": 0.1, "n": 3, "flag": True, "name": "mlp", "none": None, "c": 1j, "b": b"x"},
         "empty": {"a": [], "b": (), "c": {}},
-        "nested": {"layers": [Layer(arr(1.0), arr(2.0)), Layer(arr(3.0), arr(4.0))], "head": (arr(5.0), Point(arr(6.0), 7))},
+        "nested": {
+            "layers": [Layer(arr(1.0), arr(2.0)), Layer(arr(3.0), arr(4.0))],
+            "head": (arr(5.0), Point(arr(6.0), 7)),
+        },
         "shared_leaf": {"a": shared, "b": [shared, arr(9.0)]},
         "shared_subtree": {"enc": sub, "dec": sub},
         "int_arrays": {"w": arr(1.0), "idx": xp.asarray([0, 1], dtype=xp.int64), "mask": xp.asarray([True, False])},

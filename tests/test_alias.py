@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from conftest import Backend, namespace_for
-
 import functorkit as fk
 from functorkit._alias import check_no_aliases, memory_layout
+
+from conftest import Backend, namespace_for
 
 K = fk.KeyPath
 VIEW_LIBS = ["numpy", "numpy_readonly", "torch", "array_api_strict"]  # libraries whose arrays can be views

@@ -12,9 +12,9 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
-from helpers import ZOO_NAMES, Layer, Pair, Point, Seq, zoo
-
 import functorkit as fk
+
+from helpers import ZOO_NAMES, Layer, Pair, Point, Seq, zoo
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,11 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import array_api_compat
-from conftest import to_numpy
-from helpers import Layer
 
 import functorkit as fk
+
+from conftest import to_numpy
+from helpers import Layer
 
 
 class Wrap:

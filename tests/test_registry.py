@@ -14,9 +14,9 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
-from conftest import to_numpy
-
 import functorkit as fk
+
+from conftest import to_numpy
 
 
 def _fresh_class(name: str = "Box") -> type:

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from conftest import Backend, namespace_for, to_numpy
-
 import functorkit as fk
+
+from conftest import Backend, namespace_for, to_numpy
 
 
 def f64(xp: Any, vals: Any, device: Any = None) -> Any:

@@ -18,6 +18,8 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
+import functorkit as fk
+
 from conftest import to_numpy
 from helpers import (
     SCALAR_TYPES,
@@ -36,8 +38,6 @@ from helpers import (
     snapshot,
     zoo,
 )
-
-import functorkit as fk
 
 
 class Tag:
