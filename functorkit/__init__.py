@@ -7,6 +7,8 @@ JAX, CuPy, Dask and array-api-strict arrays, with no silent conversion.
 
 from ._errors import PolicyError as PolicyError
 from ._errors import StructureError as StructureError
+from ._flat import Restructure as Restructure
+from ._flat import destructure as destructure
 from ._keypath import KeyPath as KeyPath
 from ._registry import register as register
 from ._registry import register_dataclass as register_dataclass
@@ -22,7 +24,9 @@ __version__ = "0.1.0"
 __all__ = [
     "KeyPath",
     "PolicyError",
+    "Restructure",
     "StructureError",
+    "destructure",
     "fmap",
     "fmap_with_path",
     "fmapstructure",
