@@ -923,7 +923,7 @@ class Restructure:
         >>> print(re.explain(np.zeros(2), policy="model"))
         p: float64 on cpu (numpy), length 2; policy 'model', copy=None
         path  shape  model        result       how   rule
-        ----  -----  -----------  -----------  ----  ----------------------------
+        ----  -----  -----------  -----------  ----  ------------------------------
         w     (2,)   float32 cpu  float32 cpu  copy  model: cast float64 -> float32
         """
         pol = self._policy if policy is None else check_policy(policy, "re.explain(p)")
