@@ -60,7 +60,8 @@ def test_re_under_jit_keeps_constants_and_policy(jnp: Any) -> None:
 
     def f(p: Any) -> Any:
         m = re(p)
-        assert m["act"] == "tanh" and m["steps"] is model["steps"]
+        assert m["act"] == "tanh"
+        assert m["steps"] is model["steps"]
         return m["layers"][0]["w"]
 
     np.testing.assert_array_equal(np.asarray(jax.jit(f)(flat)), [[1.0, 2.0], [3.0, 4.0]])
@@ -130,7 +131,8 @@ def test_dask_stays_lazy() -> None:
         with pytest.raises(fk.PolicyError):
             re(p32)
     assert "copy" in text
-    assert cast["w"].dtype == da.float64 and kept["w"].dtype == da.float32
+    assert cast["w"].dtype == da.float64
+    assert kept["w"].dtype == da.float32
     np.testing.assert_array_equal(np.asarray(flat.compute()), [0, 1, 2, 3, 4, 5, 1, 1, 1, 1])
     np.testing.assert_array_equal(np.asarray(out["w"].compute()), [[0, 1, 2], [3, 4, 5]])
     np.testing.assert_array_equal(np.asarray(again.compute()), np.asarray(flat.compute()))

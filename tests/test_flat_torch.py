@@ -59,7 +59,8 @@ def test_module_parameters_buffers_and_frozen() -> None:
     flat, re = fk.destructure(net)
     assert [str(p) for p in re.paths] == ["fc1.weight", "fc1.bias", "bn.weight", "bn.bias", "fc2.weight"]
     assert len(re) == 24 + 8 + 8 + 8 + 16
-    assert not flat.requires_grad and flat.grad_fn is None
+    assert not flat.requires_grad
+    assert flat.grad_fn is None
     np.testing.assert_array_equal(
         flat.numpy(),
         torch.cat([net.fc1.weight.reshape(-1), net.fc1.bias, net.bn.weight, net.bn.bias, net.fc2.weight.reshape(-1)])
@@ -67,7 +68,9 @@ def test_module_parameters_buffers_and_frozen() -> None:
         .numpy(),
     )
     new = re(flat * 0 + 1)
-    assert type(new) is Net and new is not net and new.scale == 2.0
+    assert type(new) is Net
+    assert new is not net
+    assert new.scale == 2.0
     assert type(new.fc1.weight) is torch.Tensor  # a plain view, not a new nn.Parameter
     assert new.bn.running_mean is net.bn.running_mean
     assert new.bn.num_batches_tracked is net.bn.num_batches_tracked
@@ -75,7 +78,8 @@ def test_module_parameters_buffers_and_frozen() -> None:
     assert torch.equal(new.fc1.weight, torch.ones(8, 3))
     # the rebuilt module destructures again, with the same plan
     flat2, re2 = fk.destructure(new)
-    assert re2.paths == re.paths and torch.equal(flat2, torch.ones(len(re)))
+    assert re2.paths == re.paths
+    assert torch.equal(flat2, torch.ones(len(re)))
     assert torch.equal(re.flatten(new), torch.ones(len(re)))
 
 
@@ -86,7 +90,8 @@ def test_views_share_p_and_gradients_match_functional_call() -> None:
     x = torch.randn(5, 3)
     p = flat.clone().requires_grad_(True)
     new = re(p)
-    assert new.fc1.weight.requires_grad and new.fc1.weight.grad_fn is not None
+    assert new.fc1.weight.requires_grad
+    assert new.fc1.weight.grad_fn is not None
     loss = new(x).pow(2).sum()
     loss.backward()
     ref = reference_grads(net, [str(q) for q in re.paths], lambda out: out.pow(2).sum(), x)
@@ -157,23 +162,29 @@ def test_tensor_subclass_p_is_not_unwrapped() -> None:
     flat, re = fk.destructure({"w": torch.ones(2, 2), "b": torch.zeros(1)})
     p = flat.as_subclass(Tagged)
     out = re(p)
-    assert type(out["w"]) is Tagged and type(out["b"]) is Tagged
+    assert type(out["w"]) is Tagged
+    assert type(out["b"]) is Tagged
     out = re(nn.Parameter(flat.clone()))
-    assert out["w"].requires_grad and out["w"].shape == (2, 2)
+    assert out["w"].requires_grad
+    assert out["w"].shape == (2, 2)
 
 
 def test_meta_model() -> None:
     net = nn.Linear(3, 2, device="meta")
     flat, re = fk.destructure(net)
-    assert flat.device.type == "meta" and len(re) == 8 and re.device == torch.device("meta")
+    assert flat.device.type == "meta"
+    assert len(re) == 8
+    assert re.device == torch.device("meta")
     new = re(torch.empty(8, device="meta"))
-    assert new.weight.device.type == "meta" and new.weight.shape == (2, 3)
+    assert new.weight.device.type == "meta"
+    assert new.weight.shape == (2, 3)
 
 
 def test_bfloat16_and_conj_leaves() -> None:
     w = torch.arange(4.0, dtype=torch.bfloat16)
     flat, re = fk.destructure({"w": w})
-    assert flat.dtype == torch.bfloat16 and torch.equal(flat, w)
+    assert flat.dtype == torch.bfloat16
+    assert torch.equal(flat, w)
     assert re(flat)["w"].dtype == torch.bfloat16
     c = (torch.arange(3.0) * (1 + 2j)).to(torch.complex64).conj()
     flat, re = fk.destructure({"c": c})
@@ -186,7 +197,9 @@ def test_large_flat_is_an_ordinary_tensor() -> None:
     with pytest.raises(fk.PolicyError):
         fk.destructure(tree)
     flat, re = fk.destructure(tree, policy="model")
-    assert flat.dtype == torch.float64 and type(flat) is torch.Tensor and flat.is_contiguous()
+    assert flat.dtype == torch.float64
+    assert type(flat) is torch.Tensor
+    assert flat.is_contiguous()
     torch.testing.assert_close(flat[:300_000], tree["a"].double())
     torch.testing.assert_close(flat[300_000:], tree["b"].reshape(-1))
     flat += 1  # writable, not aliasing the model
@@ -201,7 +214,8 @@ def test_large_flat_is_an_ordinary_tensor() -> None:
 def test_params_requiring_grad_never_leak_history() -> None:
     w = torch.randn(3, requires_grad=True)
     flat, re = fk.destructure({"w": w * 2})  # a non-leaf tensor with history
-    assert flat.grad_fn is None and not flat.requires_grad
+    assert flat.grad_fn is None
+    assert not flat.requires_grad
     assert re.flatten({"w": w}).grad_fn is None
 
 
