@@ -29,6 +29,7 @@ import importlib
 import itertools
 import pickle
 from collections.abc import Iterator
+from types import CodeType
 from typing import Any, NamedTuple, cast
 
 import array_api_compat
@@ -71,8 +72,22 @@ def _family(xp: Any) -> str:
     return describe_namespace(xp)
 
 
+_KIND_FAST: dict[type, Any] = {}
+
+
 def _kind(x: Any) -> Kind:
-    return Kind(namespace(x), x.dtype, device_of(x))
+    """Namespace, dtype and device of array `x` (a fast path per type for NumPy and torch)."""
+    t = type(x)
+    fast = _KIND_FAST.get(t)
+    if fast is not None:
+        return Kind(fast, x.dtype, "cpu" if fast.__name__ == "array_api_compat.numpy" else x.device)
+    xp = namespace(x)
+    fam = _family(xp)
+    if (fam == "numpy" and t.__name__ == "ndarray" and t.__module__ == "numpy") or (
+        fam == "torch" and t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter")
+    ):
+        _KIND_FAST[t] = xp
+    return Kind(xp, x.dtype, device_of(x))
 
 
 # ============================================================== the scan (plan)
@@ -231,6 +246,20 @@ def _interpret(instrs: list[tuple[Any, ...]], reused: set[int], views: Any, cons
             cur = stack[-1][2] if stack else root
             cur.append(val)
     return root[0]
+
+
+_CODE_CACHE: dict[str, CodeType] = {}
+_CODE_CACHE_MAX = 256
+
+
+def _compiled(src: str) -> CodeType:
+    """``compile(src)``, cached by source text: models of one architecture share their code."""
+    code = _CODE_CACHE.get(src)
+    if code is None:
+        if len(_CODE_CACHE) >= _CODE_CACHE_MAX:
+            _CODE_CACHE.clear()
+        code = _CODE_CACHE[src] = compile(src, "<functorkit.Restructure generated>", "exec")
+    return code
 
 
 def _literal_key(k: Any) -> str | None:
@@ -412,10 +441,11 @@ def _default_float(xp: Any, device: Any) -> Any:
 
 
 def _torch_numpy(t: Any) -> Any:
-    """A NumPy view (no copy) of a plain CPU torch tensor, or None."""
+    """A NumPy view (no copy) of a plain CPU torch tensor, or None (other devices and dtypes,
+    conjugate/negative bits, subclasses, functorch wrappers)."""
     import torch
 
-    if type(t) is not torch.Tensor or t.device.type != "cpu" or t.is_conj() or t.is_neg():
+    if type(t) is not torch.Tensor:
         return None
     try:
         return t.numpy()
@@ -684,8 +714,18 @@ class Restructure:
         self._has_complex = any(_is_complex_kind(k) for k in kinds)
         self._uniform = len(kinds) == 1
         self._fam = _family(flat_kind.xp)
-        self._generate()
+        # the code is generated on first use: destructure itself stays cheap
+        self._build = self._build_first
+        self._fast = self._fast_first
         return self
+
+    def _build_first(self, views: Any) -> Any:
+        self._generate()
+        return self._build(views)
+
+    def _fast_first(self, p: Any) -> Any:
+        self._generate()
+        return self._fast(p)
 
     def _generate(self) -> None:
         """Make ``_build(views)`` and ``_fast(p)`` (generated code, or the interpreter for huge programs)."""
@@ -702,8 +742,7 @@ class Restructure:
         fast_src = self._fast_source(body, glb)
         if fast_src is not None:
             src += "\n" + fast_src
-        code = compile(src, f"<functorkit.Restructure {nparams} parameters>", "exec")
-        exec(code, glb)
+        exec(_compiled(src), glb)
         self._build = glb["build"]
         self._fast = glb.get("fast", self._fast_generic)
 
@@ -1025,13 +1064,6 @@ class Restructure:
             if d.error is not None:
                 path = _instr_paths(self._instrs, {where[j]})[where[j]]
                 raise flatten_error(pol, path, lk, kind, d.error)
-        if leaves:
-            instrs = self._instrs
-
-            def path_of(j: int) -> KeyPath:
-                return _instr_paths(instrs, {where[j]})[where[j]]
-
-            check_no_aliases(((cast(KeyPath, _Deferred(path_of, j)), x) for j, x in enumerate(leaves)), "re.flatten")
         if out is None:
             return _new_flat(kind, self._n, leaves, self._offsets, self._shapes)
         _fill(out, kind, leaves, self._offsets, self._shapes)
@@ -1346,7 +1378,7 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
                         raise mixed_model_error(pol, what, path_of(0), first, path_of(j), k)
             param_kind.append(len(kinds))
             kinds.append(k)
-        shapes.append(tuple(int(d) for d in x.shape))
+        shapes.append(tuple(map(int, x.shape)))
     if kinds:
         xp = kinds[0].xp
         dtypes: list[Any] = []
