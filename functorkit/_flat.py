@@ -372,6 +372,98 @@ def _size(shape: tuple[int, ...]) -> int:
     return n
 
 
+def _array_types(t: type) -> frozenset[type]:
+    """The array types accepted where the plan had an array of type `t` (torch: Tensor and Parameter)."""
+    if t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter"):
+        import torch
+
+        return frozenset({torch.Tensor, torch.nn.Parameter})
+    return frozenset({t})
+
+
+def _match_lines(
+    instrs: list[tuple[Any, ...]],
+    shapes: list[tuple[int, ...]],
+    param_kind: list[int],
+    fams: list[str],
+    seen: set[int],
+    glb: dict[str, Any],
+) -> list[str]:
+    """Straight-line checks taking a model apart along the program (pre-order); ``return MISS`` on any
+    difference. Node ``i`` is bound to ``x{i}``; parameter ``k`` to ``v{k}``."""
+    lines: list[str] = []
+    # stack of [access expression prefix of the parent, keys, next index, node kind, n]
+    stack: list[list[Any]] = []
+    for idx, ins in enumerate(instrs):
+        if stack:
+            fr = stack[-1]
+            j = fr[2]
+            fr[2] += 1
+            parent, keys, fast = fr[0], fr[1], fr[3]
+            if fast == DICT:
+                lit = _literal_key(keys[j])
+                if lit is None:
+                    lit = f"q{idx}"
+                    glb[lit] = keys[j]
+                access = f"{parent}[{lit}]"
+            elif fast in (LIST, TUPLE):
+                access = f"{parent}[{j}]"
+            else:
+                access = f"c{parent[1:]}[{j}]"
+        else:
+            access = "x"
+        code = ins[0]
+        if code == _NODE:
+            nd = ins[1]
+            name = f"x{idx}"
+            lines.append(f"{name} = {access}")
+            if nd.fast == DICT:
+                lines += [f"if type({name}) is not dict or len({name}) != {ins[4]}:", "    return MISS"]
+            elif nd.fast in (LIST, TUPLE):
+                t = "list" if nd.fast == LIST else "tuple"
+                lines += [f"if type({name}) is not {t} or len({name}) != {ins[4]}:", "    return MISS"]
+            else:
+                glb[f"C{idx}"] = nd.cls
+                glb[f"F{idx}"] = nd.flatten
+                glb[f"K{idx}"] = list(ins[3])
+                lines += [
+                    f"if type({name}) is not C{idx}:",
+                    "    return MISS",
+                    f"k{idx}, c{idx}, _, _ = F{idx}({name})",
+                    f"if k{idx} != K{idx}:",
+                    "    return MISS",
+                ]
+            if ins[4]:
+                stack.append([name, ins[3], 0, nd.fast, ins[4]])
+                continue
+        elif code == _REUSE:
+            lines += [f"if {access} is not x{ins[1]}:", "    return MISS"]
+        elif code == _CONST:
+            lines += [
+                f"t = DISP.get(type({access}), MISS)",
+                "if t is MISS or isinstance(t, NodeDef):",
+                "    return MISS",
+            ]
+        else:
+            k = ins[1]
+            v = f"v{k}"
+            if k in seen:
+                lines += [f"if {access} is not {v}:", "    return MISS"]
+            else:
+                seen.add(k)
+                ki = param_kind[k]
+                fam = fams[ki]
+                check = f"type({v}) not in TS{ki} or {v}.shape != {shapes[k]!r} or {v}.dtype != D{ki}"
+                if fam in ("torch", "cupy", "array_api_strict"):
+                    check += f" or {v}.device != DEV{ki}"
+                elif fam not in ("numpy", "dask"):
+                    check += f" or not SAME(DEVICE_OF({v}), DEV{ki})"
+                lines += [f"{v} = {access}", f"if {check}:", "    return MISS"]
+        while stack and stack[-1][2] == stack[-1][4]:
+            stack.pop()
+    return lines
+
+
 # ============================================================== array helpers
 
 
@@ -639,14 +731,17 @@ class Restructure:
         "_fam",
         "_fast",
         "_flat_kind",
+        "_flatten_ok",
         "_ftype",
         "_has_complex",
         "_instrs",
         "_kinds",
+        "_match_fast",
         "_n",
         "_offsets",
         "_param_instr",
         "_param_kind",
+        "_param_types",
         "_paths",
         "_policy",
         "_reused",
@@ -660,14 +755,17 @@ class Restructure:
     _fam: str
     _fast: Any
     _flat_kind: Kind
+    _flatten_ok: dict[str, bool]
     _ftype: Any
     _has_complex: bool
     _instrs: list[tuple[Any, ...]]
     _kinds: list[Kind]
+    _match_fast: Any
     _n: int
     _offsets: list[int]
     _param_instr: list[int]
     _param_kind: list[int]
+    _param_types: list[type]
     _paths: tuple[KeyPath, ...] | None
     _policy: str
     _reused: set[int]
@@ -695,6 +793,7 @@ class Restructure:
         flat_kind: Kind,
         ftype: type,
         policy: str,
+        param_types: list[type],
     ) -> Restructure:
         self = object.__new__(cls)
         self._instrs = instrs
@@ -714,9 +813,12 @@ class Restructure:
         self._has_complex = any(_is_complex_kind(k) for k in kinds)
         self._uniform = len(kinds) == 1
         self._fam = _family(flat_kind.xp)
+        self._param_types = param_types
+        self._flatten_ok = {}
         # the code is generated on first use: destructure itself stays cheap
         self._build = self._build_first
         self._fast = self._fast_first
+        self._match_fast = self._match_fast_first
         return self
 
     def _build_first(self, views: Any) -> Any:
@@ -1050,6 +1152,12 @@ class Restructure:
         kind = self._flat_kind
         if out is not None:
             self._check_out(out)
+        leaves = self._match_fast(model) if self._flatten_fast_ok(pol) else _MISS
+        if leaves is not _MISS:  # the plan's types, dtypes and devices: decided once, per policy
+            if out is None:
+                return _new_flat(kind, self._n, leaves, self._offsets, self._shapes)
+            _fill(out, kind, leaves, self._offsets, self._shapes)
+            return out
         leaves, where = self._match(model)
         # policy: each parameter against the flat vector
         seen: list[tuple[Kind, Decision]] = []
@@ -1068,6 +1176,53 @@ class Restructure:
             return _new_flat(kind, self._n, leaves, self._offsets, self._shapes)
         _fill(out, kind, leaves, self._offsets, self._shapes)
         return out
+
+    def _flatten_fast_ok(self, policy: str) -> bool:
+        """Whether parameters of the plan's own kinds flatten under `policy` without error."""
+        ok = self._flatten_ok.get(policy)
+        if ok is None:
+            ok = self._flatten_ok[policy] = all(
+                decide_flatten(policy, k, self._flat_kind).error is None for k in self._kinds
+            )
+        return ok
+
+    def _match_fast_first(self, model: Any) -> Any:
+        self._match_fast = self._generate_match()
+        return self._match_fast(model)
+
+    def _generate_match(self) -> Any:
+        """A generated ``match(model) -> [parameters]`` for models of the plan's structure, types, dtypes
+        and devices; MISS for anything else (then :meth:`_match` decides and explains)."""
+        if len(self._instrs) > _CODEGEN_MAX or not self._shapes:
+            return lambda model: _MISS
+        glb: dict[str, Any] = {"__builtins__": __builtins__, "MISS": _MISS, "DISP": _DISPATCH, "NodeDef": NodeDef}
+        for i, k in enumerate(self._kinds):
+            glb[f"TS{i}"] = _array_types(self._param_types[i])
+            glb[f"D{i}"] = k.dtype
+            glb[f"DEV{i}"] = k.device
+        glb.update(SAME=same_device, DEVICE_OF=device_of)
+        src = ["def match(m):", "    x = m"]
+        seen: set[int] = set()
+        for line in _match_lines(self._instrs, self._shapes, self._param_kind, self._fam_of_kind(), seen, glb):
+            src.append("    " + line)
+        n = len(self._shapes)
+        if n > 1:
+            src.append(f"    if len({{{', '.join(f'id(v{k})' for k in range(n))}}}) != {n}:")
+            src.append("        return MISS")
+        src.append(f"    return [{', '.join(f'v{k}' for k in range(n))}]")
+        exec(_compiled("\n".join(src)), glb)
+        fn = glb["match"]
+
+        def match(model: Any) -> Any:
+            try:
+                return fn(model)
+            except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+                return _MISS
+
+        return match
+
+    def _fam_of_kind(self) -> list[str]:
+        return [_family(k.xp) for k in self._kinds]
 
     def _check_out(self, out: Any) -> None:
         kind = self._flat_kind
@@ -1197,6 +1352,7 @@ class Restructure:
             "param_kind": self._param_kind,
             "flat_kind": _portable_kind(self._flat_kind),
             "policy": self._policy,
+            "param_types": [_portable_type(t) for t in self._param_types],
         }
         return (_restore, (state,))
 
@@ -1237,6 +1393,14 @@ def _portable_kind(k: Kind) -> tuple[str, Any, Any]:
     except Exception:
         dev = ("__device__", getattr(dev, "platform", None), getattr(dev, "id", None))
     return (k.xp.__name__, k.dtype, dev)
+
+
+def _portable_type(t: type) -> type:
+    try:
+        pickle.dumps(t)
+    except Exception:
+        return type(None)  # never matches: re.flatten takes the general path
+    return t
 
 
 def _restore_kind(t: tuple[str, Any, Any]) -> Kind:
@@ -1288,6 +1452,7 @@ def _restore(state: dict[str, Any]) -> Restructure:
         flat_kind=flat_kind,
         ftype=ftype,
         policy=state["policy"],
+        param_types=state["param_types"],
     )
 
 
@@ -1360,6 +1525,7 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
 
     kinds: list[Kind] = []
     param_kind: list[int] = []
+    param_types: list[type] = []
     shapes: list[tuple[int, ...]] = []
     for j, x in enumerate(params):
         k = _kind(x)
@@ -1378,6 +1544,7 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
                         raise mixed_model_error(pol, what, path_of(0), first, path_of(j), k)
             param_kind.append(len(kinds))
             kinds.append(k)
+            param_types.append(type(x))
         shapes.append(tuple(map(int, x.shape)))
     if kinds:
         xp = kinds[0].xp
@@ -1391,7 +1558,10 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
             # devices that cannot be determined count as equal: one kind, strictly speaking
             kinds = [kinds[0]]
             param_kind = [0] * len(params)
-        check_no_aliases(((cast(KeyPath, _Deferred(path_of, j)), x) for j, x in enumerate(params)), "fk.destructure")
+            param_types = param_types[:1]
+        if not _own_their_memory(params):
+            entries = ((cast(KeyPath, _Deferred(path_of, j)), x) for j, x in enumerate(params))
+            check_no_aliases(entries, "fk.destructure")
     elif scan.arrays:
         first = scan.arrays[0]
         xp = namespace(first)
@@ -1415,8 +1585,22 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
         flat_kind=flat_kind,
         ftype=type(flat),
         policy=pol,
+        param_types=param_types,
     )
     return flat, re
+
+
+def _own_their_memory(params: list[Any]) -> bool:
+    """True if every parameter is a NumPy array that owns its memory (``base is None``).
+
+    Such arrays are separate allocations, so no two of them can overlap and
+    the O(n log n) shared-memory check has nothing to find (it costs ~4 µs per
+    array; a ResNet-50 has 161).
+    """
+    t = type(params[0])
+    if t.__module__ != "numpy" or t.__name__ != "ndarray":
+        return False
+    return all(type(x) is t and x.base is None for x in params)
 
 
 def _dev_equal(a: Any, b: Any) -> bool:

@@ -510,3 +510,48 @@ def test_dataclass_rebuilt_without_init(xp: Any) -> None:
     flat, re = fk.destructure({"m": obj})
     out = re(flat)
     assert type(out["m"]) is Checked
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_flatten_zoo_equals_destructure(xp: Any, name: str) -> None:
+    tree = zoo(xp)[name]
+    flat, re = fk.destructure(tree)
+    np.testing.assert_array_equal(to_numpy(re.flatten(tree)), to_numpy(flat))
+    np.testing.assert_array_equal(to_numpy(re.flatten(re(flat))), to_numpy(flat))  # the rebuilt model too
+
+
+def test_flatten_rejects_changed_ties_and_nodes(xp: Any) -> None:
+    a, b = xp.asarray([1.0]), xp.asarray([2.0])
+    sub = {"s": xp.asarray([3.0])}
+    tree = {"a": a, "b": b, "c": 5, "enc": sub, "dec": sub}
+    flat, re = fk.destructure(tree)
+    np.testing.assert_array_equal(to_numpy(re.flatten(dict(tree, a=xp.asarray([7.0])))), [7.0, 2.0, 3.0])
+    with pytest.raises(fk.StructureError, match=r"at b: .*distinct"):
+        re.flatten(dict(tree, b=a))
+    with pytest.raises(fk.StructureError, match=r"at c: re.flatten expected a leaf, found dict"):
+        re.flatten(dict(tree, c={"x": 1}))
+    with pytest.raises(fk.StructureError, match=r"at dec: .*shared"):
+        re.flatten(dict(tree, dec={"s": xp.asarray([3.0])}))
+    with pytest.raises(fk.StructureError, match=r"at a: .*floating or complex array"):
+        re.flatten(dict(tree, a=xp.asarray([1])))
+
+
+def test_flatten_converts_under_model_policy(xp: Any) -> None:
+    tree = {"w": xp.asarray([1.0, 2.0], dtype=xp.float64)}
+    flat, re = fk.destructure(tree)
+    other = {"w": xp.asarray([3.0, 4.0], dtype=xp.float32)}
+    with pytest.raises(fk.PolicyError, match=r"at w: re.flatten under policy='strict'"):
+        re.flatten(other)
+    out = re.flatten(other, policy="model")
+    assert out.dtype == xp.float64
+    np.testing.assert_array_equal(to_numpy(out), [3.0, 4.0])
+    with pytest.raises(fk.PolicyError, match=r"at w: .*complex"):
+        re.flatten({"w": xp.asarray([1j, 2.0], dtype=xp.complex128)}, policy="model")
+
+
+def test_alias_of_view_and_owner_detected(xp: Any, backend: Backend) -> None:
+    if backend.value in IMMUTABLE:
+        pytest.skip("immutable arrays cannot alias")
+    base = xp.asarray([1.0, 2.0, 3.0, 4.0])
+    with pytest.raises(fk.StructureError, match=r"at owner and view: "):
+        fk.destructure({"owner": base, "view": base[1:3]})
