@@ -282,7 +282,7 @@ def destructure_calls(model: Any, backend: str) -> dict[str, Callable[[], Any]]:
 
 
 def _leafwise(dst: np.ndarray, sources: list[np.ndarray], offs: list[int]) -> None:
-    for x, o in zip(sources, offs):
+    for x, o in zip(sources, offs[:-1], strict=True):
         np.copyto(dst[o : o + x.size].reshape(x.shape), x)
 
 

@@ -1152,11 +1152,11 @@ class Restructure:
         kind = self._flat_kind
         if out is not None:
             self._check_out(out)
-        leaves = self._match_fast(model) if self._flatten_fast_ok(pol) else _MISS
-        if leaves is not _MISS:  # the plan's types, dtypes and devices: decided once, per policy
+        fast = self._match_fast(model) if self._flatten_fast_ok(pol) else _MISS
+        if fast is not _MISS:  # the plan's types, dtypes and devices: decided once, per policy
             if out is None:
-                return _new_flat(kind, self._n, leaves, self._offsets, self._shapes)
-            _fill(out, kind, leaves, self._offsets, self._shapes)
+                return _new_flat(kind, self._n, fast, self._offsets, self._shapes)
+            _fill(out, kind, fast, self._offsets, self._shapes)
             return out
         leaves, where = self._match(model)
         # policy: each parameter against the flat vector

@@ -524,7 +524,7 @@ def test_flatten_rejects_changed_ties_and_nodes(xp: Any) -> None:
     a, b = xp.asarray([1.0]), xp.asarray([2.0])
     sub = {"s": xp.asarray([3.0])}
     tree = {"a": a, "b": b, "c": 5, "enc": sub, "dec": sub}
-    flat, re = fk.destructure(tree)
+    _, re = fk.destructure(tree)
     np.testing.assert_array_equal(to_numpy(re.flatten(dict(tree, a=xp.asarray([7.0])))), [7.0, 2.0, 3.0])
     with pytest.raises(fk.StructureError, match=r"at b: .*distinct"):
         re.flatten(dict(tree, b=a))
@@ -538,7 +538,7 @@ def test_flatten_rejects_changed_ties_and_nodes(xp: Any) -> None:
 
 def test_flatten_converts_under_model_policy(xp: Any) -> None:
     tree = {"w": xp.asarray([1.0, 2.0], dtype=xp.float64)}
-    flat, re = fk.destructure(tree)
+    _, re = fk.destructure(tree)
     other = {"w": xp.asarray([3.0, 4.0], dtype=xp.float32)}
     with pytest.raises(fk.PolicyError, match=r"at w: re.flatten under policy='strict'"):
         re.flatten(other)
