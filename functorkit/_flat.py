@@ -1152,7 +1152,7 @@ class Restructure:
         kind = self._flat_kind
         if out is not None:
             self._check_out(out)
-        fast = self._match_fast(model) if self._flatten_fast_ok(pol) else _MISS
+        fast: Any = self._match_fast(model) if self._flatten_fast_ok(pol) else _MISS
         if fast is not _MISS:  # the plan's types, dtypes and devices: decided once, per policy
             if out is None:
                 return _new_flat(kind, self._n, fast, self._offsets, self._shapes)
