@@ -63,7 +63,7 @@ _NODE, _PARAM, _CONST, _REUSE = 0, 1, 2, 3
 _MISS = object()
 #: programs longer than this are run by the interpreter instead of generated code
 _CODEGEN_MAX = 4000
-#: CPU torch flat vectors of at least this many bytes are allocated by NumPy (see _torch_empty)
+#: CPU torch flat vectors of at least this many bytes are allocated by NumPy (see _empty)
 _NUMPY_ALLOC_MIN = 1 << 20
 _IMMUTABLE = frozenset({"jax", "dask"})
 
@@ -72,7 +72,7 @@ def _family(xp: Any) -> str:
     return describe_namespace(xp)
 
 
-_KIND_FAST: dict[type, Any] = {}
+_KIND_FAST: dict[type, tuple[Any, bool]] = {}  # type -> (namespace, is NumPy: device "cpu")
 
 
 def _kind(x: Any) -> Kind:
@@ -80,13 +80,13 @@ def _kind(x: Any) -> Kind:
     t = type(x)
     fast = _KIND_FAST.get(t)
     if fast is not None:
-        return Kind(fast, x.dtype, "cpu" if fast.__name__ == "array_api_compat.numpy" else x.device)
+        return Kind(fast[0], x.dtype, "cpu" if fast[1] else x.device)
     xp = namespace(x)
     fam = _family(xp)
-    if (fam == "numpy" and t.__name__ == "ndarray" and t.__module__ == "numpy") or (
-        fam == "torch" and t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter")
-    ):
-        _KIND_FAST[t] = xp
+    if fam == "numpy" and t.__name__ == "ndarray" and t.__module__ == "numpy":
+        _KIND_FAST[t] = (xp, True)
+    elif fam == "torch" and t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter"):
+        _KIND_FAST[t] = (xp, False)
     return Kind(xp, x.dtype, device_of(x))
 
 
@@ -680,8 +680,7 @@ class Explanation:
                 text = f"{type(r.error).__name__}: {r.error}"
                 key = text.partition(": ")[2].partition(": ")[2] or text
                 number = notes.setdefault(key, len(notes) + 1)
-                if number == len(notes) and key not in shown:
-                    shown[key] = text
+                shown.setdefault(key, text)
                 result = "-"
                 rule = f"{r.rule} [{number}]"
             table.append((r.path.display, str(r.shape), model, result, r.how, rule))
