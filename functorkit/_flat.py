@@ -66,6 +66,9 @@ _CODEGEN_MAX = 4000
 #: CPU torch flat vectors of at least this many bytes are allocated by NumPy (see _empty)
 _NUMPY_ALLOC_MIN = 1 << 20
 _IMMUTABLE = frozenset({"jax", "dask"})
+#: eager JAX: one ``jnp.split`` for up to this many parameters (its first call compiles, ~5 ms per
+#: piece; later calls are one dispatch instead of one per slice); more parameters: plain slices
+_JAX_SPLIT_MAX = 32
 
 
 def _family(xp: Any) -> str:
@@ -473,6 +476,9 @@ def _views(p: Any, xp: Any, offsets: list[int], shapes: list[tuple[int, ...]]) -
     if fam == "torch":
         chunks = p.split_with_sizes([_size(s) for s in shapes])
         return [c if len(s) == 1 else c.view(s) for c, s in zip(chunks, shapes, strict=True)]
+    if fam == "jax" and len(shapes) <= _JAX_SPLIT_MAX:
+        chunks = xp.split(p, offsets[1:])
+        return [c if len(s) == 1 else c.reshape(s) for c, s in zip(chunks, shapes, strict=True)]
     if hasattr(p, "reshape") and fam != "array_api_strict":
         return [
             p[o : o + _size(s)] if len(s) == 1 else p[o : o + _size(s)].reshape(s)
@@ -870,10 +876,18 @@ class Restructure:
             glb["RESHAPE"] = kind.xp.reshape
             check = "type(p) is not T or p.shape != S or p.dtype != D or p.device != DEV"
             views = _view_lines("func" if fam == "array_api_strict" else "method", self._offsets, self._shapes, "    ")
-        elif fam == "jax":
+        elif fam == "jax" and len(self._shapes) > _JAX_SPLIT_MAX:
             glb.update(SAME=same_device, DEVICE_OF=device_of)
             check = "type(p) is not T or p.shape != S or p.dtype != D or not SAME(DEVICE_OF(p), DEV)"
             views = _view_lines("method", self._offsets, self._shapes, "    ")
+        elif fam == "jax":
+            glb.update(SAME=same_device, DEVICE_OF=device_of, SPLIT=kind.xp.split, IDX=self._offsets[1:])
+            check = "type(p) is not T or p.shape != S or p.dtype != D or not SAME(DEVICE_OF(p), DEV)"
+            views = ["    s = SPLIT(p, IDX)"]  # one dispatch for all slices (eager JAX pays per operation)
+            views += [
+                f"    v{k} = s[{k}]" + ("" if len(sh) == 1 else f".reshape({sh!r})")
+                for k, sh in enumerate(self._shapes)
+            ]
         else:
             return None
         return "\n".join(["def fast(p):", f"    if {check}:", "        return MISS", *views, *body])
