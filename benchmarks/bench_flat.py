@@ -414,12 +414,15 @@ def run(quick: bool) -> str:
             summary.append((f"{w} numpy: destructure <= 1.1x np.concatenate", f"{r:.2f}x", _ok(r <= 1.1)))
             if (w, "torch") in de_times:
                 tt = de_times[w, "torch"]
-                r = tt["fk: destructure(model)"] / ref
-                summary.append((f"{w} torch: destructure <= 1.2x the NumPy np.concatenate", f"{r:.2f}x", _ok(r <= 1.2)))
+                # the NumPy figure measured interleaved with the torch contenders (same phase of the run)
+                ref_np = tt["np.concatenate of the same number of NumPy leaves"]
+                r = tt["fk: destructure(model)"] / ref_np
+                target = f"{w} torch: destructure <= 1.2x np.concatenate of NumPy leaves"
+                summary.append((target, f"{r:.2f}x", _ok(r <= 1.2)))
                 same = tt["np.concatenate of the same leaves (NumPy views of the tensors)"]
                 r = tt["fk: destructure(model)"] / same
                 summary.append((f"{w} torch: destructure vs np.concatenate of the same torch leaves", f"{r:.2f}x", "-"))
-                rc = tt["torch.cat of the leaves"] / ref
+                rc = tt["torch.cat of the leaves"] / ref_np
                 summary.append((f"{w} torch: (torch.cat for comparison)", f"{rc:.2f}x", "-"))
         for b in ("numpy", "torch"):
             if (w, b) in re_times:
