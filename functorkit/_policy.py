@@ -145,12 +145,22 @@ def _same_dtype(a: Kind, b: Kind) -> bool:
     return describe_dtype(a.dtype) == describe_dtype(b.dtype)
 
 
+def _platform(device: Any) -> str:
+    """A device's kind, comparable across libraries: "cpu", "cuda", "meta", or its name."""
+    name = str(getattr(device, "platform", None) or getattr(device, "type", None) or device).lower()
+    if "cpu" in name:
+        return "cpu"
+    if "cuda" in name or "gpu" in name:
+        return "cuda"
+    return name
+
+
 def _same_device_kind(a: Kind, b: Kind) -> bool:
     if a.xp is b.xp:
         return same_device(a.device, b.device)
     if a.device is None or b.device is None:
         return True
-    return str(a.device) == str(b.device)
+    return _platform(a.device) == _platform(b.device)
 
 
 def _is_complex(kind: Kind) -> bool:
