@@ -48,6 +48,7 @@ from ._policy import (
     describe_dtype,
     describe_namespace,
     flatten_error,
+    is_complex,
     mixed_model_error,
     rebuild_error,
     same_device,
@@ -504,10 +505,10 @@ def _to_namespace(x: Any, xp: Any, device: Any) -> Any:
     """A copy of `x` in namespace `xp` on `device` (DLPack, else the array protocol via NumPy)."""
     try:
         y = xp.from_dlpack(x)
-    except Exception:
+    except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
         try:
             y = xp.asarray(x)
-        except Exception:
+        except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
             import numpy as np
 
             y = xp.asarray(np.asarray(x))
@@ -534,7 +535,7 @@ def _convert(v: Any, d: Decision, pk: Kind) -> Any:
 def _default_float(xp: Any, device: Any) -> Any:
     try:
         return xp.__array_namespace_info__().default_dtypes(device=device)["real floating"]
-    except Exception:
+    except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
         return xp.asarray(0.0).dtype
 
 
@@ -815,7 +816,7 @@ class Restructure:
         self._ftype = ftype
         self._policy = policy
         self._paths = None
-        self._has_complex = any(_is_complex_kind(k) for k in kinds)
+        self._has_complex = any(is_complex(k) for k in kinds)
         self._uniform = len(kinds) == 1
         self._fam = _family(flat_kind.xp)
         self._param_types = param_types
@@ -1370,13 +1371,6 @@ class Restructure:
         return (_restore, (state,))
 
 
-def _is_complex_kind(k: Kind) -> bool:
-    try:
-        return bool(k.xp.isdtype(k.dtype, "complex floating"))
-    except Exception:
-        return False
-
-
 def _describe_node(ins: tuple[Any, ...]) -> str:
     nd = ins[1]
     name = nd.cls.__name__
@@ -1403,7 +1397,7 @@ def _portable_kind(k: Kind) -> tuple[str, Any, Any]:
     dev = k.device
     try:
         pickle.dumps(dev)
-    except Exception:
+    except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
         dev = ("__device__", getattr(dev, "platform", None), getattr(dev, "id", None))
     return (k.xp.__name__, k.dtype, dev)
 
@@ -1411,7 +1405,7 @@ def _portable_kind(k: Kind) -> tuple[str, Any, Any]:
 def _portable_type(t: type) -> type:
     try:
         pickle.dumps(t)
-    except Exception:
+    except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
         return type(None)  # never matches: re.flatten takes the general path
     return t
 
@@ -1431,7 +1425,7 @@ def _find_device(platform: Any, ident: Any) -> Any:
         for d in jax.devices(platform):
             if d.id == ident:
                 return d
-    except Exception:
+    except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
         pass
     return None
 
@@ -1452,7 +1446,7 @@ def _restore(state: dict[str, Any]) -> Restructure:
     flat_kind = _restore_kind(state["flat_kind"])
     try:
         ftype = type(_empty(flat_kind, 0))
-    except Exception:
+    except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
         ftype = type(None)
     return Restructure._make(
         instrs=instrs,
@@ -1623,7 +1617,7 @@ def _dev_equal(a: Any, b: Any) -> bool:
         return False
     try:
         return bool(a == b)
-    except Exception:
+    except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
         return False
 
 

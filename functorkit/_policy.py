@@ -37,6 +37,7 @@ __all__ = [
     "describe_device",
     "describe_dtype",
     "describe_namespace",
+    "is_complex",
     "mixed_model_error",
     "same_device",
 ]
@@ -135,7 +136,7 @@ def same_device(a: Any, b: Any) -> bool:
         return True
     try:
         return bool(a == b)
-    except Exception:
+    except Exception:  # noqa: BLE001 - backends differ in what they raise
         return str(a) == str(b)
 
 
@@ -163,10 +164,10 @@ def _same_device_kind(a: Kind, b: Kind) -> bool:
     return _platform(a.device) == _platform(b.device)
 
 
-def _is_complex(kind: Kind) -> bool:
+def is_complex(kind: Kind) -> bool:
     try:
         return bool(kind.xp.isdtype(kind.dtype, "complex floating"))
-    except Exception:
+    except Exception:  # noqa: BLE001 - backends differ in what they raise
         return describe_dtype(kind.dtype).startswith("complex")
 
 
@@ -202,7 +203,7 @@ def decide_rebuild(policy: str, leaf: Kind, p: Kind, model_has_complex: bool) ->
     diffs = _differences(leaf, p)
     if not diffs:
         return Decision(leaf, False, False, False, False, False, f"{policy}: p matches the parameter", None)
-    real = _is_complex(p) and not _is_complex(leaf)
+    real = is_complex(p) and not is_complex(leaf)
     situations = [{"namespace": P_NAMESPACE, "dtype": P_DTYPE, "device": P_DEVICE}[d] for d in diffs]
     if real:
         situations.append(P_COMPLEX)
@@ -244,7 +245,7 @@ def decide_flatten(policy: str, leaf: Kind, flat: Kind) -> Decision:
     if not diffs:
         return Decision(flat, False, False, False, False, False, f"{policy}: same kind as the flat vector", None)
     situations = [{"namespace": F_NAMESPACE, "dtype": F_DTYPE, "device": F_DEVICE}[d] for d in diffs]
-    if _is_complex(leaf) and not _is_complex(flat):
+    if is_complex(leaf) and not is_complex(flat):
         situations.append(F_COMPLEX)
     actions = {s: RULES[s][policy] for s in situations}
     if RAISE in actions.values():

@@ -273,7 +273,7 @@ def resolve(cls: type) -> Any:
         else:
             out = None
             for modname, adapter in _ADAPTERS:
-                if modname in sys.modules:
+                if sys.modules.get(modname) is not None:
                     nd = importlib.import_module(adapter).node_for(cls)
                     if nd is not None:
                         out = nd

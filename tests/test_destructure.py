@@ -14,10 +14,10 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import functorkit as fk
+
 from conftest import Backend, to_numpy
 from helpers import ZOO_NAMES, Layer, Pair, Point, zoo
-
-import functorkit as fk
 
 # compared by value: pytest's conftest module and the imported one are two modules (two Enum classes)
 MUTABLE = {"numpy", "numpy_readonly", "torch", "array_api_strict", "cupy"}

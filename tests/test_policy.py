@@ -11,9 +11,9 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from conftest import Backend, importable, to_numpy
-
 import functorkit as fk
+
+from conftest import Backend, importable, to_numpy
 
 MUTABLE = {"numpy", "numpy_readonly", "torch", "array_api_strict", "cupy"}
 
