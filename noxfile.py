@@ -1,8 +1,13 @@
 """Sessions: tests (one per backend), lint, types, docs, demo, bench.
 
-    python3 -m nox                      # the full matrix (what CI runs)
-    python3 -m nox -s "tests(backend='torch')"
-    python3 -m nox -s bench             # benchmarks -> docs/benchmarks.md
+    python3 -m nox                              # the full matrix: what CI (.ci/run) runs
+    python3 -m nox -s demo                      # the tour of a small torch model
+    python3 -m nox -s "tests(backend='torch')"  # one backend
+    python3 -m nox -s bench                     # benchmarks -> docs/benchmarks.md (not in the default list)
+    python3 -m nox -s bench -- --quick          # a fast smoke run of the benchmarks
+
+Every session makes its own virtualenv under .nox/ and installs what it needs
+from the package index, so a machine with only Python and pip runs all of it.
 """
 
 from __future__ import annotations
@@ -12,23 +17,33 @@ import subprocess
 
 import nox
 
+nox.needs_version = ">=2024.3.2"
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
+# the default list is the full CI matrix; `bench` is deliberately not in it
 nox.options.sessions = ["tests", "lint", "types", "docs", "demo"]
 
-TORCH = "torch==2.13.0"  # the CPU build on this project's machines; others pull CUDA
-# backend -> extra packages; "lite" has only the core dependencies
+# Pinned everywhere: the CPU build this project's machines carry on disk. Any
+# other version (or a bare "torch") pulls a multi-GB CUDA build there.
+TORCH = "torch==2.13.0"
+
+# backend -> packages installed besides functorkit[test]
 BACKENDS: dict[str, list[str]] = {
+    # only the core dependencies (numpy, array-api-compat): the wheel, installed
+    # non-editable, must work and the suite must pass with no optional library
     "lite": [],
+    # NumPy tests plus the doctests; array-api-strict is there as a second
+    # namespace for the mixed-namespace tests
     "numpy": ["array-api-strict>=2.2"],
     "torch": [TORCH, "scipy>=1.10"],
     "array_api_strict": ["array-api-strict>=2.2"],
     "jax": ["jax>=0.4.30"],
     "dask": ["dask[array]>=2024.1"],
-    "cupy": ["cupy-cuda12x>=13"],
+    # [ctk] brings the CUDA 12 libraries as wheels, so a GPU machine needs only the driver
+    "cupy": ["cupy-cuda12x[ctk]>=13"],
 }
-# which test backends (conftest.Backend values) each session exercises
+# which test backends (tests/conftest.py Backend values) each session exercises
 SELECT = {
     "lite": "numpy,numpy_readonly",
     "numpy": "numpy,numpy_readonly",
@@ -38,12 +53,27 @@ SELECT = {
     "dask": "dask",
     "cupy": "cupy",
 }
+# `python -I` (isolated: the installed package, not the source tree on the cwd)
+# proves that importing functorkit loads none of the optional backends, even
+# in the sessions where they are installed.
+BACKEND_FREE = (
+    "import sys, functorkit;"
+    " bad = [m for m in ('torch', 'jax', 'cupy', 'dask') if m in sys.modules];"
+    " assert not bad, f'import functorkit imported {bad}';"
+    " print('import functorkit is backend-free:', functorkit.__file__)"
+)
+PYTEST = ["pytest", "-p", "no:cacheprovider"]
 
 
 def _has_gpu() -> bool:
-    if shutil.which("nvidia-smi") is None:
+    nvidia_smi = shutil.which("nvidia-smi")
+    if nvidia_smi is None:
         return False
-    return subprocess.run(["nvidia-smi", "-L"], capture_output=True, check=False).returncode == 0
+    try:
+        done = subprocess.run([nvidia_smi, "-L"], capture_output=True, check=False, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0 and b"GPU" in done.stdout
 
 
 @nox.session
@@ -51,52 +81,54 @@ def _has_gpu() -> bool:
 def tests(session: nox.Session, backend: str) -> None:
     """Run the test suite on one backend (cupy skips without an NVIDIA GPU)."""
     if backend == "cupy" and not _has_gpu():
-        session.skip("CuPy needs an NVIDIA GPU; none here")
-    session.install("-e", ".[test]", *BACKENDS[backend])
+        session.skip("CuPy needs an NVIDIA GPU and there is none on this machine")
     env = {"FUNCTORKIT_BACKENDS": SELECT[backend], "FUNCTORKIT_TEST_SESSION": backend}
-    session.run("pytest", "-q", "-p", "no:cacheprovider", *session.posargs, env=env)
     if backend == "lite":
-        session.run(
-            "python",
-            "-c",
-            "import sys, functorkit; bad = [m for m in ('torch','jax','cupy','dask') if m in sys.modules];"
-            " assert not bad, f'import functorkit imported {bad}'; print('import functorkit is backend-free')",
-        )
-    if backend == "numpy":
-        session.run("pytest", "-q", "-p", "no:cacheprovider", "--doctest-modules", "functorkit",
-                    "--ignore=functorkit/adapters", env=env)
+        # what `pip install .` gives a user: a real wheel, not the source tree
+        session.install(".[test]")
+        session.install("--no-deps", "--force-reinstall", ".")
+        session.run("python", "-I", "-c", BACKEND_FREE)
+        session.run(*PYTEST, *session.posargs, env=env)
+        return
+    session.install("-e", ".[test]", *BACKENDS[backend])
+    session.run("python", "-I", "-c", BACKEND_FREE)
+    targets = ["tests"]
+    if backend == "numpy" and not session.posargs:
+        # the docstring examples run with NumPy only
+        targets += ["functorkit", "--ignore=functorkit/adapters"]
+    session.run(*PYTEST, *(session.posargs or targets), env=env)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and format check."""
+    """ruff check over the package, tests, examples, benchmarks and this file."""
     session.install("ruff>=0.6")
-    session.run("ruff", "check", "functorkit", "tests", "benchmarks", "examples", "noxfile.py", "conformance")
+    session.run("ruff", "check", "functorkit", "tests", "benchmarks", "examples", "conformance", "noxfile.py")
 
 
 @nox.session
 def types(session: nox.Session) -> None:
-    """mypy --strict on functorkit/."""
+    """mypy --strict on functorkit/ (configured in pyproject.toml)."""
     session.install("mypy>=1.10", "-e", ".")
     session.run("mypy", "functorkit")
 
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """Build the mkdocs site with --strict."""
+    """Build the mkdocs site with --strict (broken links and bad references fail)."""
     session.install("-e", ".[docs]")
     session.run("mkdocs", "build", "--strict", "--site-dir", session.create_tmp() + "/site")
 
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The tour: what functorkit sees in a real small model."""
+    """The demo: a tour of what functorkit sees in a small torch model."""
     session.install("-e", ".[demo]")
     session.run("python", "examples/demo.py", *session.posargs)
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks against the peers and the physical limits -> docs/benchmarks.md."""
+    """Benchmarks against the peers and the physical limits -> docs/benchmarks.md (`-- --quick` for a smoke run)."""
     session.install("-e", ".", TORCH, "jax>=0.4.30", "optree>=0.12", "dm-tree>=0.1.8", "array-api-strict>=2.2")
     session.run("python", "benchmarks/run.py", *session.posargs)

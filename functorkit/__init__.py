@@ -5,12 +5,26 @@ arithmetic on whole models, load one into another — on NumPy, PyTorch,
 JAX, CuPy, Dask and array-api-strict arrays, with no silent conversion.
 """
 
+from ._arith import add as add
+from ._arith import copy as copy
+from ._arith import dot as dot
+from ._arith import filter_normalize as filter_normalize
+from ._arith import lerp as lerp
+from ._arith import lincomb as lincomb
+from ._arith import mean as mean
+from ._arith import norm as norm
+from ._arith import normalize as normalize
+from ._arith import scale as scale
+from ._arith import sub as sub
 from ._errors import PolicyError as PolicyError
 from ._errors import StructureError as StructureError
 from ._keypath import KeyPath as KeyPath
+from ._load import load_into as load_into
 from ._registry import register as register
 from ._registry import register_dataclass as register_dataclass
 from ._registry import register_leaf as register_leaf
+from ._structured import Diagonal as Diagonal
+from ._structured import Transpose as Transpose
 from ._walk import fmap as fmap
 from ._walk import fmap_with_path as fmap_with_path
 from ._walk import fmapstructure as fmapstructure
@@ -20,15 +34,29 @@ from ._walk import leaves_with_path as leaves_with_path
 __version__ = "0.1.0"
 
 __all__ = [
+    "Diagonal",
     "KeyPath",
     "PolicyError",
     "StructureError",
+    "Transpose",
+    "add",
+    "copy",
+    "dot",
+    "filter_normalize",
     "fmap",
     "fmap_with_path",
     "fmapstructure",
     "leaves",
     "leaves_with_path",
+    "lerp",
+    "lincomb",
+    "load_into",
+    "mean",
+    "norm",
+    "normalize",
     "register",
     "register_dataclass",
     "register_leaf",
+    "scale",
+    "sub",
 ]

@@ -1,66 +1,120 @@
 """Shared-memory detection between different arrays of one tree.
 
-Two *different* array objects whose memory overlaps (NumPy ``a`` and ``a.T``,
-torch ``t`` and ``t.t()``) would be silently untied by flattening or
-loading. :func:`check_no_aliases` finds them in O(n log n): each array's
-byte extent is computed from its data pointer, shape and strides, extents are
-sorted and swept, and only overlapping extents get the exact test
-(``numpy.shares_memory`` on stand-in arrays made from the pointers alone, so
-no data is read and interleaved views like ``a[::2]``/``a[1::2]`` are not
-aliases). Immutable backends (JAX, Dask) and ``meta`` tensors have no
-aliasing to detect.
+Two *different* array objects whose memory overlaps (NumPy ``a`` and ``a.T``
+or ``a[1:]``, torch ``t`` and ``t.t()``) would be silently untied by
+flattening or loading. :func:`check_no_aliases` finds them.
+
+How, and what it costs:
+
+1. NumPy arrays (and array-api-strict's inner NumPy arrays) whose memory is
+   owned by an ndarray that no other entry views are set aside without
+   reading a pointer: separate allocations cannot overlap. This shortcut is
+   off when host memory also holds foreign buffers (torch CPU tensors,
+   ``np.frombuffer``/``as_strided`` arrays), which could wrap any of them.
+2. Every other array costs one byte *extent* ``[lo, hi)``; extents are
+   sorted per address space (host memory, or one GPU) and swept with NumPy,
+   and only arrays whose extents overlap form a cluster. Measured: 10,000
+   distinct NumPy arrays ~4 ms, 10,000 torch tensors ~12 ms, 10,000 views
+   of one flat vector (``re(p)``) ~20 ms.
+3. A cluster gets the exact test on normalised layouts
+   (:func:`memory_layout`: negative strides flipped, length-1 and stride-0
+   (broadcast) dimensions dropped, dimensions sorted by stride, contiguous
+   ones merged, so ``a`` and ``a.T`` get the same layout). First it is split
+   by the residue of each array's start modulo the gcd ``g`` of all strides
+   (an array only touches bytes in ``[start, start + itemsize)`` mod ``g``,
+   so ``a[0::k] ... a[k-1::k]`` or the columns of one matrix fall apart at
+   once); then each group takes the cheaper of two exact sweeps: pairs of
+   arrays whose extents overlap, tested with ``numpy.shares_memory`` on
+   stand-ins built from the pointers (no data is read), or all contiguous
+   byte runs sorted at once with NumPy (O(runs log runs)). Measured on
+   pathological inputs: 10,000 columns or 10,000 blocks of one matrix
+   ~60-75 ms, 64 column blocks of a 4096x4096 matrix ~1.5 ms.
+
+Interleaved views that share no element (``a[::2]``, ``a[1::2]``) are not
+aliases. Immutable backends (JAX, Dask), torch ``meta`` tensors, tensors
+without storage (``torch.func`` wrappers, fake tensors), non-strided torch
+layouts (sparse, nested, mkldnn) and empty arrays have nothing to detect.
+Host memory is one address space for NumPy, torch CPU and array-api-strict
+(whose simulated devices all live in host memory), so
+``torch.from_numpy(a)`` next to ``a`` is an alias; each GPU is its own space
+(torch ``cuda:i`` and CuPy device ``i`` share one), so equal addresses on
+different devices never clash.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ._errors import StructureError
 from ._keypath import KeyPath
 
-__all__ = ["check_no_aliases", "memory_layout"]
+__all__ = ["Layout", "check_no_aliases", "memory_layout"]
 
-# (group, ptr, shape, byte strides, itemsize); group separates address spaces
-Layout = tuple[Any, int, tuple[int, ...], tuple[int, ...], int]
+#: above this many contiguous runs in one cluster, fall back to pairwise tests
+_RUN_LIMIT = 1 << 21
+_HOST = ("cpu", 0)
 
 
-def memory_layout(x: Any) -> Layout | None:
-    """Where array `x` lives in memory, or None if it cannot alias (immutable, meta, empty)."""
-    mod = type(x).__module__.partition(".")[0]
-    if mod == "numpy":
-        if not isinstance(x, np.ndarray) or x.size == 0:
+class Layout(NamedTuple):
+    """Normalised memory footprint of one array (see the module docstring)."""
+
+    space: tuple[str, int]
+    lo: int  # lowest byte address touched
+    dims: tuple[tuple[int, int], ...]  # (length, positive byte stride), ascending stride, merged
+    itemsize: int
+
+    @property
+    def hi(self) -> int:
+        """One past the highest byte address touched."""
+        return self.lo + sum((n - 1) * s for n, s in self.dims) + self.itemsize
+
+
+def _normalise(space: tuple[str, int], ptr: int, shape: Any, strides: Any, itemsize: int) -> Layout | None:
+    if itemsize <= 0:
+        return None
+    dims = []
+    for n, s in zip(shape, strides, strict=True):
+        if n == 0:
             return None
-        return ("numpy", x.__array_interface__["data"][0], x.shape, x.strides, x.itemsize)
-    if mod == "torch":
-        dev = x.device
-        if dev.type == "meta" or x.numel() == 0:
-            return None
-        try:
-            ptr = x.data_ptr()
-        except RuntimeError:  # tensor subclasses/functional wrappers without storage
-            return None
-        isz = x.element_size()
-        return (("torch", str(dev)), ptr, tuple(x.shape), tuple(s * isz for s in x.stride()), isz)
-    if mod == "cupy":
-        if x.size == 0:
-            return None
-        return (("cupy", x.device.id), x.data.ptr, x.shape, x.strides, x.itemsize)
-    if mod == "array_api_strict":
-        inner = getattr(x, "_array", None)
-        if not isinstance(inner, np.ndarray) or inner.size == 0:
-            return None
-        iface = inner.__array_interface__["data"][0]
-        return ("numpy", iface, inner.shape, inner.strides, inner.itemsize)
+        if n == 1 or s == 0:
+            continue
+        if s < 0:
+            ptr += (n - 1) * s
+            s = -s
+        dims.append((n, s))
+    dims.sort(key=lambda d: d[1])
+    merged: list[tuple[int, int]] = []
+    for n, s in dims:
+        if merged and s == merged[-1][0] * merged[-1][1]:
+            merged[-1] = (merged[-1][0] * n, merged[-1][1])
+        else:
+            merged.append((n, s))
+    return Layout(space, ptr, tuple(merged), itemsize)
+
+
+# -------------------------------------------------- where an array lives
+
+
+def _np_owner(x: Any) -> int | None:
+    """id of the ndarray owning `x`'s memory, or None when it comes from a foreign buffer."""
+    b = x.base
+    if b is None:
+        return id(x) if x.flags.owndata else None
+    while isinstance(b, np.ndarray):
+        nb = b.base
+        if nb is None:
+            return id(b) if b.flags.owndata else None
+        b = nb
     return None
 
 
-def _extent(lay: Layout) -> tuple[int, int]:
-    _, ptr, shape, strides, itemsize = lay
+def _extent(ptr: int, shape: Any, strides: Any, itemsize: int) -> tuple[int, int]:
     lo = hi = ptr
-    for n, s in zip(shape, strides):
+    for n, s in zip(shape, strides, strict=True):
         if s < 0:
             lo += (n - 1) * s
         else:
@@ -68,52 +122,378 @@ def _extent(lay: Layout) -> tuple[int, int]:
     return lo, hi + itemsize
 
 
+_TORCH: list[Any] = []  # [torch.strided, plain tensor types, has-python-dispatch test], set when torch is met
+
+
+def _torch_info() -> list[Any]:
+    if not _TORCH:
+        import torch
+
+        python_key = torch._C.DispatchKey.Python
+
+        def python_dispatch(x: Any) -> bool:
+            return bool(torch._C._dispatch_keys(x).has(python_key))
+
+        _TORCH.extend([torch.strided, (torch.Tensor, torch.nn.Parameter), python_dispatch])
+    return _TORCH
+
+
+def _torch_extent(x: Any) -> tuple[tuple[str, int], int, int] | None:
+    strided, plain, python_dispatch = _TORCH or _torch_info()
+    if x.layout is not strided or x.is_nested:  # sparse, mkldnn, nested: no plain strided memory
+        return None
+    if type(x) not in plain and python_dispatch(x):  # FakeTensor and other wrapper subclasses: no real memory
+        return None
+    if x.is_cpu:
+        space = _HOST
+    else:
+        dev = x.device
+        if dev.type == "meta":
+            return None
+        space = (dev.type, dev.index or 0)
+    if x.numel() == 0:
+        return None
+    try:
+        ptr = x.data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):  # no storage: torch.func wrappers, fake tensors
+        return None
+    if ptr == 0:
+        return None
+    if x.is_contiguous():
+        return space, ptr, ptr + x.nbytes
+    isz = x.element_size()
+    lo, hi = _extent(ptr, x.shape, [st * isz for st in x.stride()], isz)
+    return space, lo, hi
+
+
+_KIND: dict[type, str] = {}
+
+
+def _kind(x: Any) -> str:
+    t = type(x)
+    try:
+        return _KIND[t]
+    except KeyError:
+        k = _KIND[t] = t.__module__.partition(".")[0]
+        return k
+
+
+def _torch_layout(x: Any) -> Layout | None:
+    ext = _torch_extent(x)
+    if ext is None:
+        return None
+    isz = x.element_size()
+    return _normalise(ext[0], x.data_ptr(), tuple(x.shape), tuple(s * isz for s in x.stride()), isz)
+
+
+def memory_layout(x: Any) -> Layout | None:
+    """Where array `x` lives in memory, or None if it cannot alias (immutable, meta, empty, no storage)."""
+    if isinstance(x, np.ndarray):
+        if x.size == 0:
+            return None
+        return _normalise(_HOST, x.__array_interface__["data"][0], x.shape, x.strides, x.itemsize)
+    mod = type(x).__module__.partition(".")[0]
+    if mod == "torch":
+        return _torch_layout(x)
+    if mod == "array_api_strict":
+        inner = getattr(x, "_array", None)
+        if not isinstance(inner, np.ndarray) or inner.size == 0:
+            return None
+        return _normalise(_HOST, inner.__array_interface__["data"][0], inner.shape, inner.strides, inner.itemsize)
+    if mod == "cupy":
+        if x.size == 0:
+            return None
+        return _normalise(("cuda", int(x.device.id)), int(x.data.ptr), x.shape, x.strides, x.itemsize)
+    return None
+
+
+# ----------------------------------------------------------- exact tests
+
+
+class _Item(NamedTuple):
+    order: int
+    path: KeyPath
+    array: Any
+    lay: Layout
+    hi: int
+
+
 class _Standin:
-    """Exposes a pointer/shape/strides as an array interface, without any data access."""
+    """A pointer/shape/strides exposed as an array interface of bytes; no data is ever read."""
 
     def __init__(self, lay: Layout) -> None:
-        _, ptr, shape, strides, itemsize = lay
         self.__array_interface__ = {
-            "shape": (*shape, itemsize),
-            "strides": (*strides, 1),
+            "shape": (*(n for n, _ in lay.dims), lay.itemsize),
+            "strides": (*(s for _, s in lay.dims), 1),
             "typestr": "|u1",
-            "data": (ptr, True),
+            "data": (lay.lo, True),
             "version": 3,
         }
 
 
-def _overlap(a: Layout, b: Layout) -> bool:
+def _shares(a: Layout, b: Layout) -> bool:
     return bool(np.shares_memory(np.asarray(_Standin(a)), np.asarray(_Standin(b))))
+
+
+def _residue_groups(members: list[_Item]) -> list[list[_Item]]:
+    """Split `members` into groups that cannot share a byte with each other (residues mod the stride gcd)."""
+    g = 0
+    for m in members:
+        for _, s in m.lay.dims:
+            g = math.gcd(g, s)
+    if g == 0:
+        return [members]
+    wins = sorted(((m.lay.lo % g, m.lay.lo % g + m.lay.itemsize, m) for m in members), key=lambda w: w[0])
+    groups: list[list[_Item]] = []
+    end = -1
+    for start, stop, m in wins:
+        if groups and start < end:
+            groups[-1].append(m)
+            end = max(end, stop)
+        else:
+            groups.append([m])
+            end = stop
+    wrap = max(w[1] for w in wins) - g  # windows reaching past g wrap onto the first ones
+    while len(groups) > 1 and wrap > 0 and groups[0][0].lay.lo % g < wrap:
+        first = groups.pop(0)
+        groups[-1].extend(first)
+        wrap = max(wrap, max(m.lay.lo % g + m.lay.itemsize for m in first) - g)
+    return [grp for grp in groups if len(grp) > 1]
+
+
+def _self_disjoint(dims: tuple[tuple[int, int], ...], itemsize: int) -> bool:
+    """True if no two elements touch the same byte (not an ``as_strided`` self-overlap)."""
+    reach = itemsize
+    for n, s in dims:
+        if s < reach:
+            return False
+        reach += (n - 1) * s
+    return True
+
+
+def _runs(dims: tuple[tuple[int, int], ...], itemsize: int) -> tuple[int, int, tuple[tuple[int, int], ...]]:
+    """(number of contiguous byte runs, bytes per run, the dims that enumerate the run starts)."""
+    if dims and dims[0][1] == itemsize:
+        run, outer = dims[0][0] * itemsize, dims[1:]
+    else:
+        run, outer = itemsize, dims
+    return math.prod(n for n, _ in outer), run, outer
+
+
+def _sweep_runs(members: list[_Item], base: int) -> tuple[_Item, _Item] | None:
+    """Exact test by sorting every contiguous byte run of every member (vectorised per layout)."""
+    by_shape: dict[tuple[Any, ...], list[int]] = {}
+    for k, m in enumerate(members):
+        by_shape.setdefault((m.lay.dims, m.lay.itemsize), []).append(k)
+    starts, ends, owners = [], [], []
+    for (dims, isz), ks in by_shape.items():
+        _, run, outer = _runs(dims, isz)
+        offs = np.zeros(1, dtype=np.int64)
+        for n, s in outer:
+            offs = np.add.outer(np.arange(n, dtype=np.int64) * s, offs).ravel()
+        if _self_disjoint(dims, isz):
+            lens = np.full(offs.shape, run, dtype=np.int64)
+        else:
+            offs, lens = _union(offs, run)
+        los = np.asarray([members[k].lay.lo - base for k in ks], dtype=np.int64)
+        st = (los[:, None] + offs[None, :]).ravel()
+        starts.append(st)
+        ends.append(st + np.tile(lens, len(ks)))
+        owners.append(np.repeat(np.asarray(ks, dtype=np.int64), offs.size))
+    st, en, ow = np.concatenate(starts), np.concatenate(ends), np.concatenate(owners)
+    order = np.argsort(st, kind="stable")
+    st, en, ow = st[order], en[order], ow[order]
+    reach = np.maximum.accumulate(en)
+    hit = np.flatnonzero(st[1:] < reach[:-1])
+    if hit.size == 0:
+        return None
+    i = int(hit[0]) + 1
+    j = int(np.argmax(en[:i]))  # the earlier run reaching past st[i]; another owner, since own runs are disjoint
+    return members[int(ow[j])], members[int(ow[i])]
+
+
+def _union(offs: Any, run: int) -> tuple[Any, Any]:
+    """Merge the overlapping runs of one self-overlapping array into disjoint runs."""
+    st = np.sort(offs)
+    en = st + run
+    reach = np.maximum.accumulate(en)
+    new = np.ones(st.shape, dtype=bool)
+    new[1:] = st[1:] >= reach[:-1]
+    idx = np.flatnonzero(new)
+    return st[idx], np.maximum.reduceat(en, idx) - st[idx]
+
+
+def _sweep_pairs(members: list[_Item]) -> tuple[_Item, _Item] | None:
+    """Exact pairwise test of the members whose extents overlap."""
+    active: list[tuple[_Item, Any]] = []
+    for m in sorted(members, key=lambda m: m.lay.lo):
+        active = [a for a in active if a[0].hi > m.lay.lo]
+        view = np.asarray(_Standin(m.lay))
+        for a, aview in active:
+            if np.shares_memory(aview, view):
+                return a, m
+        active.append((m, view))
+    return None
+
+
+def _resolve(cluster: list[_Item]) -> tuple[_Item, _Item] | None:
+    """An aliasing pair among arrays whose extents overlap (transitively), or None."""
+    if len(cluster) == 2:
+        a, b = cluster
+        return (a, b) if _shares(a.lay, b.lay) else None
+    for grp in _residue_groups(cluster):
+        k = len(grp)
+        runs = sum(_runs(m.lay.dims, m.lay.itemsize)[0] for m in grp)
+        # a pair test costs ~1 us, sorting one run ~0.05 us: take the cheaper bound
+        if k * (k - 1) <= runs // 10 or runs > _RUN_LIMIT:
+            found = _sweep_pairs(grp)
+        else:
+            found = _sweep_runs(grp, min(m.lay.lo for m in grp))
+        if found is not None:
+            return found
+    return None
+
+
+# ------------------------------------------------------------- the check
+
+
+def _clusters(spans: list[Any]) -> Iterator[list[Any]]:
+    """Groups of two or more spans whose byte extents overlap (transitively), per address space."""
+    by_space: dict[Any, list[Any]] = {}
+    for sp in spans:
+        by_space.setdefault(sp[0], []).append(sp)
+    for group in by_space.values():
+        n = len(group)
+        if n < 2:
+            continue
+        lo = np.array([sp[1] for sp in group], dtype=np.uint64)
+        order = np.argsort(lo, kind="stable")
+        lo = lo[order]
+        reach = np.maximum.accumulate(np.array([sp[2] for sp in group], dtype=np.uint64)[order])
+        joined = lo[1:] < reach[:-1]  # span i+1 starts before every earlier span has ended
+        if not joined.any():
+            continue
+        bounds = np.concatenate(([0], np.flatnonzero(~joined) + 1, [n]))
+        for c in np.flatnonzero(np.diff(bounds) > 1):
+            yield [group[j] for j in order[bounds[c] : bounds[c + 1]]]
+
+
+def _resolve_spans(cluster: list[tuple[Any, ...]]) -> tuple[_Item, _Item] | None:
+    """Normalised layouts for one cluster of spans, then the exact test."""
+    items = []
+    seen: set[int] = set()
+    for space, _, hi, k, path, x, mem, ptr in cluster:
+        if id(x) in seen:  # the same object twice is a tie, not an alias
+            continue
+        seen.add(id(x))
+        if isinstance(mem, np.ndarray):
+            lay = _normalise(space, ptr, mem.shape, mem.strides, mem.itemsize)
+        else:
+            lay = memory_layout(x)
+        if lay is not None:
+            items.append(_Item(k, path, x, lay, hi))
+    return _resolve(items) if len(items) > 1 else None
 
 
 def check_no_aliases(entries: Iterable[tuple[KeyPath, Any]], what: str) -> None:
     """Raise StructureError if two different arrays in `entries` share memory.
 
-    `entries` are ``(path, array)`` pairs of distinct objects; `what` names
-    the operation for the message (``"fk.destructure"``).
+    `entries` are ``(path, array)`` pairs in walk order; the same object
+    listed twice is a tie, not an alias, and is skipped. `what` names the
+    operation for the message (``"fk.destructure"``). Non-arrays and arrays
+    that cannot alias are ignored.
+
+    Cost: NumPy arrays that own their memory and have no view of theirs in
+    `entries` are set aside without reading a pointer (unless the host memory
+    also holds foreign buffers: torch CPU tensors, ``np.frombuffer`` arrays);
+    every other array costs one extent, then one sort and one sweep.
     """
-    spans = []
-    for path, x in entries:
-        lay = memory_layout(x)
-        if lay is not None:
-            lo, hi = _extent(lay)
-            spans.append((lay[0].__repr__(), lo, hi, path, lay, type(x).__name__))
+    spans: list[tuple[tuple[str, int], int, int, int, KeyPath, Any, Any, int]] = []
+    host_np: list[tuple[int, KeyPath, Any, Any, int | None]] = []  # (order, path, array, ndarray, owner)
+    foreign_host = False
+    kinds = _KIND
+    for k, (path, x) in enumerate(entries):
+        if isinstance(x, np.ndarray):
+            if x.size and x.itemsize:
+                owner = _np_owner(x)
+                foreign_host = foreign_host or owner is None
+                host_np.append((k, path, x, x, owner))
+            continue
+        mod = kinds.get(type(x)) or _kind(x)
+        if mod == "torch":
+            ext = _torch_extent(x)
+            if ext is not None:
+                foreign_host = foreign_host or ext[0] == _HOST
+                spans.append((*ext, k, path, x, x, 0))
+        elif mod == "array_api_strict":
+            inner = getattr(x, "_array", None)
+            if isinstance(inner, np.ndarray) and inner.size and inner.itemsize:
+                owner = _np_owner(inner)
+                foreign_host = foreign_host or owner is None
+                host_np.append((k, path, x, inner, owner))
+        elif mod == "cupy" and x.size and x.itemsize:
+            lo, hi = _extent(int(x.data.ptr), x.shape, x.strides, x.itemsize)
+            spans.append((("cuda", int(x.device.id)), lo, hi, k, path, x, x, 0))
+    if host_np:
+        if not foreign_host:
+            # memory owned by distinct ndarrays cannot overlap: only views of one owner need a look
+            count: dict[int | None, int] = {}
+            for e in host_np:
+                count[e[4]] = count.get(e[4], 0) + 1
+            host_np = [e for e in host_np if count[e[4]] > 1]
+        for k, path, x, arr, _ in host_np:
+            ptr = arr.__array_interface__["data"][0]
+            if arr.flags.c_contiguous:
+                spans.append((_HOST, ptr, ptr + arr.nbytes, k, path, x, arr, ptr))
+            else:
+                spans.append((_HOST, *_extent(ptr, arr.shape, arr.strides, arr.itemsize), k, path, x, arr, ptr))
     if len(spans) < 2:
         return
-    spans.sort(key=lambda s: (s[0], s[1]))
-    active: list[tuple[Any, ...]] = []
-    for span in spans:
-        group, lo = span[0], span[1]
-        active = [s for s in active if s[0] == group and s[2] > lo]
-        for other in active:
-            if _overlap(other[4], span[4]):
-                a, b = other[3], span[3]
-                msg = (
-                    f"at {a.display} and {b.display}: two different arrays share memory "
-                    f"({other[5]} and {span[5]}). {what} would silently untie them. "
-                    "Expected each array to own its memory, or a tie written as the same "
-                    "object in both places. Fix: keep one array and express the other "
-                    "through it (fk.Transpose(a) for a transpose), or pass copies."
-                )
-                raise StructureError(msg)
-        active.append(span)
+    found = None
+    for cluster in _clusters(spans):
+        found = _resolve_spans(cluster)
+        if found is not None:
+            break
+    if found is None:
+        return
+    first, second = sorted(found, key=lambda it: it.order)
+    relation = _relation(first.array, second.array, first.lay, second.lay)
+    msg = (
+        f"at {first.path.display} and {second.path.display}: two different arrays share memory "
+        f"({type(first.array).__name__} of shape {tuple(first.array.shape)} and "
+        f"{type(second.array).__name__} of shape {tuple(second.array.shape)}; {relation}). "
+        f"{what} would silently untie them: writing one changes the other, but each would get its own "
+        "slot. Expected every array to own its memory, or a tie written as the same object in both "
+        f"places. Fix: keep one array and express the other through it (fk.Transpose({first.path.display}) "
+        "for a transpose; the same object for a plain tie), or pass an explicit copy to untie them."
+    )
+    raise StructureError(msg)
+
+
+def _strides(x: Any) -> tuple[int, ...] | None:
+    if isinstance(x, np.ndarray):
+        return tuple(x.strides)
+    mod = type(x).__module__.partition(".")[0]
+    if mod == "torch":
+        return tuple(x.stride())
+    if mod == "array_api_strict":
+        return tuple(x._array.strides)
+    if mod == "cupy":
+        return tuple(x.strides)
+    return None
+
+
+def _relation(x: Any, y: Any, a: Layout, b: Layout) -> str:
+    if a != b:
+        return "their memory overlaps: slices or views of one buffer"
+    sx, sy, tx, ty = tuple(x.shape), tuple(y.shape), _strides(x), _strides(y)
+    if (
+        len(sx) >= 2
+        and tx is not None
+        and ty is not None
+        and sy == (*sx[:-2], sx[-1], sx[-2])
+        and ty == (*tx[:-2], tx[-1], tx[-2])
+        and (sx, tx) != (sy, ty)
+    ):
+        return "one is a transpose view of the other"
+    return "they are two views of the same elements, e.g. `a[:]`, `a.reshape(...)`, `t.detach()`"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["KeyPath", "format_entry"]
+__all__ = ["KeyPath", "format_entry", "make_path"]
+
+_tuple_new = tuple.__new__
 
 
 def format_entry(key: Any, first: bool) -> str:
@@ -16,7 +18,7 @@ def format_entry(key: Any, first: bool) -> str:
     return f"[{key!r}]"
 
 
-class KeyPath(tuple):  # type: ignore[type-arg]
+class KeyPath(tuple[Any, ...]):
     """An immutable, hashable, picklable path of keys from a tree's root.
 
     Entries are the keys a node gives its children: dict keys, attribute or
@@ -38,21 +40,34 @@ class KeyPath(tuple):  # type: ignore[type-arg]
 
     __slots__ = ()
 
-    def __new__(cls, entries: Any = ()) -> KeyPath:
-        return super().__new__(cls, entries)
+    def __new__(cls, entries: Any = (), /) -> KeyPath:
+        if isinstance(entries, (str, bytes)):
+            msg = (
+                f"`entries` must be an iterable of path entries, got the {type(entries).__name__} "
+                f"{entries!r}; wrap a single key in a tuple: KeyPath(({entries!r},))."
+            )
+            raise TypeError(msg)
+        try:
+            return _tuple_new(cls, entries)
+        except TypeError:
+            msg = f"`entries` must be an iterable of path entries, got {type(entries).__name__}."
+            raise TypeError(msg) from None
 
     def __str__(self) -> str:
-        return "".join(format_entry(k, i == 0) for i, k in enumerate(self))
+        return "".join([format_entry(k, i == 0) for i, k in enumerate(self)])
 
     def __repr__(self) -> str:
         return f"KeyPath({tuple(self)!r})"
 
-    def __add__(self, other: Any) -> KeyPath:  # type: ignore[override]
-        return KeyPath(tuple(self) + tuple(other))
+    def __add__(self, other: Any) -> KeyPath:
+        return _tuple_new(KeyPath, (*self, *other))
+
+    def __radd__(self, other: Any) -> KeyPath:
+        return _tuple_new(KeyPath, (*other, *self))
 
     def __getitem__(self, index: Any) -> Any:
-        out = super().__getitem__(index)
-        return KeyPath(out) if isinstance(index, slice) else out
+        out = tuple.__getitem__(self, index)
+        return _tuple_new(KeyPath, out) if isinstance(index, slice) else out
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (KeyPath, (tuple(self),))
@@ -62,37 +77,51 @@ class KeyPath(tuple):  # type: ignore[type-arg]
         """``str(self)``, or ``<root>`` for the empty path (used in messages)."""
         return str(self) or "<root>"
 
-    def get(self, tree: Any) -> Any:
+    def get(self, tree: Any, /) -> Any:
         """Fetch the value at this path in `tree`.
 
         Raises
         ------
         StructureError
-            If some entry of the path is not a child of the node reached.
+            If some entry of the path is not a child of the node reached; the
+            message names the whole path and the node where it stops.
+
+        Examples
+        --------
+        >>> import functorkit as fk
+        >>> fk.KeyPath(("b", 0)).get({"a": 1, "b": [2, 3]})
+        2
         """
-        from ._registry import child_items
         from ._errors import StructureError
+        from ._registry import child_items
 
         node = tree
         for depth, key in enumerate(self):
             items = child_items(node)
-            here = KeyPath(self[:depth]).display
+            here = _tuple_new(KeyPath, tuple.__getitem__(self, slice(0, depth))).display
             if items is None:
                 msg = (
-                    f"at {here}: expected a node with child {key!r}, found a leaf "
-                    f"of type {type(node).__name__}; check the path against "
-                    "fk.leaves_with_path(tree)."
+                    f"at {here}: the path {self.display} goes through a leaf: expected a node "
+                    f"with a child {key!r}, found a leaf of type {type(node).__name__}; check "
+                    "the path against fk.leaves_with_path(tree)."
                 )
                 raise StructureError(msg)
             for k, v in items:
-                if k == key and type(k) is type(key):
+                if type(k) is type(key) and k == key:
                     node = v
                     break
             else:
                 keys = [k for k, _ in items]
+                shown = repr(keys) if len(keys) <= 20 else f"{keys[:20]!r} and {len(keys) - 20} more"
                 msg = (
-                    f"at {here}: expected a child {key!r}, found children {keys!r}; "
-                    "check the path against fk.leaves_with_path(tree)."
+                    f"at {here}: the path {self.display} does not exist: expected a child "
+                    f"{key!r} of this {type(node).__name__}, found the children {shown}; check "
+                    "the path against fk.leaves_with_path(tree)."
                 )
                 raise StructureError(msg)
         return node
+
+
+def make_path(entries: tuple[Any, ...]) -> KeyPath:
+    """A KeyPath from a tuple of entries, without argument checks (the walk's hot path)."""
+    return _tuple_new(KeyPath, entries)

@@ -13,12 +13,16 @@ import dataclasses
 import importlib
 import sys
 import threading
+import types
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 __all__ = [
+    "KNOWN_TYPES",
+    "LEAF_TYPES",
     "SCALAR",
+    "SCALAR_TYPES",
     "NodeDef",
     "child_items",
     "dispatch",
@@ -48,9 +52,15 @@ class NodeDef:
     order (``named`` is true when the children form a mapping);
     ``unflatten(aux, keys, values) -> obj`` rebuilds; ``trainable(obj)``
     returns the set of trainable child keys, or ``None`` for all.
+
+    ``owns`` is true when the node object itself holds a strong reference to
+    every child ``flatten`` returns (a container, a namedtuple, a plain
+    dataclass), so the walk need not keep the ``values`` list alive to keep
+    the children's identities unique; ``fast`` marks the built-in
+    containers the walk handles inline.
     """
 
-    __slots__ = ("cls", "fast", "flatten", "trainable", "unflatten")
+    __slots__ = ("cls", "fast", "flatten", "owns", "trainable", "unflatten")
 
     def __init__(
         self,
@@ -59,12 +69,15 @@ class NodeDef:
         unflatten: Callable[[Any, list[Any], list[Any]], Any],
         trainable: Callable[[Any], frozenset[Any] | None] | None = None,
         fast: int = GENERIC,
+        *,
+        owns: bool = False,
     ) -> None:
         self.cls = cls
         self.flatten = flatten
         self.unflatten = unflatten
         self.trainable = trainable
         self.fast = fast
+        self.owns = owns
 
     def __repr__(self) -> str:
         return f"NodeDef({self.cls.__qualname__})"
@@ -78,11 +91,11 @@ def _dict_flatten(x: dict[Any, Any]) -> tuple[list[Any], list[Any], Any, bool]:
 
 
 def _dict_unflatten(aux: Any, keys: list[Any], values: list[Any]) -> dict[Any, Any]:
-    return dict(zip(keys, values))
+    return dict(zip(keys, values, strict=True))
 
 
 def _odict_unflatten(aux: Any, keys: list[Any], values: list[Any]) -> OrderedDict[Any, Any]:
-    return OrderedDict(zip(keys, values))
+    return OrderedDict(zip(keys, values, strict=True))
 
 
 def _ddict_flatten(x: defaultdict[Any, Any]) -> tuple[list[Any], list[Any], Any, bool]:
@@ -90,7 +103,7 @@ def _ddict_flatten(x: defaultdict[Any, Any]) -> tuple[list[Any], list[Any], Any,
 
 
 def _ddict_unflatten(aux: Any, keys: list[Any], values: list[Any]) -> defaultdict[Any, Any]:
-    return defaultdict(aux, zip(keys, values))
+    return defaultdict(aux, zip(keys, values, strict=True))
 
 
 def _seq_flatten(x: Any) -> tuple[list[Any], list[Any], Any, bool]:
@@ -114,7 +127,7 @@ def _namedtuple_def(cls: type) -> NodeDef:
     def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
         return cls(*values)
 
-    return NodeDef(cls, flatten, unflatten)
+    return NodeDef(cls, flatten, unflatten, owns=True)
 
 
 def _dataclass_def(cls: type) -> NodeDef:
@@ -128,6 +141,15 @@ def _dataclass_def(cls: type) -> NodeDef:
     names = [f.name for f in all_fields if not f.metadata.get("static", False)]
     statics = [f.name for f in all_fields if f.metadata.get("static", False)]
     field_names = {f.name for f in all_fields}
+    # a field read through a descriptor (a property) may hand out a fresh object
+    # each time: then the walk keeps the values list alive itself
+    # so may a class that overrides attribute access
+    plain: bool = getattr(cls, "__getattribute__", None) is object.__getattribute__
+    owns = plain and not hasattr(cls, "__getattr__")
+    for n in names:
+        attr = cls.__dict__.get(n)
+        if hasattr(type(attr), "__get__") and not isinstance(attr, types.MemberDescriptorType):
+            owns = False
 
     def flatten(x: Any) -> tuple[list[Any], list[Any], Any, bool]:
         values = [getattr(x, n) for n in names]
@@ -138,9 +160,9 @@ def _dataclass_def(cls: type) -> NodeDef:
         return names, values, aux, True
 
     def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
-        obj = object.__new__(cls)
+        obj: Any = object.__new__(cls)
         setattr_ = object.__setattr__
-        for n, v in zip(keys, values):
+        for n, v in zip(keys, values, strict=True):
             setattr_(obj, n, v)
         static, extra = aux
         for n, v in static:
@@ -150,7 +172,7 @@ def _dataclass_def(cls: type) -> NodeDef:
                 setattr_(obj, n, v)
         return obj
 
-    return NodeDef(cls, flatten, unflatten)
+    return NodeDef(cls, flatten, unflatten, owns=owns)
 
 
 def _user_def(
@@ -164,9 +186,10 @@ def _user_def(
     def flatten(x: Any) -> tuple[list[Any], list[Any], Any, bool]:
         out = children(x)
         if type(out) is not tuple or len(out) != 2:
+            got = f"a tuple of length {len(out)}" if type(out) is tuple else f"{type(out).__name__}"
             msg = (
                 f"the `children` function registered for {qual} must return a "
-                f"(children, aux) pair, got {type(out).__name__}; return "
+                f"`(children, aux)` pair, got {got}; return "
                 "`(mapping_or_sequence, aux)`."
             )
             raise TypeError(msg)
@@ -175,17 +198,18 @@ def _user_def(
             return list(ch.keys()), list(ch.values()), (aux, None), True
         if isinstance(ch, (list, tuple)):
             vals = list(ch)
-            return list(range(len(vals))), vals, (aux, type(ch) is tuple), False
+            return list(range(len(vals))), vals, (aux, isinstance(ch, tuple)), False
         msg = (
             f"the `children` function registered for {qual} returned children of "
-            f"type {type(ch).__name__}; expected a mapping, list or tuple."
+            f"type {type(ch).__name__}; expected a mapping (keys become path entries), "
+            "a list or a tuple."
         )
         raise TypeError(msg)
 
     def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
         user_aux, seq_kind = aux
         if seq_kind is None:
-            return rebuild(user_aux, dict(zip(keys, values)))
+            return rebuild(user_aux, dict(zip(keys, values, strict=True)))
         return rebuild(user_aux, tuple(values) if seq_kind else list(values))
 
     tfn = None
@@ -193,7 +217,15 @@ def _user_def(
         t = trainable
 
         def tfn(x: Any) -> frozenset[Any] | None:
-            return frozenset(t(x))
+            keys = t(x)
+            try:
+                return frozenset(keys)
+            except TypeError:
+                msg = (
+                    f"the `trainable` function registered for {qual} must return an "
+                    f"iterable of child keys, got {type(keys).__name__}."
+                )
+                raise TypeError(msg) from None
 
     return NodeDef(cls, flatten, unflatten, tfn)
 
@@ -201,15 +233,21 @@ def _user_def(
 # ---------------------------------------------------------------- the table
 
 _lock = threading.RLock()
-_TABLE: dict[type, Any] = {
-    dict: NodeDef(dict, _dict_flatten, _dict_unflatten, fast=DICT),
-    list: NodeDef(list, _seq_flatten, _list_unflatten, fast=LIST),
-    tuple: NodeDef(tuple, _seq_flatten, _tuple_unflatten, fast=TUPLE),
-    OrderedDict: NodeDef(OrderedDict, _dict_flatten, _odict_unflatten),
-    defaultdict: NodeDef(defaultdict, _ddict_flatten, _ddict_unflatten),
+_BUILTIN: dict[type, Any] = {
+    dict: NodeDef(dict, _dict_flatten, _dict_unflatten, fast=DICT, owns=True),
+    list: NodeDef(list, _seq_flatten, _list_unflatten, fast=LIST, owns=True),
+    tuple: NodeDef(tuple, _seq_flatten, _tuple_unflatten, fast=TUPLE, owns=True),
+    OrderedDict: NodeDef(OrderedDict, _dict_flatten, _odict_unflatten, owns=True),
+    defaultdict: NodeDef(defaultdict, _ddict_flatten, _ddict_unflatten, owns=True),
 }
-#: type -> NodeDef (node), None (identity-cached leaf) or SCALAR (uncached leaf)
+#: registered entries: type -> NodeDef or the leaf marker
+_TABLE: dict[type, Any] = dict(_BUILTIN)
+#: resolved types: type -> NodeDef (node), None (identity-cached leaf) or SCALAR (uncached leaf)
 _DISPATCH: dict[type, Any] = {}
+#: the resolved types that are leaves (a set, so a node's children can be checked in one go)
+LEAF_TYPES: set[type] = set()
+#: every resolved type (leaves and nodes)
+KNOWN_TYPES: set[type] = set()
 
 # module name -> adapter module, imported the first time an object of that
 # library is met (only possible once the library itself is imported).
@@ -241,11 +279,14 @@ def resolve(cls: type) -> Any:
                         out = nd
                         break
         _DISPATCH[cls] = out
+        if not isinstance(out, NodeDef):
+            LEAF_TYPES.add(cls)
+        KNOWN_TYPES.add(cls)
         return out
 
 
 def dispatch(x: Any) -> Any:
-    """The dispatch entry for ``type(x)``."""
+    """The dispatch entry for ``type(x)``: a NodeDef for a node, None or SCALAR for a leaf."""
     t = type(x)
     try:
         return _DISPATCH[t]
@@ -259,26 +300,40 @@ def child_items(node: Any) -> list[tuple[Any, Any]] | None:
     if nd is None or nd is SCALAR:
         return None
     keys, values, _, _ = nd.flatten(node)
-    return list(zip(keys, values))
+    return list(zip(keys, values, strict=True))
 
 
-def _store(cls: Any, entry: Any, replace: bool, what: str) -> None:
+def _check_class(cls: Any, what: str) -> None:
     if not isinstance(cls, type):
-        msg = f"`cls` must be a class, got {type(cls).__name__} ({cls!r})."
+        msg = f"`cls` must be a class, got {type(cls).__name__} ({cls!r}); call {what}(SomeClass, ...)."
         raise TypeError(msg)
+    if cls in SCALAR_TYPES:
+        msg = (
+            f"`cls` is {cls.__name__}, a built-in scalar type: bool, int, float, complex, "
+            f"str, bytes and None are always leaves (never identity-cached) and cannot be "
+            f"registered with {what}."
+        )
+        raise ValueError(msg)
+
+
+def _store(cls: type, entry: Any, replace: bool, what: str) -> None:
     with _lock:
         if cls in _TABLE and not replace:
+            kind = "a built-in node" if cls in _BUILTIN and _TABLE[cls] is _BUILTIN[cls] else "already registered"
             msg = (
-                f"{cls.__qualname__} is already registered; pass `replace=True` to "
+                f"{cls.__module__}.{cls.__qualname__} is {kind}; pass `replace=True` to "
                 f"{what} to replace its entry."
             )
             raise ValueError(msg)
         _TABLE[cls] = entry
         _DISPATCH.clear()
+        LEAF_TYPES.clear()
+        KNOWN_TYPES.clear()
 
 
 def register(
     cls: type[T],
+    /,
     *,
     children: Callable[[T], tuple[Any, Any]],
     rebuild: Callable[[Any, Any], T],
@@ -324,11 +379,24 @@ def register(
     >>> fk.fmap(lambda x: x + 1, Pair(1, 2)).b
     3
     """
-    if not callable(children) or not callable(rebuild):
-        msg = "`children` and `rebuild` must be callables; see fk.register's docstring."
+    _check_class(cls, "fk.register")
+    if not callable(children):
+        msg = (
+            f"`children` must be a callable `obj -> (children, aux)`, got {type(children).__name__}; "
+            "see fk.register's docstring."
+        )
+        raise TypeError(msg)
+    if not callable(rebuild):
+        msg = (
+            f"`rebuild` must be a callable `(aux, children) -> obj`, got {type(rebuild).__name__}; "
+            "see fk.register's docstring."
+        )
         raise TypeError(msg)
     if trainable is not None and not callable(trainable):
-        msg = "`trainable` must be a callable returning the trainable child keys, or None."
+        msg = (
+            f"`trainable` must be a callable `obj -> iterable of trainable child keys`, or None; "
+            f"got {type(trainable).__name__}."
+        )
         raise TypeError(msg)
     _store(cls, _user_def(cls, children, rebuild, trainable), replace, "fk.register")
     return cls
@@ -355,13 +423,15 @@ def register_dataclass(cls: Any = None, /, *, replace: bool = False) -> Any:
     """
     if cls is None:
         return lambda c: register_dataclass(c, replace=replace)
-    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+    _check_class(cls, "fk.register_dataclass")
+    if not dataclasses.is_dataclass(cls):
         msg = (
-            f"fk.register_dataclass expects a dataclass type, got {cls!r}; apply "
+            f"`cls` must be a dataclass type, got {cls!r}; apply "
             "@dataclasses.dataclass first (below @fk.register_dataclass)."
         )
         raise TypeError(msg)
-    _store(cls, _dataclass_def(cls), replace, "fk.register_dataclass")
+    dcls: type = cls  # type: ignore[assignment]
+    _store(dcls, _dataclass_def(dcls), replace, "fk.register_dataclass")
     return cls
 
 
@@ -379,5 +449,6 @@ def register_leaf(cls: type[T], /, *, replace: bool = False) -> type[T]:
     >>> fk.leaves({"cfg": Config(0.1)})
     [Config(lr=0.1)]
     """
+    _check_class(cls, "fk.register_leaf")
     _store(cls, _LEAF, replace, "fk.register_leaf")
     return cls

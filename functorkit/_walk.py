@@ -1,20 +1,33 @@
-"""The one walk: fmap, fmapstructure, fmap_with_path, leaves.
+"""The walk: fmap, fmapstructure, fmap_with_path, leaves, leaves_with_path.
 
-Everything that visits a tree goes through :func:`walk`, an explicit-stack
-loop (so depth is bounded by memory, not by the interpreter's recursion
-limit). Leaves are handled inline in the loop over a node's children; only
-nodes push a frame. Paths are built only when asked for (``with_path``) or
-when an error needs one (then they are read back off the stack).
+Two engines, one semantics:
+
+- :func:`walk`, the general engine: an explicit-stack loop (depth is bounded
+  by memory, not by the interpreter's recursion limit) that handles every
+  option: several trees in lock-step, ``is_leaf``, paths, trainable
+  tracking, identity caching of leaves and of shared sub-trees, cycle
+  detection, and every error message.
+- The fast engine (:func:`_flatten`, :func:`_map_leaves`, :func:`_rebuild`):
+  flatten each tree into a flat list of leaves plus a post-order rebuild
+  program, map ``f`` over the flat lists with C-level loops, and rebuild.
+  ``fmap``, ``fmapstructure`` and ``leaves`` use it when there is no
+  ``is_leaf``, no paths and no trainable tracking. It gives up (returns
+  ``_ABORT``, before ``f`` is called) on anything unusual: a node object met
+  twice (a shared sub-tree or a cycle), a structure mismatch between trees,
+  or an exception while flattening; :func:`walk` then does the whole job and
+  produces the error message. Both engines call ``f`` at the same leaves, in
+  the same order, the same number of times, and build the same output.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from ._errors import StructureError
-from ._keypath import KeyPath
-from ._registry import _DISPATCH, DICT, GENERIC, LIST, SCALAR, SCALAR_TYPES, TUPLE, NodeDef, resolve
+from ._keypath import KeyPath, make_path
+from ._registry import _DISPATCH, DICT, KNOWN_TYPES, LEAF_TYPES, LIST, SCALAR, SCALAR_TYPES, TUPLE, NodeDef, resolve
 from ._xp import is_inexact_array
 
 __all__ = [
@@ -31,13 +44,36 @@ __all__ = [
 
 BUILD_NONE, BUILD_SAME, BUILD_STRUCTURE = 0, 1, 2
 _MISS = object()
+_ROOT = make_path(())
+_REBUILDING = object()
+_NO_OTHERS: Any = ()
 
 # frame slots (a frame is a list: cheaper than an object in the hot loop)
 _NODES, _ND, _KEYS, _VALS, _AUX, _RES, _I, _PATH, _TRAIN, _TSET, _CKEY, _NAMED, _KEY = range(13)
 
 
+def add_note(e: BaseException, note: str) -> None:
+    """``e.add_note(note)``, also on Python 3.10 (where notes are stored but not printed)."""
+    adder = getattr(e, "add_note", None)
+    if adder is not None:
+        adder(note)
+    else:  # pragma: no cover - Python 3.10
+        notes = getattr(e, "__notes__", None)
+        if notes is None:
+            notes = []
+            try:
+                e.__notes__ = notes
+            except AttributeError:
+                return
+        notes.append(note)
+
+
+def _visiting_note(path: KeyPath) -> str:
+    return f"(functorkit: raised while visiting {path.display})"
+
+
 def _describe(x: Any, nd: Any) -> str:
-    if nd is None or nd is SCALAR:
+    if not isinstance(nd, NodeDef):
         return f"leaf ({type(x).__name__})"
     keys, values, _, named = nd.flatten(x)
     name = type(x).__name__
@@ -46,33 +82,42 @@ def _describe(x: Any, nd: Any) -> str:
     return f"{name} of length {len(values)}"
 
 
-def _path_from_stack(stack: list[list[Any]], fr: list[Any] | None, i: int | None) -> KeyPath:
-    keys = [f[_KEY] for f in stack[2:]]
-    if fr is not None and i is not None and stack and fr is not stack[0]:
-        keys.append(fr[_KEYS][i])
-    return KeyPath(keys)
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
-def _mismatch(path: KeyPath, left: str, right: str, which: int) -> StructureError:
+def _mismatch(
+    path: KeyPath, left: str, right: str, which: int, names: tuple[str, ...] | None = None
+) -> StructureError:
     lhead, sep, _ = left.partition(" keys ")
     if sep and right.startswith(lhead + sep):
         right = right[len(lhead + sep) :]  # "dict keys {...} vs {...}"
+    if names is not None:
+        differs = f"`{names[which]}` differs from `{names[0]}` here"
+    else:
+        differs = f"the {_ordinal(which + 1)} tree differs from the first here"
     msg = (
         f"at {path.display}: {left} vs {right}\n"
         "Every tree must have the structure of the first one (node types, keys, "
-        f"lengths); `trees[{which - 1}]` differs here. Fix that tree, or pass "
-        "`is_leaf` to stop the walk above this point."
+        f"lengths); {differs}. Fix that tree, or pass `is_leaf` to stop the walk "
+        "above this point."
     )
     return StructureError(msg)
 
 
 def _cycle(path: KeyPath, obj: Any) -> StructureError:
     msg = (
-        f"at {path.display}: found a cycle: this {type(obj).__name__} contains "
-        "itself. Expected a tree (or a DAG with shared sub-trees); break the "
-        "cycle, or mark the back-reference with `is_leaf`."
+        f"at {path.display}: found a cycle: this {type(obj).__name__} is one of its own "
+        "ancestors. Expected a tree (or a DAG with shared sub-trees); break the cycle, "
+        "or stop the walk at the back-reference with `is_leaf`."
     )
     return StructureError(msg)
+
+
+def _node_path(stack: list[list[Any]]) -> tuple[Any, ...]:
+    """The path of the node of the top frame (frames 0 and 1 are the roots)."""
+    return tuple([f[_KEY] for f in stack[2:]])
 
 
 def walk(
@@ -85,46 +130,66 @@ def walk(
     share_nodes: bool = True,
     with_path: bool = False,
     track: bool = False,
+    names: tuple[str, ...] | None = None,
 ) -> Any:
     """Walk `trees` in lock-step and rebuild the first one's structure.
+
+    `names` (one per tree) lets structure-mismatch messages name the caller's
+    arguments (``dst``/``src``) instead of "the 2nd tree".
 
     `visit` is called once per leaf position (once per distinct leaf object
     when `cache`): ``visit(path, leaf, others, trainable)`` when `track`,
     else ``visit(path, leaf, *others)`` when `with_path`, else
     ``visit(leaf, *others)``. With `share_nodes` (and `cache`), a node object
-    met twice is rebuilt once.
+    met twice is rebuilt once. `build` is BUILD_SAME (the first tree's node
+    types), BUILD_STRUCTURE (plain dict/tuple/list) or BUILD_NONE (returns
+    None). With `track`, the cache key also holds the trainable flag: an
+    object reached once through trainable children and once through
+    non-trainable ones is visited once each way.
     """
-    ntrees = len(trees)
-    multi = ntrees > 1
+    multi = len(trees) > 1
     leaf_cache: dict[Any, Any] | None = {} if cache else None
     node_cache: dict[Any, Any] | None = {} if (cache and share_nodes) else None
     keep: list[Any] = []  # keeps temporaries from custom `children` alive (ids stay unique)
     active: set[int] = set()  # ids of the first tree's nodes on the stack (cycle check)
     disp = _DISPATCH
-    root_path = KeyPath(()) if with_path else None
-    stack: list[list[Any]] = [
-        [trees, None, [None], [[t] for t in trees], None, [], 0, None, True, None, None, False, None]
-    ]
-    fr = stack[0]
+    root: list[Any] = [trees, None, [None], [[t] for t in trees], None, [], 0, (), True, None, None, False, None]
+    stack: list[list[Any]] = [root]
+    fr = root
     i = 0
+    rebuilding = False
+    # a node whose children are all leaves is handled without a frame; while its
+    # leaves are visited `inline` is the list of their results, while it is rebuilt
+    # `inline` is _REBUILDING
+    inline: Any = None
+    tnew = tuple.__new__
+    leaf_types = LEAF_TYPES
+    scalar_types = SCALAR_TYPES
+    own: BaseException | None = None  # an error this walk raised itself (no note)
     try:
         while True:
             fr = stack[-1]
             vals = fr[_VALS]
             v0 = vals[0]
+            keys = fr[_KEYS]
             res = fr[_RES]
             i = fr[_I]
             n = len(v0)
             pushed = False
             while i < n:
                 c = v0[i]
-                forced = is_leaf is not None and is_leaf(c)
-                if forced:
+                nd: Any
+                if is_leaf is not None and is_leaf(c):
+                    forced = True
                     nd = SCALAR if type(c) in SCALAR_TYPES else None
                 else:
+                    forced = False
                     nd = disp.get(type(c), _MISS)
                     if nd is _MISS:
                         nd = resolve(type(c))
+                if track:
+                    tset = fr[_TSET]
+                    tr = fr[_TRAIN] and (tset is None or keys[i] in tset)
                 if nd is None or nd is SCALAR:
                     # ---- a leaf
                     if multi:
@@ -135,41 +200,40 @@ def walk(
                                 if ond is _MISS:
                                     ond = resolve(type(o))
                                 if isinstance(ond, NodeDef):
-                                    raise _mismatch(
-                                        _path_from_stack(stack, fr, i),
-                                        _describe(c, nd),
-                                        _describe(o, ond),
-                                        j + 1,
-                                    )
+                                    p = () if fr is root else (*_node_path(stack), keys[i])
+                                    own = _mismatch(make_path(p), _describe(c, nd), _describe(o, ond), j + 1, names)
+                                    raise own
                     else:
-                        others = ()
-                    if with_path:
-                        path = root_path if fr is stack[0] else KeyPath((*fr[_PATH], fr[_KEYS][i]))
+                        others = _NO_OTHERS
+                    if nd is None and leaf_cache is not None:
+                        ck: Any = (id(c), *map(id, others)) if multi else id(c)
+                        if track:
+                            ck = (ck, tr)
+                        r = leaf_cache.get(ck, _MISS)
+                        if r is not _MISS:
+                            res.append(r)
+                            i += 1
+                            continue
+                    if with_path:  # built only when `visit` needs it
+                        if fr is root:
+                            path = _ROOT
+                        else:
+                            pp = fr[_PATH]
+                            if pp is None:
+                                pp = fr[_PATH] = _node_path(stack)
+                            path = tnew(KeyPath, (*pp, keys[i]))
                     else:
                         path = None
-                    if nd is None and leaf_cache is not None:
-                        ck = id(c) if not multi else (id(c), *map(id, others))
-                        r = leaf_cache.get(ck, _MISS)
-                        if r is _MISS:
-                            if track:
-                                tset = fr[_TSET]
-                                r = visit(path, c, others, fr[_TRAIN] and (tset is None or fr[_KEYS][i] in tset))
-                            elif with_path:
-                                r = visit(path, c, *others)
-                            elif multi:
-                                r = visit(c, *others)
-                            else:
-                                r = visit(c)
-                            leaf_cache[ck] = r
-                    elif track:
-                        tset = fr[_TSET]
-                        r = visit(path, c, others, fr[_TRAIN] and (tset is None or fr[_KEYS][i] in tset))
+                    if track:
+                        r = visit(path, c, others, tr)
                     elif with_path:
                         r = visit(path, c, *others)
                     elif multi:
                         r = visit(c, *others)
                     else:
                         r = visit(c)
+                    if nd is None and leaf_cache is not None:
+                        leaf_cache[ck] = r
                     res.append(r)
                     i += 1
                     continue
@@ -179,6 +243,8 @@ def walk(
                     ck = (id(c), *map(id, others))
                 else:
                     ck = id(c)
+                if track:
+                    ck = (ck, tr)
                 if node_cache is not None:
                     r = node_cache.get(ck, _MISS)
                     if r is not _MISS:
@@ -186,8 +252,9 @@ def walk(
                         i += 1
                         continue
                 if id(c) in active:
-                    raise _cycle(_path_from_stack(stack, fr, i), c)
-                keys, cvals, aux, named = nd.flatten(c)
+                    own = _cycle(make_path(() if fr is root else (*_node_path(stack), keys[i])), c)
+                    raise own
+                ckeys, cvals, aux, named = nd.flatten(c)
                 allvals = [cvals]
                 if multi:
                     for j, o in enumerate(others):
@@ -195,226 +262,430 @@ def walk(
                             ond = disp.get(type(o), _MISS)
                             if ond is _MISS:
                                 ond = resolve(type(o))
-                            raise _mismatch(
-                                _path_from_stack(stack, fr, i), _describe(c, nd), _describe(o, ond), j + 1
-                            )
-                        okeys, ovals, _, _ = nd.flatten(o)
-                        if okeys != keys:
-                            if named and len(okeys) == len(keys) and set(okeys) == set(keys):
-                                lookup = dict(zip(okeys, ovals))
-                                ovals = [lookup[k] for k in keys]
+                            p = () if fr is root else (*_node_path(stack), keys[i])
+                            own = _mismatch(make_path(p), _describe(c, nd), _describe(o, ond), j + 1, names)
+                            raise own
+                        okeys, ovals, _, onamed = nd.flatten(o)
+                        if okeys != ckeys or onamed != named:
+                            if named and onamed and len(okeys) == len(ckeys) and set(okeys) == set(ckeys):
+                                lookup = dict(zip(okeys, ovals, strict=True))
+                                ovals = [lookup[k] for k in ckeys]
                             else:
-                                raise _mismatch(
-                                    _path_from_stack(stack, fr, i), _describe(c, nd), _describe(o, nd), j + 1
-                                )
+                                p = () if fr is root else (*_node_path(stack), keys[i])
+                                own = _mismatch(make_path(p), _describe(c, nd), _describe(o, nd), j + 1, names)
+                                raise own
                         allvals.append(ovals)
-                if nd.fast == GENERIC:
+                if not nd.owns:
                     keep.append(allvals)
-                key = fr[_KEYS][i]
-                if with_path:
-                    cpath = root_path if fr is stack[0] else KeyPath((*fr[_PATH], key))
-                else:
-                    cpath = None
                 if track:
-                    tset = fr[_TSET]
-                    ctrain = fr[_TRAIN] and (tset is None or key in tset)
-                    ctset = nd.trainable(c) if (ctrain and nd.trainable is not None) else None
+                    ctrain = tr
+                    ctset = nd.trainable(c) if (tr and nd.trainable is not None) else None
                 else:
                     ctrain, ctset = True, None
+                if is_leaf is None and all(leaf_types.issuperset(map(type, v)) for v in allvals):
+                    # ---- a node whose children are all leaves (in every tree): no frame
+                    cres: list[Any] = []
+                    inline = cres
+                    if with_path:
+                        cpp = () if fr is root else (*_node_path(stack), keys[i])
+                        paths = [tnew(KeyPath, (*cpp, k)) for k in ckeys]
+                    if not multi and not track:
+                        if leaf_cache is None:
+                            cres.extend(map(visit, paths, cvals) if with_path else map(visit, cvals))
+                        else:
+                            for x in cvals:
+                                if type(x) in scalar_types:
+                                    r = visit(paths[len(cres)], x) if with_path else visit(x)
+                                else:
+                                    r = leaf_cache.get(id(x), _MISS)
+                                    if r is _MISS:
+                                        r = leaf_cache[id(x)] = visit(paths[len(cres)], x) if with_path else visit(x)
+                                cres.append(r)
+                    else:
+                        xo: Any = ()
+                        path = None
+                        for j, x in enumerate(cvals):
+                            if multi:
+                                xo = [v[j] for v in allvals[1:]]
+                            if track:
+                                xtr = ctrain and (ctset is None or ckeys[j] in ctset)
+                            if with_path:
+                                path = paths[j]
+                            if leaf_cache is not None and type(x) not in scalar_types:
+                                lk: Any = (id(x), *map(id, xo)) if multi else id(x)
+                                if track:
+                                    lk = (lk, xtr)
+                                r = leaf_cache.get(lk, _MISS)
+                                if r is not _MISS:
+                                    cres.append(r)
+                                    continue
+                            if track:
+                                r = visit(path, x, xo, xtr)
+                            elif with_path:
+                                r = visit(path, x, *xo)
+                            else:
+                                r = visit(x, *xo)
+                            if leaf_cache is not None and type(x) not in scalar_types:
+                                leaf_cache[lk] = r
+                            cres.append(r)
+                    inline = _REBUILDING
+                    if build == BUILD_SAME:
+                        out = nd.unflatten(aux, ckeys, cres)
+                    elif build == BUILD_STRUCTURE:
+                        if named:
+                            out = dict(zip(ckeys, cres, strict=True))
+                        elif nd.fast == TUPLE:
+                            out = tuple(cres)
+                        else:
+                            out = cres
+                    else:
+                        out = None
+                    inline = None
+                    if node_cache is not None:
+                        node_cache[ck] = out
+                    res.append(out)
+                    i += 1
+                    continue
                 fr[_I] = i + 1
                 active.add(id(c))
                 stack.append(
-                    [(c, *others) if multi else (c,), nd, keys, allvals, aux, [], 0, cpath, ctrain, ctset, ck, named, key]
+                    [
+                        (c, *others) if multi else (c,),
+                        nd,
+                        ckeys,
+                        allvals,
+                        aux,
+                        [],
+                        0,
+                        None,
+                        ctrain,
+                        ctset,
+                        ck,
+                        named,
+                        None if fr is root else keys[i],
+                    ]
                 )
                 pushed = True
                 break
             if pushed:
                 continue
             # ---- all children done: rebuild this node
-            stack.pop()
-            if not stack:
+            if fr is root:
                 return res[0]
+            rebuilding = True
             nd = fr[_ND]
             if build == BUILD_SAME:
                 out = nd.unflatten(fr[_AUX], fr[_KEYS], res)
             elif build == BUILD_STRUCTURE:
                 if fr[_NAMED]:
-                    out = dict(zip(fr[_KEYS], res))
+                    out = dict(zip(fr[_KEYS], res, strict=True))
                 elif nd.fast == TUPLE:
                     out = tuple(res)
                 else:
                     out = res
             else:
                 out = None
+            rebuilding = False
+            stack.pop()
             active.discard(id(fr[_NODES][0]))
             if node_cache is not None:
                 node_cache[fr[_CKEY]] = out
             stack[-1][_RES].append(out)
     except Exception as e:
-        if not isinstance(e, StructureError) and stack:
-            where = _path_from_stack(stack, fr, i if fr is stack[-1] else None)
-            e.add_note(f"(functorkit: raised while visiting {where.display})")
+        if e is not own:
+            where = _node_path(stack) if rebuilding or fr is root else (*_node_path(stack), fr[_KEYS][i])
+            if inline is _REBUILDING:  # rebuilding a node handled without a frame
+                where = () if fr is root else where
+            elif inline is not None:  # visiting a leaf of such a node: `inline` holds the results so far
+                where = (*(() if fr is root else where), ckeys[len(inline)])
+            add_note(e, _visiting_note(make_path(where)))
         raise
 
 
 # ---------------------------------------------------------------------------
-# Fast path: flatten -> map -> rebuild, for the plain cases (no is_leaf, no
-# paths, no trainable tracking, no shared or cyclic nodes). Leaf runs are
-# moved with C-level list operations; anything unusual returns _ABORT and the
-# caller falls back to `walk`, which also produces the error messages.
+# The fast engine: flatten -> map -> rebuild.
+#
+# A flattened tree is ``flat`` (its leaves in walk order, one entry per
+# position) and ``prog``, its nodes in post-order: ``None`` for a leaf met in
+# a node that also has node children, and ``(nodedef, keys, n, leafy,
+# named)`` for a node of ``n`` children (``leafy``: all of them are leaves,
+# taken from ``flat`` in one slice). ``prog`` holds no aux data, so two
+# trees have the same structure exactly when their ``prog`` lists are equal
+# (one C-level comparison); the aux data of the custom nodes is kept apart,
+# in post-order, in ``auxs``.
 
 _ABORT = object()
-_LEAF1, _NODE_LEAVES, _NODE = 0, 1, 2
+_NOAUX = object()  # the aux slot of a built-in container (which has none)
+_getrefcount = getattr(sys, "getrefcount", None)
 
 
-def _flatten_fast(root: Any) -> Any:
-    """``(flat_leaves, prog)`` in walk order, or _ABORT if a node repeats."""
+def _calibrate() -> int | None:
+    """The reference count of an object held by one container slot and one flat-list entry.
+
+    Seen through ``map(sys.getrefcount, flat)``, exactly as :func:`_has_repeats`
+    counts. While a tree is flattened every leaf position is one slot of a
+    live container (the tree's own nodes, or a values list the flattener
+    keeps), so each entry of ``flat`` counts at least this much, and an
+    object at two positions (two slots, two entries) at least this plus 2.
+    Only CPython's reference counts are exact enough for this argument.
+    """
+    if _getrefcount is None or sys.implementation.name != "cpython":
+        return None
+    flat = [object()]
+    holder = tuple(flat)
+    base = sum(map(_getrefcount, flat))
+    del holder
+    return int(base)
+
+
+_RC_BASE = _calibrate()
+
+
+def _has_repeats(flat: list[Any]) -> bool:
+    """Whether some identity-cached leaf occurs twice in `flat` (with all its containers alive).
+
+    The common answer, "no", comes from one C-level pass: every entry counts
+    at least ``_RC_BASE`` references, so a sum of exactly ``n * _RC_BASE``
+    means no object is held by more than one position. Otherwise (ties,
+    objects also referenced elsewhere, interned scalars) the ids decide.
+    """
+    n = len(flat)
+    if n < 2:
+        return False
+    if _RC_BASE is not None and sum(map(_getrefcount, flat)) <= n * _RC_BASE:  # type: ignore[arg-type]
+        return False
+    scalars = SCALAR_TYPES
+    ids = [id(x) for x in flat if type(x) not in scalars]
+    return len(ids) != len(set(ids))
+
+
+def _flatten(root: Any) -> Any:
+    """``(flat, prog, auxs, keep)`` for `root`, or _ABORT (a node met twice, or flattening raised).
+
+    ``keep`` holds the values lists of nodes that do not own their children,
+    so every leaf stays alive (and its ``id`` unique) while it is used.
+    """
+    leaf_types = LEAF_TYPES
+    known_types = KNOWN_TYPES
     disp = _DISPATCH
-    nd = disp.get(type(root), _MISS)
-    if nd is _MISS:
-        nd = resolve(type(root))
-    if not isinstance(nd, NodeDef):
-        return [root], [(_LEAF1, None, None, None, 1, False)]
     flat: list[Any] = []
-    prog: list[tuple[Any, ...]] = []
-    seen: set[int] = {id(root)}
-    keys, vals, aux, named = nd.flatten(root)
-    stack: list[list[Any]] = [[nd, aux, keys, vals, -1, named]]
-    while stack:
-        fr = stack[-1]
-        nd, aux, keys, vals, i, named = fr
-        if i < 0:
-            # first visit: a node whose children are all leaves moves in one go
-            for t in set(map(type, vals)):
-                e = disp.get(t, _MISS)
-                if e is _MISS:
-                    e = resolve(t)
-                if isinstance(e, NodeDef):
-                    break
-            else:
-                flat.extend(vals)
-                prog.append((_NODE_LEAVES, nd, aux, keys, len(vals), named))
-                stack.pop()
-                continue
-            i = 0
-        n = len(vals)
-        while i < n:
-            c = vals[i]
-            i += 1
-            cnd = disp.get(type(c), _MISS)
-            if cnd is _MISS:
-                cnd = resolve(type(c))
-            if isinstance(cnd, NodeDef):
-                if id(c) in seen:
+    prog: list[Any] = []
+    auxs: list[Any] = []
+    keep: list[Any] = []
+    seen: set[int] = set()
+    flat_append = flat.append
+    flat_extend = flat.extend
+    prog_append = prog.append
+    seen_add = seen.add
+    # one entry per open node with node children: its children iterator,
+    # its prog entry (emitted when the iterator is exhausted) and its aux
+    its: list[Any] = [iter((root,))]
+    ents: list[Any] = [None]
+    astk: list[Any] = [_NOAUX]
+    its_append = its.append
+    ents_append = ents.append
+    astk_append = astk.append
+    try:
+        while its:
+            for c in its[-1]:
+                t = type(c)
+                if t in leaf_types:
+                    flat_append(c)
+                    prog_append(None)
+                    continue
+                nd = disp.get(t, _MISS)
+                if nd is _MISS:
+                    nd = resolve(t)
+                if nd is None or nd is SCALAR:
+                    flat_append(c)
+                    prog_append(None)
+                    continue
+                k = id(c)
+                # a node met twice is a shared sub-tree or a cycle: the general walk
+                # handles it; but the empty tuple is a singleton, met twice in many
+                # trees, and both engines rebuild it as the same `()`
+                if k in seen and (type(c) is not tuple or c):
                     return _ABORT
-                seen.add(id(c))
-                fr[4] = i
-                ckeys, cvals, caux, cnamed = cnd.flatten(c)
-                stack.append([cnd, caux, ckeys, cvals, -1, cnamed])
+                seen_add(k)
+                fast = nd.fast
+                if fast >= LIST:  # LIST or TUPLE, the highest codes
+                    vals = c
+                    keys = None
+                    named = False
+                    aux = _NOAUX
+                elif fast == DICT:
+                    vals = c.values()
+                    keys = list(c)
+                    named = True
+                    aux = _NOAUX
+                else:
+                    keys, vals, aux, named = nd.flatten(c)
+                    if not nd.owns:
+                        keep.append(vals)
+                if leaf_types.issuperset(map(type, vals)):
+                    leafy = True
+                elif known_types.issuperset(map(type, vals)):
+                    leafy = False
+                else:  # types never met: resolve them first (so every tree gets the same answer)
+                    ts = set(map(type, vals))
+                    for t in ts:
+                        if t not in disp:
+                            resolve(t)
+                    leafy = ts <= leaf_types
+                if leafy:
+                    flat_extend(vals)
+                    prog_append((nd, keys, len(vals), True, named))
+                    if aux is not _NOAUX:
+                        auxs.append(aux)
+                    continue
+                its_append(iter(vals))
+                ents_append((nd, keys, len(vals), False, named))
+                astk_append(aux)
                 break
-            flat.append(c)
-            prog.append((_LEAF1, None, None, None, 1, False))
-        else:
-            prog.append((_NODE, nd, aux, keys, n, named))
-            stack.pop()
-    return flat, prog
-
-
-def _rebuild_fast(prog: list[tuple[Any, ...]], res: list[Any], build: int) -> Any:
-    vs: list[Any] = []
-    pos = 0
-    for code, nd, aux, keys, n, named in prog:
-        if code == _LEAF1:
-            vs.append(res[pos])
-            pos += 1
-            continue
-        if code == _NODE_LEAVES:
-            vals = res[pos : pos + n]
-            pos += n
-        elif n:
-            vals = vs[-n:]
-            del vs[-n:]
-        else:
-            vals = []
-        if build == BUILD_SAME:
-            fast = nd.fast
-            if fast == DICT:
-                vs.append(dict(zip(keys, vals)))
-            elif fast == LIST:
-                vs.append(vals)
-            elif fast == TUPLE:
-                vs.append(tuple(vals))
             else:
-                vs.append(nd.unflatten(aux, keys, vals))
-        elif named:
-            vs.append(dict(zip(keys, vals)))
-        elif nd.fast == TUPLE:
-            vs.append(tuple(vals))
-        else:
-            vs.append(vals)
+                its.pop()
+                prog_append(ents.pop())
+                aux = astk.pop()
+                if aux is not _NOAUX:
+                    auxs.append(aux)
+    except Exception:  # noqa: BLE001 - `walk` redoes the work and reports the error with its path
+        return _ABORT
+    prog.pop()  # the root's pseudo-parent
+    return flat, prog, auxs, keep
+
+
+def _rebuild(prog: list[Any], auxs: list[Any], res: list[Any], build: int) -> Any:
+    """Rebuild a flattened tree around `res` (one result per leaf position)."""
+    vs: list[Any] = []
+    push = vs.append
+    pos = 0
+    ai = 0
+    if build == BUILD_SAME:
+        for e in prog:
+            if e is None:
+                push(res[pos])
+                pos += 1
+                continue
+            nd, keys, n, leafy, _ = e
+            if leafy:
+                end = pos + n
+                vals = res[pos:end]
+                pos = end
+            else:
+                vals = vs[-n:]
+                del vs[-n:]
+            fast = nd.fast
+            if fast == TUPLE:
+                push(tuple(vals))
+            elif fast == DICT:
+                push(dict(zip(keys, vals, strict=True)))
+            elif fast == LIST:
+                push(vals)
+            else:
+                push(nd.unflatten(auxs[ai], keys, vals))
+                ai += 1
+    else:
+        for e in prog:
+            if e is None:
+                push(res[pos])
+                pos += 1
+                continue
+            nd, keys, n, leafy, named = e
+            if leafy:
+                end = pos + n
+                vals = res[pos:end]
+                pos = end
+            else:
+                vals = vs[-n:]
+                del vs[-n:]
+            if named:
+                push(dict(zip(keys, vals, strict=True)))
+            elif nd.fast == TUPLE:
+                push(tuple(vals))
+            else:
+                push(vals)
     return vs[0]
 
 
-def _nth_leaf_path(trees: tuple[Any, ...], k: int) -> KeyPath:
+def _leaf_path(trees: tuple[Any, ...], k: int) -> KeyPath:
+    """The path of leaf position `k` of the first tree (positions as the fast engine counts them)."""
     paths: list[KeyPath] = []
     walk(trees[:1], lambda p, x: paths.append(p), build=BUILD_NONE, cache=False, share_nodes=False, with_path=True)
     return paths[k]
 
 
-def _note_failure(e: BaseException, trees: tuple[Any, ...], k: int) -> None:
-    e.add_note(f"(functorkit: raised while visiting {_nth_leaf_path(trees, k).display})")
-
-
 def _map_leaves(f: Callable[..., Any], flats: list[list[Any]], cache: bool, trees: tuple[Any, ...]) -> list[Any]:
-    """Apply `f` over the flat leaves (once per distinct object when `cache`)."""
+    """``f`` over the flat leaves, in order; once per distinct (tuple of) objects when `cache`."""
     res: list[Any] = []
-    first = flats[0]
-    # distinct objects in the first tree make every position's identity tuple distinct
-    if cache and len(set(map(id, first))) != len(first):
-        ids = list(map(id, first)) if len(flats) == 1 else list(zip(*(map(id, fl) for fl in flats)))
-        if len(set(ids)) != len(ids):
-            memo: dict[Any, Any] = {}
-            scalars = SCALAR_TYPES
-            others = flats[1:]
-            k = 0
-            try:
-                for k, x in enumerate(first):  # noqa: B007 - k is read by the handler
-                    if type(x) in scalars:
-                        r = f(x, *(fl[k] for fl in others))
-                    else:
-                        r = memo.get(ids[k], _MISS)
-                        if r is _MISS:
-                            r = memo[ids[k]] = f(x, *(fl[k] for fl in others))
-                    res.append(r)
-            except Exception as e:
-                _note_failure(e, trees, k)
-                raise
-            return res
     try:
-        res.extend(map(f, *flats))
+        if not (cache and _has_repeats(flats[0])):
+            res.extend(map(f, *flats))
+            return res
+        memo: dict[Any, Any] = {}
+        scalars = SCALAR_TYPES
+        append = res.append
+        if len(flats) == 1:
+            for x in flats[0]:
+                if type(x) in scalars:
+                    append(f(x))
+                else:
+                    r = memo.get(id(x), _MISS)
+                    if r is _MISS:
+                        r = memo[id(x)] = f(x)
+                    append(r)
+        else:
+            for xs in zip(*flats, strict=True):
+                if type(xs[0]) in scalars:
+                    append(f(*xs))
+                else:
+                    ck = tuple(map(id, xs))
+                    r = memo.get(ck, _MISS)
+                    if r is _MISS:
+                        r = memo[ck] = f(*xs)
+                    append(r)
     except Exception as e:
-        _note_failure(e, trees, len(res))
+        add_note(e, _visiting_note(_leaf_path(trees, len(res))))
         raise
     return res
 
 
-def _fast_walk(f: Callable[..., Any], trees: tuple[Any, ...], build: int, cache: bool) -> Any:
-    flat_prog = _flatten_fast(trees[0])
-    if flat_prog is _ABORT:
+def _fast_walk(
+    f: Callable[..., Any], trees: tuple[Any, ...], build: int, cache: bool, trainable_only: bool = False
+) -> Any:
+    """fmap/fmapstructure through the fast engine, or _ABORT before `f` is ever called.
+
+    With `trainable_only` it runs only on trees whose every child is
+    trainable (no node declares a `trainable` function): there the rule is
+    just "map the floating and complex arrays".
+    """
+    first = _flatten(trees[0])
+    if first is _ABORT:
         return _ABORT
-    flat, prog = flat_prog
+    flat, prog, auxs, keep = first
+    if trainable_only:
+        if any(e is not None and e[0].trainable is not None for e in prog):
+            return _ABORT
+        f = _inexact_only(f)
     flats = [flat]
-    if len(trees) > 1:
-        sig = [(c, nd, k, n) for c, nd, _, k, n, _ in prog]
-        for t in trees[1:]:
-            other = _flatten_fast(t)
-            if other is _ABORT or [(c, nd, k, n) for c, nd, _, k, n, _ in other[1]] != sig:
-                return _ABORT
-            flats.append(other[0])
+    keeps = [keep]
+    for t in trees[1:]:
+        other = _flatten(t)
+        if other is _ABORT or other[1] != prog:
+            return _ABORT
+        flats.append(other[0])
+        keeps.append(other[3])
     res = _map_leaves(f, flats, cache, trees)
-    if build == BUILD_NONE:
-        return res
-    return _rebuild_fast(prog, res, build)
+    try:
+        return _rebuild(prog, auxs, res, build)
+    except Exception:
+        # replay through `walk` (same results, same rebuild calls) for an error with its path
+        it = iter(res)
+        walk(trees, lambda *_: next(it), build=build, cache=False, share_nodes=False)
+        raise
+
+
+# ---------------------------------------------------------------------------
+# Public API
 
 
 def _check_fn(f: Any, name: str) -> None:
@@ -427,6 +698,28 @@ def _check_is_leaf(is_leaf: Any, name: str) -> None:
     if is_leaf is not None and not callable(is_leaf):
         msg = f"`is_leaf` must be a callable `x -> bool` or None, got {type(is_leaf).__name__} (fk.{name})."
         raise TypeError(msg)
+
+
+def _check_flag(value: Any, arg: str, name: str) -> None:
+    if type(value) is not bool:
+        msg = f"`{arg}` must be True or False, got {type(value).__name__} ({value!r}) (fk.{name})."
+        raise TypeError(msg)
+
+
+def _check_options(f: Any, is_leaf: Any, trainable_only: Any, cache: Any, name: str) -> None:
+    _check_fn(f, name)
+    _check_is_leaf(is_leaf, name)
+    _check_flag(trainable_only, "trainable_only", name)
+    _check_flag(cache, "cache", name)
+
+
+def _inexact_only(f: Callable[..., Any]) -> Callable[..., Any]:
+    inexact = is_inexact_array
+
+    def g(leaf: Any, *others: Any) -> Any:
+        return f(leaf, *others) if inexact(leaf) else leaf
+
+    return g
 
 
 def _trainable_visit(f: Callable[..., Any], with_path: bool) -> Callable[..., Any]:
@@ -453,7 +746,9 @@ def fmap(
     ----------
     f
         Called as ``f(leaf, *other_leaves)`` at every leaf position; with
-        `cache`, once per distinct leaf object (ties survive).
+        `cache`, once per distinct leaf object (ties survive). Leaves that
+        are not arrays (numbers, strings, None, other objects) are passed
+        to `f` too.
     tree, *trees
         Trees of the same structure (node types, keys, lengths). Dicts are
         matched by key in `tree`'s order.
@@ -466,7 +761,8 @@ def fmap(
     cache
         Map an object met twice (same ``id``) once and place the result at
         both positions; shared sub-trees are rebuilt once. Python scalars,
-        strings, bytes and None are never cached.
+        strings, bytes and None are never cached. With ``cache=False``
+        every position is mapped and rebuilt on its own.
 
     Returns
     -------
@@ -477,6 +773,9 @@ def fmap(
     StructureError
         If the trees differ in structure (the message names the first path
         that differs and both sides) or a tree contains a cycle.
+    TypeError
+        If `f` or `is_leaf` is not callable. An exception raised by `f`
+        propagates with a note naming the path of the leaf.
 
     Examples
     --------
@@ -486,15 +785,14 @@ def fmap(
     >>> fk.fmap(lambda x, y: x + y, [1, 2], [10, 20])
     [11, 22]
     """
-    _check_fn(f, "fmap")
-    _check_is_leaf(is_leaf, "fmap")
+    _check_options(f, is_leaf, trainable_only, cache, "fmap")
     trees = (tree, *trees)
-    if trainable_only:
-        return walk(trees, _trainable_visit(f, False), is_leaf=is_leaf, cache=cache, track=True)
     if is_leaf is None:
-        out = _fast_walk(f, trees, BUILD_SAME, cache)
+        out = _fast_walk(f, trees, BUILD_SAME, cache, trainable_only)
         if out is not _ABORT:
             return out
+    if trainable_only:
+        return walk(trees, _trainable_visit(f, False), is_leaf=is_leaf, cache=cache, track=True)
     return walk(trees, f, is_leaf=is_leaf, cache=cache)
 
 
@@ -521,17 +819,16 @@ def fmapstructure(
     >>> fk.fmapstructure(lambda v: v * 2, [Point(1, 2), (3,)])
     [{'x': 2, 'y': 4}, (6,)]
     """
-    _check_fn(f, "fmapstructure")
-    _check_is_leaf(is_leaf, "fmapstructure")
+    _check_options(f, is_leaf, trainable_only, cache, "fmapstructure")
     trees = (tree, *trees)
+    if is_leaf is None:
+        out = _fast_walk(f, trees, BUILD_STRUCTURE, cache, trainable_only)
+        if out is not _ABORT:
+            return out
     if trainable_only:
         return walk(
             trees, _trainable_visit(f, False), build=BUILD_STRUCTURE, is_leaf=is_leaf, cache=cache, track=True
         )
-    if is_leaf is None:
-        out = _fast_walk(f, trees, BUILD_STRUCTURE, cache)
-        if out is not _ABORT:
-            return out
     return walk(trees, f, build=BUILD_STRUCTURE, is_leaf=is_leaf, cache=cache)
 
 
@@ -554,8 +851,7 @@ def fmap_with_path(
     >>> fk.fmap_with_path(lambda p, x: f"{p}={x}", {"layers": [1, 2]})
     {'layers': ['layers[0]=1', 'layers[1]=2']}
     """
-    _check_fn(f, "fmap_with_path")
-    _check_is_leaf(is_leaf, "fmap_with_path")
+    _check_options(f, is_leaf, trainable_only, cache, "fmap_with_path")
     trees = (tree, *trees)
     if trainable_only:
         return walk(trees, _trainable_visit(f, True), is_leaf=is_leaf, cache=cache, with_path=True, track=True)
@@ -575,23 +871,24 @@ def leaves(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None) -> lis
     """
     _check_is_leaf(is_leaf, "leaves")
     if is_leaf is None:
-        flat_prog = _flatten_fast(tree)
-        if flat_prog is not _ABORT:
-            flat = flat_prog[0]
-            if len(set(map(id, flat))) == len(flat):
-                return flat
+        flattened = _flatten(tree)
+        if flattened is not _ABORT:
+            flat = flattened[0]
+            if not _has_repeats(flat):
+                return flat  # type: ignore[no-any-return]
+            scalars = SCALAR_TYPES
             seen: set[int] = set()
-            distinct = []
+            out = []
             for x in flat:
-                if type(x) in SCALAR_TYPES:
-                    distinct.append(x)
+                if type(x) in scalars:
+                    out.append(x)
                 elif id(x) not in seen:
                     seen.add(id(x))
-                    distinct.append(x)
-            return distinct
-    out: list[Any] = []
-    walk((tree,), out.append, build=BUILD_NONE, is_leaf=is_leaf, share_nodes=False)
-    return out
+                    out.append(x)
+            return out
+    found: list[Any] = []
+    walk((tree,), found.append, build=BUILD_NONE, is_leaf=is_leaf, share_nodes=False)
+    return found
 
 
 def leaves_with_path(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[KeyPath, Any]]:
@@ -605,9 +902,10 @@ def leaves_with_path(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = No
     """
     _check_is_leaf(is_leaf, "leaves_with_path")
     out: list[tuple[KeyPath, Any]] = []
+    append = out.append
 
     def visit(path: KeyPath, leaf: Any) -> None:
-        out.append((path, leaf))
+        append((path, leaf))
 
     walk((tree,), visit, build=BUILD_NONE, is_leaf=is_leaf, share_nodes=False, with_path=True)
     return out

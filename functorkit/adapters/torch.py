@@ -88,5 +88,5 @@ def node_for(cls: type) -> NodeDef | None:
         return None
     nd = _DEFS.get(cls)
     if nd is None:
-        nd = _DEFS[cls] = NodeDef(cls, _flatten, _unflatten, _trainable)
+        nd = _DEFS[cls] = NodeDef(cls, _flatten, _unflatten, _trainable, owns=True)
     return nd

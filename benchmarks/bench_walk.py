@@ -1,0 +1,511 @@
+"""The walk: fk.fmap / fmapstructure / leaves against the other pytree libraries.
+
+Contenders (each skipped if its library is not installed): functorkit, optree,
+``jax.tree_util``, ``torch.utils._pytree`` (the pure-Python one), dm-tree, a
+bare recursive Python function, and the floor: ``list(map(f, leaves))`` over
+leaves flattened beforehand, the cost of calling ``f`` once per leaf with no
+structure at all.
+
+Timing: all contenders run interleaved in one process, round after round;
+each keeps its best round (``time.perf_counter``, garbage collector off while
+timing, like ``timeit``). Fast calls are repeated inside a round so a round
+lasts a few milliseconds.
+
+Depth: each library walks nested lists of growing depth in a subprocess (a
+crash of a C++ walker kills only the probe), then the first failing depth is
+bisected exactly. Then ``fk.fmap`` is timed on deep chains against a shallow
+tree with the same number of leaves.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import functorkit as fk
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------- trees
+
+
+def wide_tree(n_outer: int = 10, n_mid: int = 10, n_inner: int = 100) -> dict[str, Any]:
+    """A 3-level tree: dict of lists of tuples of 0-d float64 arrays (10,000 leaves by default)."""
+    return {
+        f"block{i}": [tuple(np.array(float(i * j * k)) for k in range(n_inner)) for j in range(n_mid)]
+        for i in range(n_outer)
+    }
+
+
+def mlp_tree() -> dict[str, Any]:
+    """A 3-layer MLP as a dict: 6 float32 arrays."""
+    rng = np.random.default_rng(0)
+    sizes = [(64, 32), (64, 64), (10, 64)]
+    return {
+        f"layer{i}": {
+            "weight": rng.standard_normal(s).astype(np.float32),
+            "bias": np.zeros(s[0], dtype=np.float32),
+        }
+        for i, s in enumerate(sizes, 1)
+    }
+
+
+def chain(depth: int) -> list[Any]:
+    """``[leaf, [leaf, [leaf, ...]]]``: `depth` nested lists, one leaf per level."""
+    t: list[Any] = [np.array(0.0)]
+    for i in range(1, depth):
+        t = [np.array(float(i)), t]
+    return t
+
+
+def flat_like(n: int) -> list[Any]:
+    """A shallow tree with the leaves and nodes of ``chain(n)``: a list of n one-leaf lists."""
+    return [[np.array(float(i))] for i in range(n)]
+
+
+# --------------------------------------------------------------- plain Python
+
+
+def _rec_map(f: Callable[[Any], Any], t: Any) -> Any:
+    tt = type(t)
+    if tt is dict:
+        return {k: _rec_map(f, v) for k, v in t.items()}
+    if tt is list:
+        return [_rec_map(f, v) for v in t]
+    if tt is tuple:
+        return tuple(_rec_map(f, v) for v in t)
+    return f(t)
+
+
+def _rec_map2(f: Callable[[Any, Any], Any], t: Any, u: Any) -> Any:
+    tt = type(t)
+    if tt is dict:
+        return {k: _rec_map2(f, v, u[k]) for k, v in t.items()}
+    if tt is list:
+        return [_rec_map2(f, v, w) for v, w in zip(t, u)]
+    if tt is tuple:
+        return tuple(_rec_map2(f, v, w) for v, w in zip(t, u))
+    return f(t, u)
+
+
+def _rec_leaves(t: Any, out: list[Any] | None = None) -> list[Any]:
+    if out is None:
+        out = []
+    tt = type(t)
+    if tt is dict:
+        for v in t.values():
+            _rec_leaves(v, out)
+    elif tt is list or tt is tuple:
+        for v in t:
+            _rec_leaves(v, out)
+    else:
+        out.append(t)
+    return out
+
+
+# --------------------------------------------------------------- contenders
+
+
+def _ident(x: Any) -> Any:
+    return x
+
+
+def _first(x: Any, y: Any) -> Any:
+    return x
+
+
+Op = tuple[str, str, Callable[[Any], Any]]  # (library, call as shown, fn(tree) -> result)
+
+
+def contenders() -> dict[str, list[Op]]:
+    """Operation group -> [(library, call, fn)], for every library installed here."""
+    f, f2 = _ident, _first
+    groups: dict[str, list[Op]] = {
+        "map (1 tree)": [
+            ("functorkit", "fk.fmap(f, t)", lambda t: fk.fmap(f, t)),
+            ("functorkit", "fk.fmapstructure(f, t)", lambda t: fk.fmapstructure(f, t)),
+        ],
+        "map (2 trees)": [("functorkit", "fk.fmap(f, t, t)", lambda t: fk.fmap(f2, t, t))],
+        "leaves": [("functorkit", "fk.leaves(t)", fk.leaves)],
+    }
+    try:
+        import optree
+
+        groups["map (1 tree)"].append(("optree", "optree.tree_map(f, t)", lambda t: optree.tree_map(f, t)))
+        groups["map (2 trees)"].append(("optree", "optree.tree_map(f, t, t)", lambda t: optree.tree_map(f2, t, t)))
+        groups["leaves"] += [
+            ("optree", "optree.tree_leaves(t)", optree.tree_leaves),
+            ("optree", "optree.tree_flatten(t)", optree.tree_flatten),
+        ]
+    except ImportError:
+        pass
+    try:
+        import jax
+
+        jtu = jax.tree_util
+        groups["map (1 tree)"].append(("jax", "jax.tree_util.tree_map(f, t)", lambda t: jtu.tree_map(f, t)))
+        groups["map (2 trees)"].append(("jax", "jax.tree_util.tree_map(f, t, t)", lambda t: jtu.tree_map(f2, t, t)))
+        groups["leaves"] += [
+            ("jax", "jax.tree_util.tree_leaves(t)", jtu.tree_leaves),
+            ("jax", "jax.tree_util.tree_flatten(t)", jtu.tree_flatten),
+        ]
+    except ImportError:
+        pass
+    try:
+        import torch.utils._pytree as pt
+
+        groups["map (1 tree)"].append(("torch", "torch _pytree.tree_map(f, t)", lambda t: pt.tree_map(f, t)))
+        groups["map (2 trees)"].append(("torch", "torch _pytree.tree_map(f, t, t)", lambda t: pt.tree_map(f2, t, t)))
+        groups["leaves"] += [
+            ("torch", "torch _pytree.tree_leaves(t)", pt.tree_leaves),
+            ("torch", "torch _pytree.tree_flatten(t)", pt.tree_flatten),
+        ]
+    except ImportError:
+        pass
+    try:
+        import tree as dm_tree
+
+        groups["map (1 tree)"].append(("dm-tree", "tree.map_structure(f, t)", lambda t: dm_tree.map_structure(f, t)))
+        groups["map (2 trees)"].append(
+            ("dm-tree", "tree.map_structure(f, t, t)", lambda t: dm_tree.map_structure(f2, t, t))
+        )
+        groups["leaves"].append(("dm-tree", "tree.flatten(t)", dm_tree.flatten))
+    except ImportError:
+        pass
+    groups["map (1 tree)"].append(("python", "recursive Python map", lambda t: _rec_map(f, t)))
+    groups["map (2 trees)"].append(("python", "recursive Python map, 2 trees", lambda t: _rec_map2(f2, t, t)))
+    groups["leaves"].append(("python", "recursive Python leaves", _rec_leaves))
+    return groups
+
+
+# --------------------------------------------------------------- timing
+
+
+def _once(fn: Callable[[], Any], number: int) -> float:
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        return (time.perf_counter() - t0) / number
+    finally:
+        if gc_was:
+            gc.enable()
+
+
+def best_of(calls: dict[str, Callable[[], Any]], rounds: int, target_s: float = 0.004) -> dict[str, float]:
+    """Best time per call of each callable, all interleaved round after round."""
+    numbers = {}
+    for name, fn in calls.items():
+        fn()  # warm up (imports, caches)
+        t = _once(fn, 1)
+        numbers[name] = max(1, min(10_000, int(target_s / max(t, 1e-9))))
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            best[name] = min(best[name], _once(fn, numbers[name]))
+    return best
+
+
+# --------------------------------------------------------------- reporting
+
+
+def _us(s: float) -> str:
+    us = s * 1e6
+    return f"{us:,.0f}" if us >= 100 else f"{us:.3g}"
+
+
+def _per_leaf(s: float, n: int) -> str:
+    return f"{s * 1e6 / n:.4f}"
+
+
+def _ratio(a: float, b: float | None) -> str:
+    return "-" if b is None else f"{a / b:.2f}x"
+
+
+REFERENCE = {  # the call each ratio column divides by, per group
+    "map (1 tree)": ("jax.tree_util.tree_map(f, t)", "optree.tree_map(f, t)", "torch _pytree.tree_map(f, t)"),
+    "map (2 trees)": (
+        "jax.tree_util.tree_map(f, t, t)",
+        "optree.tree_map(f, t, t)",
+        "torch _pytree.tree_map(f, t, t)",
+    ),
+    "leaves": ("jax.tree_util.tree_leaves(t)", "optree.tree_leaves(t)", "torch _pytree.tree_leaves(t)"),
+}
+FLOOR = {
+    "map (1 tree)": "floor: list(map(f, leaves))",
+    "map (2 trees)": "floor: list(map(f, leaves, leaves))",
+}
+
+
+def time_tree(tree: Any, rounds: int) -> tuple[int, dict[str, dict[str, float]]]:
+    """Time every contender on `tree`; returns (number of leaves, group -> call -> seconds)."""
+    flat = _rec_leaves(tree)
+    groups = contenders()
+    calls: dict[str, Callable[[], Any]] = {}
+    where: dict[str, str] = {}
+    for group, ops in groups.items():
+        for _, call, fn in ops:
+            calls[call] = functools.partial(fn, tree)
+            where[call] = group
+    calls[FLOOR["map (1 tree)"]] = lambda: list(map(_ident, flat))
+    calls[FLOOR["map (2 trees)"]] = lambda: list(map(_first, flat, flat))
+    where[FLOOR["map (1 tree)"]] = "map (1 tree)"
+    where[FLOOR["map (2 trees)"]] = "map (2 trees)"
+    # sanity: every call sees every leaf (a map's output has as many leaves as the input)
+    for call, run_once in calls.items():
+        out = run_once()
+        got = (out[0] if isinstance(out, tuple) else out) if where[call] == "leaves" else _rec_leaves(out)
+        if len(got) != len(flat):
+            msg = f"{call} gave {len(got)} leaves, expected {len(flat)}"
+            raise AssertionError(msg)
+    best = best_of(calls, rounds)
+    res: dict[str, dict[str, float]] = {g: {} for g in groups}
+    for call, t in best.items():
+        res[where[call]][call] = t
+    return len(flat), res
+
+
+def tree_table(n: int, res: dict[str, dict[str, float]]) -> str:
+    rows = [
+        "| operation | call | µs per call | µs per leaf | vs jax.tree_util | vs optree | vs torch _pytree |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for group, times in res.items():
+        refs = [times.get(r) for r in REFERENCE[group]]
+        for call, t in sorted(times.items(), key=lambda kv: kv[1]):
+            bold = f"**{call}**" if call.startswith("fk.") else call
+            cols = [_ratio(t, r) for r in refs]
+            rows.append(f"| {group} | {bold} | {_us(t)} | {_per_leaf(t, n)} | {' | '.join(cols)} |")
+    return "\n".join(rows)
+
+
+# --------------------------------------------------------------- depth probes
+
+_PROBE = r"""
+import sys, json, re
+import numpy as np
+lib, op, lo, hi = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+ladder = json.loads(sys.argv[5])
+ident = lambda x: x
+if lib == "functorkit":
+    import functorkit as fk
+    run = {"map": lambda t: fk.fmap(ident, t), "leaves": fk.leaves}[op]
+elif lib == "optree":
+    import optree
+    run = {"map": lambda t: optree.tree_map(ident, t), "leaves": optree.tree_leaves}[op]
+elif lib == "jax":
+    import jax
+    run = {"map": lambda t: jax.tree_util.tree_map(ident, t), "leaves": jax.tree_util.tree_leaves}[op]
+elif lib == "torch":
+    import torch.utils._pytree as pt
+    run = {"map": lambda t: pt.tree_map(ident, t), "leaves": pt.tree_leaves}[op]
+elif lib == "dm-tree":
+    import tree
+    run = {"map": lambda t: tree.map_structure(ident, t), "leaves": tree.flatten}[op]
+else:
+    def rec_map(t):
+        return [rec_map(v) for v in t] if type(t) is list else ident(t)
+    def rec_leaves(t, out):
+        if type(t) is list:
+            for v in t:
+                rec_leaves(v, out)
+        else:
+            out.append(t)
+        return out
+    run = {"map": rec_map, "leaves": lambda t: rec_leaves(t, [])}[op]
+
+def nest(d):
+    t = np.ones(1)
+    for _ in range(d):
+        t = [t]
+    return t
+
+def attempt(d):
+    print("try", d, flush=True)
+    try:
+        run(nest(d))
+    except BaseException as e:
+        msg = re.sub(r" at 0x[0-9a-f]+", "", " ".join(str(e).split()))
+        msg = msg if len(msg) <= 90 else msg[:87] + "..."
+        print("fail", d, json.dumps(type(e).__name__ + ": " + msg), flush=True)
+        return False
+    print("ok", d, flush=True)
+    return True
+
+for d in ladder:
+    if d <= lo or (hi and d >= hi):
+        continue
+    if attempt(d):
+        lo = d
+    else:
+        hi = d
+        break
+while hi and hi - lo > 1:
+    mid = (lo + hi) // 2
+    if attempt(mid):
+        lo = mid
+    else:
+        hi = mid
+print("done", lo, hi, flush=True)
+"""
+
+
+def probe_depth(lib: str, op: str, ladder: list[int]) -> tuple[int, int | None, str]:
+    """(deepest depth that works, first depth that fails or None, how it failed)."""
+    lo, hi, how = 0, 0, ""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    for _ in range(30):  # restarts after crashes
+        cmd = [sys.executable, "-c", _PROBE, lib, op, str(lo), str(hi), json.dumps(ladder)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT, check=False)
+            out, err, rc = done.stdout, done.stderr, done.returncode
+        except subprocess.TimeoutExpired as e:
+            raw = e.stdout or ""
+            out, err, rc = (raw.decode() if isinstance(raw, bytes) else raw), "timeout", -9
+        trying = None
+        for line in out.splitlines():
+            kind, _, rest = line.partition(" ")
+            if kind == "try":
+                trying = int(rest)
+            elif kind == "ok":
+                lo, trying = max(lo, int(rest)), None
+            elif kind == "fail":
+                d, _, msg = rest.partition(" ")
+                if not hi or int(d) <= hi:
+                    hi, how = int(d), json.loads(msg)
+                trying = None
+            elif kind == "done":
+                return lo, (hi or None), how
+        if trying is None:  # died before trying anything: report and stop
+            return lo, None, f"probe failed to start (exit {rc}): {err[-200:]}"
+        hi = trying
+        how = "timeout" if rc == -9 else f"crash (exit code {rc})"
+    return lo, (hi or None), how
+
+
+def depth_table(ladder: list[int]) -> str:
+    libs = ["functorkit", "optree", "jax", "torch", "dm-tree", "python"]
+    mods = {"optree": "optree", "jax": "jax", "torch": "torch", "dm-tree": "tree"}
+    rows = [
+        "| library | map: deepest that works | map: fails at | leaves: deepest that works | leaves: fails at | how |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    import importlib.util
+
+    for lib in libs:
+        if lib in mods and importlib.util.find_spec(mods[lib]) is None:
+            continue
+        cells, hows = [], []
+        for op in ("map", "leaves"):
+            lo, hi, how = probe_depth(lib, op, ladder)
+            cells += [f"{lo:,}", f"{hi:,}" if hi else f"none up to {ladder[-1]:,}"]
+            if how and how not in hows:
+                hows.append(how)
+        name = {"python": "recursive Python", "jax": "jax.tree_util", "torch": "torch _pytree"}.get(lib, lib)
+        how_cell = "; ".join(h.replace("|", "\\|") for h in hows) or "-"
+        rows.append(f"| {name} | {' | '.join(cells)} | {how_cell} |")
+    return "\n".join(rows)
+
+
+def deep_timing(depths: list[int], rounds: int) -> str:
+    rows = [
+        "| depth (= leaves) | fk.fmap on the chain, µs per leaf | fk.fmap on a flat tree of as many leaves, µs per leaf"
+        " | deep / flat |",
+        "|---:|---:|---:|---:|",
+    ]
+    for d in depths:
+        deep, flat = chain(d), flat_like(d)
+        best = best_of(
+            {"deep": functools.partial(fk.fmap, _ident, deep), "flat": functools.partial(fk.fmap, _ident, flat)},
+            rounds,
+            target_s=0.02,
+        )
+        ratio = best["deep"] / best["flat"]
+        rows.append(f"| {d:,} | {_per_leaf(best['deep'], d)} | {_per_leaf(best['flat'], d)} | {ratio:.2f}x |")
+        del deep, flat
+    return "\n".join(rows)
+
+
+# --------------------------------------------------------------- entry point
+
+
+def run(quick: bool) -> str:
+    """The markdown section of this benchmark."""
+    rounds = 3 if quick else 15
+    wide = wide_tree() if not quick else wide_tree(10, 10, 20)
+    n_wide, res_wide = time_tree(wide, rounds)
+    n_mlp, res_mlp = time_tree(mlp_tree(), rounds)
+
+    ladder = [500, 1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000]
+    depths = [1000, 10_000, 100_000]
+    if quick:
+        ladder, depths = [500, 1000, 2000, 10_000], [1000, 10_000]
+    t_depth = depth_table(ladder)
+    t_deep = deep_timing(depths, 3 if quick else 7)
+
+    def headline(res: dict[str, dict[str, float]]) -> str:
+        m1, m2, lv = res["map (1 tree)"], res["map (2 trees)"], res["leaves"]
+        parts = []
+        for peer, k in (("jax.tree_util", 0), ("optree", 1), ("torch _pytree", 2)):
+            r1, r2, r3 = (REFERENCE[g][k] for g in ("map (1 tree)", "map (2 trees)", "leaves"))
+            if r1 in m1:
+                parts.append(
+                    f"vs {peer}: fmap {m1['fk.fmap(f, t)'] / m1[r1]:.2f}x, two-tree fmap "
+                    f"{m2['fk.fmap(f, t, t)'] / m2[r2]:.2f}x, leaves {lv['fk.leaves(t)'] / lv[r3]:.2f}x"
+                )
+        return "; ".join(parts)
+
+    return f"""## Walking: fmap, fmapstructure, leaves
+
+Every contender maps the identity function (`f = lambda x: x`, or its two-argument form) over the
+same tree, so the times are pure walking overhead: taking the tree apart, calling `f` once per
+leaf, building the result. The floor row is `list(map(f, leaves))` over leaves flattened in
+advance: the cost of the calls to `f` alone, with no structure. Ratios divide a row's time by the
+peer's time for the same operation (below 1x is faster than the peer). Leaves are 0-d NumPy
+arrays, distinct objects, so functorkit's identity cache (which keeps ties tied, and which the
+peers do not have) is paid in full. All contenders interleaved in one process, best of
+{rounds} rounds each.
+
+### (a) A wide tree: {n_wide:,} leaves, dicts of lists of tuples, 3 levels
+
+{headline(res_wide)}.
+
+{tree_table(n_wide, res_wide)}
+
+### (b) A small model: an MLP as a dict of {n_mlp} arrays
+
+Here the fixed cost per call dominates.
+
+{headline(res_mlp)}.
+
+{tree_table(n_mlp, res_mlp)}
+
+### Depth: where each library fails
+
+Nested lists `[[[...[leaf]...]]]` of growing depth ({", ".join(f"{d:,}" for d in ladder)}), each
+library in its own subprocess (so a crash of a C++ walker does not end the run), then the first
+failing depth bisected exactly. Python's recursion limit is left at its default.
+
+{t_depth}
+
+### Depth: the cost of a deep tree
+
+`fk.fmap` over a chain `[leaf, [leaf, [leaf, ...]]]` (one leaf per level) against a shallow list
+of as many one-leaf lists (the same number of leaves and nodes), best of {3 if quick else 7} rounds.
+
+{t_deep}
+"""

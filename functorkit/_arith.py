@@ -1,0 +1,850 @@
+"""Arithmetic on whole models: add, sub, scale, lincomb, lerp, mean, dot, norm, normalize, copy.
+
+Every function walks its models once, in lock-step, with the one walk
+(:func:`functorkit._walk.walk`, ``track=True``). At each *parameter* (a
+floating or complex array reached through trainable children, decided on the
+first model) the models' arrays must agree in shape, dtype, namespace and
+device, and the operation is done with that array's namespace; every other
+leaf comes from the first model (arrays copied, anything else shared).
+Results are fresh arrays: no input is written to and no result shares memory
+with an input. ``dot``/``norm`` reduce on the device and return a 0-d array;
+nothing here moves a value to the host.
+
+On torch, the accumulating operations (``lincomb``, ``mean``) add into the
+fresh result in place (``Tensor.add_(x, alpha=c)``): one allocation per leaf
+instead of one per term, and autograd records it like the hand-written
+expression. Inputs wrapped by ``torch.func`` transforms take the
+out-of-place path (in-place on an unwrapped result is not allowed there).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from ._errors import PolicyError, StructureError
+from ._keypath import KeyPath
+from ._walk import BUILD_NONE, BUILD_SAME, fmap, walk
+from ._xp import device_of, is_array, is_inexact_array, namespace
+
+__all__ = [
+    "add",
+    "copy",
+    "copy_array",
+    "dot",
+    "filter_normalize",
+    "lerp",
+    "lincomb",
+    "mean",
+    "norm",
+    "normalize",
+    "scale",
+    "sub",
+]
+
+_PY_SCALARS = (int, float, complex)
+_NUMPY_NS = "array_api_compat.numpy"
+_TORCH_NS = "array_api_compat.torch"
+# in-place modes for accumulating into a fresh result
+_OUT_OF_PLACE, _INPLACE_NUMPY, _INPLACE_TORCH = 0, 1, 2
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _dtype_name(dt: Any) -> str:
+    return str(dt).rpartition(".")[2]
+
+
+def _describe(x: Any) -> str:
+    return f"{_dtype_name(x.dtype)} array of shape {tuple(x.shape)} on {device_of(x)}"
+
+
+def _ns_name(xp: Any) -> str:
+    return str(getattr(xp, "__name__", type(xp).__name__))
+
+
+def _as_array(x: Any) -> Any:
+    """NumPy reductions and 0-d arithmetic give NumPy scalars: make them 0-d arrays."""
+    if isinstance(x, np.generic):
+        return np.asarray(x)
+    return x
+
+
+def _is_complex(x: Any) -> bool:
+    return bool(namespace(x).isdtype(x.dtype, "complex floating"))
+
+
+def _real_dtype(xp: Any, dt: Any) -> Any:
+    if xp.isdtype(dt, "complex floating"):
+        return xp.float32 if dt == xp.complex64 else xp.float64
+    return dt
+
+
+def _same_device(a: Any, b: Any) -> bool:
+    da, db = device_of(a), device_of(b)
+    return da is None or db is None or da == db
+
+
+def copy_array(x: Any) -> Any:
+    """An independent copy of array `x` (anything else is returned as it is).
+
+    NumPy arrays keep their subclass and memory order and come back writeable.
+    Torch tensors are copied detached from autograd history (like
+    ``copy.deepcopy``): an ``nn.Parameter`` gives an ``nn.Parameter`` and a
+    tensor that required grad gives a new leaf that requires grad.
+    """
+    if not is_array(x):
+        return x
+    mod = type(x).__module__.partition(".")[0]
+    if mod == "numpy":
+        return np.array(x, copy=True, order="K", subok=True)
+    if mod == "torch":
+        import torch
+
+        y = x.detach().clone()
+        if isinstance(x, torch.nn.Parameter):
+            return torch.nn.Parameter(y, requires_grad=x.requires_grad)
+        if x.requires_grad:
+            y.requires_grad_(True)
+        return y
+    if mod == "cupy":
+        return x.copy()
+    return namespace(x).asarray(x, copy=True)
+
+
+_functorch_wrapped: Callable[[Any], bool] | None = None
+
+
+def _torch_plain(arrays: Iterable[Any]) -> bool:
+    """True if every tensor is a plain (not ``torch.func``-wrapped) Tensor or Parameter."""
+    global _functorch_wrapped
+    import torch
+
+    if _functorch_wrapped is None:
+        # private API; if it moves, every tensor counts as wrapped (always out of place)
+        functorch = getattr(torch._C, "_functorch", None)
+        _functorch_wrapped = getattr(functorch, "is_functorch_wrapped_tensor", lambda t: True)
+    plain = (torch.Tensor, torch.nn.Parameter)
+    wrapped = _functorch_wrapped
+    return all(type(t) in plain and not wrapped(t) for t in arrays)
+
+
+def _inplace_mode(xp: Any, arrays: Sequence[Any]) -> int:
+    name = _ns_name(xp)
+    if name == _NUMPY_NS:
+        return _INPLACE_NUMPY
+    if name == _TORCH_NS and _torch_plain(arrays):
+        return _INPLACE_TORCH
+    return _OUT_OF_PLACE
+
+
+# --------------------------------------------------------------------------- coefficients
+
+
+def _coefficient(c: Any, what: str, fname: str, *, real: bool = False) -> Any:
+    """A Python number (NumPy scalars become Python numbers: weak typing) or a 0-d array."""
+    if isinstance(c, (bool, np.bool_)):
+        msg = f"fk.{fname}: `{what}` must be a number or a 0-d array, got the bool {c!r}; pass 1 or 0 instead."
+        raise TypeError(msg)
+    if type(c) in _PY_SCALARS:
+        out = c
+    elif isinstance(c, np.generic) and c.dtype.kind in "iufc":
+        kind = c.dtype.kind
+        out = int(c) if kind in "iu" else float(c) if kind == "f" else complex(c)  # longdouble too
+    elif isinstance(c, numbers.Number) and not is_array(c):
+        if isinstance(c, numbers.Integral):
+            out = int(c)
+        elif isinstance(c, numbers.Real):
+            out = float(c)
+        elif isinstance(c, numbers.Complex):
+            out = complex(c)
+        else:
+            msg = f"fk.{fname}: `{what}` is a {type(c).__name__}; expected a Python int, float or complex."
+            raise TypeError(msg)
+    elif is_array(c):
+        if c.ndim != 0:
+            msg = (
+                f"fk.{fname}: `{what}` must be a Python number or a 0-d array, got an array of shape "
+                f"{tuple(c.shape)}; to weight each parameter differently use fk.fmap."
+            )
+            raise ValueError(msg)
+        out = c
+    else:
+        msg = f"fk.{fname}: `{what}` must be a Python number or a 0-d array, got {type(c).__name__}."
+        raise TypeError(msg)
+    if real and (type(out) is complex or (is_array(out) and _is_complex(out))):
+        msg = f"fk.{fname}: `{what}` must be real, got {out!r}."
+        raise TypeError(msg)
+    return out
+
+
+def _check_coefficient(path: KeyPath, x: Any, c: Any, what: str, fname: str) -> None:
+    """A coefficient must not change the parameter's dtype, namespace or device."""
+    if type(c) is complex:
+        if not _is_complex(x):
+            msg = (
+                f"at {path.display}: fk.{fname}: `{what}` is complex ({c!r}) but the parameter is a real "
+                f"{_describe(x)}; a complex coefficient would silently make it complex. Expected a real "
+                "coefficient for real parameters; fix: pass a real number, or make the parameters complex first."
+            )
+            raise PolicyError(msg)
+        return
+    if not is_array(c):
+        return
+    xp = namespace(x)
+    if namespace(c) is not xp:
+        msg = (
+            f"at {path.display}: fk.{fname}: `{what}` is a {_ns_name(namespace(c))} array but the parameter "
+            f"is a {_ns_name(xp)} array. Expected a coefficient of the parameters' namespace; fix: pass a "
+            "Python number or a 0-d array made with the parameters' namespace."
+        )
+        raise PolicyError(msg)
+    if not _same_device(c, x):
+        msg = (
+            f"at {path.display}: fk.{fname}: `{what}` is on {device_of(c)} but the parameter is on "
+            f"{device_of(x)}. Expected the same device; fix: move the coefficient, or pass a Python number."
+        )
+        raise PolicyError(msg)
+    if xp.result_type(c.dtype, x.dtype) != x.dtype:
+        msg = (
+            f"at {path.display}: fk.{fname}: `{what}` has dtype {_dtype_name(c.dtype)}, which would promote "
+            f"the parameter ({_describe(x)}) to {_dtype_name(xp.result_type(c.dtype, x.dtype))}. Expected a "
+            "coefficient that keeps the parameter's dtype; fix: cast the coefficient to the parameters' "
+            "dtype, or pass a Python number (weakly typed)."
+        )
+        raise PolicyError(msg)
+
+
+# --------------------------------------------------------------------------- the lock-step engine
+
+
+def _check_same(fname: str, names: Sequence[str], path: KeyPath, x: Any, others: Sequence[Any]) -> None:
+    """Each other model's array at a parameter position matches the first model's."""
+    xp = namespace(x)
+    for j, o in enumerate(others, start=1):
+        if not is_array(o):
+            msg = (
+                f"at {path.display}: fk.{fname}: `{names[0]}` has a parameter here ({_describe(x)}) but "
+                f"`{names[j]}` has a {type(o).__name__}. Expected an array of the same shape and dtype in "
+                "every model; fix: pass models of the same structure."
+            )
+            raise StructureError(msg)
+        if namespace(o) is not xp:
+            msg = (
+                f"at {path.display}: fk.{fname}: `{names[0]}` has a {_ns_name(xp)} array here but "
+                f"`{names[j]}` a {_ns_name(namespace(o))} array. Expected one namespace; functorkit does "
+                "not convert between libraries silently; fix: convert one model first (e.g. with fk.fmap)."
+            )
+            raise PolicyError(msg)
+        if tuple(o.shape) != tuple(x.shape):
+            msg = (
+                f"at {path.display}: fk.{fname}: shape {tuple(x.shape)} in `{names[0]}` vs "
+                f"{tuple(o.shape)} in `{names[j]}`. Expected equal shapes (no broadcasting between "
+                "models); fix: pass models of the same architecture."
+            )
+            raise StructureError(msg)
+        if o.dtype != x.dtype:
+            msg = (
+                f"at {path.display}: fk.{fname}: dtype {_dtype_name(x.dtype)} in `{names[0]}` vs "
+                f"{_dtype_name(o.dtype)} in `{names[j]}`. Expected equal dtypes: functorkit never promotes "
+                "between models; fix: cast one model first, e.g. fk.fmap(lambda x: xp.astype(x, dtype), model)."
+            )
+            raise PolicyError(msg)
+        if not _same_device(o, x):
+            msg = (
+                f"at {path.display}: fk.{fname}: device {device_of(x)} in `{names[0]}` vs "
+                f"{device_of(o)} in `{names[j]}`. Expected one device per parameter; fix: move one model first."
+            )
+            raise PolicyError(msg)
+
+
+def _run(fname: str, names: Sequence[str], models: Sequence[Any], visit: Callable[..., Any], build: int) -> Any:
+    return walk(tuple(models), visit, build=build, with_path=True, track=True, names=tuple(names))
+
+
+def _map_params(
+    fname: str, names: Sequence[str], models: Sequence[Any], fn: Callable[[KeyPath, Any, list[Any]], Any]
+) -> Any:
+    """Rebuild the first model with ``fn(path, x, others)`` at every parameter; constants copied."""
+
+    def visit(path: KeyPath, x: Any, others: list[Any], trainable: bool) -> Any:
+        if trainable and is_inexact_array(x):
+            if others:
+                _check_same(fname, names, path, x, others)
+            return _as_array(fn(path, x, others))
+        return copy_array(x)
+
+    return _run(fname, names, models, visit, BUILD_SAME)
+
+
+def _reduce_params(
+    fname: str, names: Sequence[str], models: Sequence[Any], fn: Callable[[Any, Any, list[Any]], Any]
+) -> tuple[Any, list[Any]]:
+    """``(xp, [fn(xp, x, others) per distinct parameter])``; all parameters in one namespace and device."""
+    parts: list[Any] = []
+    first: list[Any] = []  # [path, x] of the first parameter
+
+    def visit(path: KeyPath, x: Any, others: list[Any], trainable: bool) -> None:
+        if not (trainable and is_inexact_array(x)):
+            return
+        if others:
+            _check_same(fname, names, path, x, others)
+        xp = namespace(x)
+        if not first:
+            first.extend((path, x))
+        else:
+            p0, x0 = first
+            if namespace(x0) is not xp or not _same_device(x0, x):
+                msg = (
+                    f"at {p0.display} and {path.display}: fk.{fname} reduces over every parameter, but "
+                    f"these are {_ns_name(namespace(x0))} on {device_of(x0)} and {_ns_name(xp)} on "
+                    f"{device_of(x)}. Expected one namespace and device for the 0-d result; fix: move the "
+                    "model to one device first."
+                )
+                raise PolicyError(msg)
+        parts.append(fn(xp, x, others))
+
+    _run(fname, names, models, visit, BUILD_NONE)
+    if not parts:
+        msg = (
+            f"fk.{fname}: `{names[0]}` has no parameters (floating or complex arrays reached through "
+            "trainable children), so there is no namespace or device for the 0-d result. Expected at "
+            "least one parameter; check the model with fk.leaves_with_path."
+        )
+        raise ValueError(msg)
+    return namespace(first[1]), parts
+
+
+# --------------------------------------------------------------------------- elementwise arithmetic
+
+
+def add(a: Any, b: Any, /) -> Any:
+    """The model ``a + b``: parameters added, constants taken from `a`.
+
+    Parameters
+    ----------
+    a, b
+        Models of the same structure whose parameters (floating or complex
+        arrays reached through trainable children of `a`) agree in shape,
+        dtype, namespace and device.
+
+    Returns
+    -------
+    A new model of `a`'s node types: parameters are ``a + b``; every other
+    leaf comes from `a` (arrays copied, anything else shared). Inputs are
+    never mutated; no result array shares memory with an input.
+
+    Raises
+    ------
+    StructureError
+        The models differ in structure or in a parameter's shape (the message
+        names the path).
+    PolicyError
+        A parameter's dtype, namespace or device differs between the models.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> fk.add({"w": np.array([1.0, 2.0]), "n": 3}, {"w": np.array([10.0, 20.0]), "n": 4})
+    {'w': array([11., 22.]), 'n': 3}
+    """
+    return _map_params("add", ("a", "b"), (a, b), lambda p, x, o: x + o[0])
+
+
+def sub(a: Any, b: Any, /) -> Any:
+    """The model ``a - b``: parameters subtracted, constants taken from `a`.
+
+    See :func:`add` for the rules.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> fk.sub({"w": np.array([1.0, 2.0])}, {"w": np.array([10.0, 20.0])})
+    {'w': array([ -9., -18.])}
+    """
+    return _map_params("sub", ("a", "b"), (a, b), lambda p, x, o: x - o[0])
+
+
+def scale(c: Any, a: Any, /) -> Any:
+    """The model ``c * a``: every parameter multiplied by the number `c`.
+
+    Parameters
+    ----------
+    c
+        A Python int/float/complex (NumPy scalars are treated as Python
+        numbers), which never changes a parameter's dtype (array API scalar
+        rules: float32 parameters stay float32), or a 0-d array of the
+        parameters' namespace and device whose dtype does not promote them.
+        A complex `c` on real parameters raises :class:`PolicyError`.
+    a
+        The model.
+
+    Returns
+    -------
+    A new model; constants come from `a` (arrays copied). ``scale(1, a)``
+    is a copy of `a`'s parameters, never `a`'s own arrays.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> out = fk.scale(0.5, {"w": np.array([1.0, 4.0], dtype=np.float32)})
+    >>> out["w"], out["w"].dtype
+    (array([0.5, 2. ], dtype=float32), dtype('float32'))
+    """
+    c = _coefficient(c, "c", "scale")
+
+    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
+        _check_coefficient(path, x, c, "c", "scale")
+        return x * c
+
+    return _map_params("scale", ("a",), (a,), fn)
+
+
+def lincomb(coefficients: Sequence[Any], models: Sequence[Any], /) -> Any:
+    """The model ``sum(c * m for c, m in zip(coefficients, models))``; constants from ``models[0]``.
+
+    Parameters
+    ----------
+    coefficients
+        One number per model: Python numbers, NumPy scalars or 0-d arrays, as
+        for :func:`scale` (none may change a parameter's dtype).
+    models
+        At least one model; all of the same structure, their parameters
+        agreeing in shape, dtype, namespace and device.
+
+    Returns
+    -------
+    A new model of ``models[0]``'s node types. Each parameter is computed in
+    one pass over that leaf of every model (on torch, accumulated in place
+    into the fresh result). Ties survive.
+
+    Raises
+    ------
+    ValueError
+        `coefficients` and `models` differ in length, or are empty.
+    StructureError, PolicyError
+        As for :func:`add`; also when a coefficient would change a dtype.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> origin, d1, d2 = ({"w": np.array([x, 0.0])} for x in (1.0, 2.0, 4.0))
+    >>> fk.lincomb([1, 0.5, -0.25], [origin, d1, d2])
+    {'w': array([1., 0.])}
+    """
+    coefs = list(coefficients)
+    mods = list(models)
+    if len(coefs) != len(mods) or not mods:
+        msg = (
+            f"fk.lincomb: expected one coefficient per model and at least one model, got "
+            f"{len(coefs)} coefficients and {len(mods)} models."
+        )
+        raise ValueError(msg)
+    coefs = [_coefficient(c, f"coefficients[{i}]", "lincomb") for i, c in enumerate(coefs)]
+    names = tuple(f"models[{i}]" for i in range(len(mods)))
+    arrays_c = [c for c in coefs if is_array(c)]
+
+    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
+        for i, c in enumerate(coefs):
+            _check_coefficient(path, x, c, f"coefficients[{i}]", "lincomb")
+        xs = (x, *others)
+        mode = _inplace_mode(namespace(x), (*xs, *arrays_c))
+        acc = x * coefs[0]
+        for xk, ck in zip(xs[1:], coefs[1:], strict=True):
+            if mode == _INPLACE_TORCH:
+                if is_array(ck):
+                    acc.addcmul_(xk, ck)
+                else:
+                    acc.add_(xk, alpha=ck)
+            elif mode == _INPLACE_NUMPY and isinstance(acc, np.ndarray):
+                acc += xk * ck
+            else:
+                acc = acc + xk * ck
+        return acc
+
+    return _map_params("lincomb", names, mods, fn)
+
+
+def mean(models: Sequence[Any], /) -> Any:
+    """The average model ``(m1 + ... + mn) / n``; constants from ``models[0]``.
+
+    The parameters are summed, then divided by ``n`` (a Python int, so the
+    dtype is kept). See :func:`lincomb` for the rules.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> fk.mean([{"w": np.array([1.0])}, {"w": np.array([2.0])}, {"w": np.array([6.0])}])
+    {'w': array([3.])}
+    """
+    mods = list(models)
+    if not mods:
+        msg = "fk.mean: expected at least one model, got none."
+        raise ValueError(msg)
+    n = len(mods)
+    names = tuple(f"models[{i}]" for i in range(n))
+
+    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
+        if not others:
+            return x / 1
+        mode = _inplace_mode(namespace(x), (x, *others))
+        acc = x + others[0]
+        for o in others[1:]:
+            if mode == _INPLACE_TORCH:
+                acc.add_(o)
+            elif mode == _INPLACE_NUMPY and isinstance(acc, np.ndarray):
+                acc += o
+            else:
+                acc = acc + o
+        if mode == _INPLACE_TORCH:
+            return acc.div_(n)
+        return acc / n
+
+    return _map_params("mean", names, mods, fn)
+
+
+def lerp(a: Any, b: Any, t: Any, /) -> Any:
+    """Linear interpolation ``a + t * (b - a)`` between two models; constants from `a`.
+
+    Computed as torch does (``torch.lerp``): ``a + t * (b - a)`` for
+    ``t < 0.5`` and ``b - (1 - t) * (b - a)`` otherwise, so ``t = 0`` gives
+    exactly `a`'s values and ``t = 1`` exactly `b`'s (as new arrays). ``t``
+    outside ``[0, 1]`` extrapolates.
+
+    Parameters
+    ----------
+    a, b
+        Models of the same structure (see :func:`add`).
+    t
+        A real Python number (or NumPy scalar), or a real 0-d array of the
+        parameters' namespace and device whose dtype does not promote them
+        (then ``a + t * (b - a)`` is used).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> fk.lerp({"w": np.array([0.0, 10.0])}, {"w": np.array([1.0, 20.0])}, 0.25)
+    {'w': array([ 0.25, 12.5 ])}
+    """
+    t = _coefficient(t, "t", "lerp", real=True)
+    python_t = not is_array(t)
+
+    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
+        _check_coefficient(path, x, t, "t", "lerp")
+        y = others[0]
+        if python_t:
+            if _ns_name(namespace(x)) == _TORCH_NS:
+                return x.lerp(y, t)
+            if t < 0.5:
+                return x + (y - x) * t
+            return y - (y - x) * (1 - t)
+        return x + (y - x) * t
+
+    return _map_params("lerp", ("a", "b"), (a, b), fn)
+
+
+# --------------------------------------------------------------------------- reductions
+
+
+def _check_ord(ord: Any, fname: str) -> float:
+    if isinstance(ord, (bool, np.bool_)) or not isinstance(ord, (int, float, np.integer, np.floating)):
+        msg = f"fk.{fname}: `ord` must be a real number (2, 1, math.inf, -math.inf, 0 or any p), got {ord!r}."
+        raise TypeError(msg)
+    o = float(ord)
+    if math.isnan(o):
+        msg = f"fk.{fname}: `ord` must not be NaN."
+        raise ValueError(msg)
+    return o
+
+
+def _vector_norm(xp: Any, x: Any, *, axis: Any = None, keepdims: bool = False, ord: float = 2.0) -> Any:
+    """``xp.linalg.vector_norm``, or the same computed by hand where a namespace lacks it."""
+    linalg = getattr(xp, "linalg", None)
+    vn = getattr(linalg, "vector_norm", None)
+    o: float | int = int(ord) if ord.is_integer() else ord
+    if vn is not None:
+        return vn(x, axis=axis, keepdims=keepdims, ord=o)
+    ax = x if axis is not None else xp.reshape(x, (-1,))
+    ab = xp.abs(ax)
+    if ord == math.inf:
+        return xp.max(ab, axis=axis, keepdims=keepdims)
+    if ord == -math.inf:
+        return xp.min(ab, axis=axis, keepdims=keepdims)
+    if ord == 0:
+        return xp.sum(xp.astype(ab != 0, ab.dtype), axis=axis, keepdims=keepdims)
+    if ord == 1:
+        return xp.sum(ab, axis=axis, keepdims=keepdims)
+    if ord == 2:
+        return xp.sqrt(xp.sum(ab * ab, axis=axis, keepdims=keepdims))
+    return xp.sum(ab**o, axis=axis, keepdims=keepdims) ** (1.0 / o)
+
+
+def _flat(xp: Any, x: Any) -> Any:
+    return xp.reshape(x, (-1,))
+
+
+_TORCH_VDOT_DTYPES = frozenset({"float32", "float64", "complex64", "complex128"})
+
+
+def _leaf_dot(xp: Any, x: Any, others: list[Any]) -> Any:
+    y = others[0]
+    if _ns_name(xp) == _TORCH_NS and _dtype_name(x.dtype) in _TORCH_VDOT_DTYPES:
+        return x.reshape(-1).vdot(y.reshape(-1))  # BLAS; linalg.vecdot multiplies then sums
+    return xp.vecdot(_flat(xp, x), _flat(xp, y))
+
+
+def dot(a: Any, b: Any, /) -> Any:
+    """The inner product of two models' parameters: ``sum(vdot(pa, pb))``, a 0-d array.
+
+    Like ``numpy.vdot`` (and the array API ``vecdot``), the first argument is
+    conjugated for complex parameters. A tied parameter (one array at several
+    places) counts once. The result is a 0-d array in the parameters'
+    namespace and on their device, of the dtype their values promote to;
+    nothing is moved to the host (call ``float()`` yourself).
+
+    Raises
+    ------
+    ValueError
+        The models have no parameters.
+    StructureError, PolicyError
+        As for :func:`add`; :class:`PolicyError` also when the parameters span
+        several namespaces or devices (no single place for the result).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> a = {"w": np.array([1.0, 2.0]), "b": np.array([3.0])}
+    >>> float(fk.dot(a, a))
+    14.0
+    """
+    xp, parts = _reduce_params("dot", ("a", "b"), (a, b), _leaf_dot)
+    if len(parts) == 1:
+        return _as_array(parts[0])
+    return _as_array(xp.sum(xp.stack(parts)))
+
+
+def norm(a: Any, /, *, ord: float = 2) -> Any:
+    """The vector norm of all of a model's parameters taken together, a 0-d array.
+
+    Equal to ``numpy.linalg.norm`` of the concatenation of every distinct
+    parameter (a tie counts once), for the vector orders of the array API's
+    ``vector_norm``; absolute values are always taken.
+
+    Parameters
+    ----------
+    a
+        The model.
+    ord
+        ``2`` (default, Euclidean), ``1``, ``math.inf`` (largest absolute
+        value), ``-math.inf`` (smallest), ``0`` (number of non-zero entries,
+        as a float) or any other real ``p`` (``sum(|x|**p) ** (1/p)``).
+
+    Returns
+    -------
+    A 0-d array in the parameters' namespace and on their device (real
+    dtype for complex parameters); nothing is moved to the host.
+
+    Raises
+    ------
+    ValueError
+        The model has no parameters, or `ord` is NaN.
+    PolicyError
+        The parameters span several namespaces or devices.
+
+    Examples
+    --------
+    >>> import math
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> m = {"w": np.array([3.0, -4.0]), "b": np.array([12.0])}
+    >>> float(fk.norm(m)), float(fk.norm(m, ord=1)), float(fk.norm(m, ord=math.inf))
+    (13.0, 19.0, 12.0)
+    """
+    o = _check_ord(ord, "norm")
+    return _norm(a, o, "norm")
+
+
+def _norm(a: Any, o: float, fname: str) -> Any:
+    sumsq: list[bool] = []
+
+    def leaf(xp: Any, x: Any, others: list[Any]) -> Any:
+        if o == 2 and _ns_name(xp) == _NUMPY_NS:
+            # NumPy's vector_norm squares into a temporary; a dot product does not
+            if not sumsq:
+                sumsq.append(True)
+            xf = _flat(xp, x)
+            s = xp.vecdot(xf, xf)
+            return xp.real(s) if _is_complex(x) else s
+        return _vector_norm(xp, x, ord=o)
+
+    xp, parts = _reduce_params(fname, ("a",), (a,), leaf)
+    if sumsq:
+        total = parts[0] if len(parts) == 1 else xp.sum(xp.stack(parts))
+        return _as_array(xp.sqrt(total))
+    if len(parts) == 1:
+        return _as_array(parts[0])
+    stacked = xp.stack(parts)
+    if o == 0:
+        return _as_array(xp.sum(stacked))
+    return _as_array(_vector_norm(xp, stacked, ord=o))
+
+
+def normalize(a: Any, /, *, ord: float = 2) -> Any:
+    """The model ``a / norm(a, ord=ord)``: parameters scaled to unit norm; constants from `a`.
+
+    The norm is computed once, on the device, and cast to each parameter's
+    (real) dtype, so no dtype changes. A model whose norm is 0 gives NaNs
+    (0/0): checking would need a host synchronisation.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> fk.normalize({"w": np.array([3.0, 4.0])})
+    {'w': array([0.6, 0.8])}
+    """
+    o = _check_ord(ord, "normalize")
+    n = _norm(a, o, "normalize")
+    casts: dict[Any, Any] = {}
+
+    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
+        xp = namespace(x)
+        target = _real_dtype(xp, x.dtype)
+        k = casts.get(target)
+        if k is None:
+            k = casts[target] = n if n.dtype == target else xp.astype(n, target)
+        return x / k
+
+    return _map_params("normalize", ("a",), (a,), fn)
+
+
+def filter_normalize(
+    direction: Any,
+    reference: Any,
+    /,
+    *,
+    ord: float = 2,
+    one_d: Literal["zero", "keep", "normalize"] = "zero",
+    axis: int = 0,
+) -> Any:
+    """Filter-wise normalisation of a direction against a reference model (Li et al., 2018).
+
+    For "Visualizing the Loss Landscape of Neural Nets": every filter of the
+    direction is rescaled to the norm of the same filter of the reference,
+    so that a step along the direction is comparable across layers whatever
+    their scale. A filter is a slice along `axis` (the output axis: a row of
+    a ``Linear`` weight, one output channel of a ``Conv`` kernel).
+
+    All filter norms are computed at once from the un-rescaled direction
+    (``vector_norm`` over every axis but `axis`, absolute values included for
+    odd orders); nothing is written in place and nothing is moved to the
+    host. A filter of the direction that is all zeros stays zero (no NaN).
+
+    Parameters
+    ----------
+    direction
+        The model to normalise (e.g. a random model).
+    reference
+        The model whose filter norms are matched (e.g. the trained weights);
+        same structure, shapes, dtypes, namespace and devices as `direction`.
+    ord
+        The vector order of the filter norms (default 2, Frobenius).
+    one_d
+        What to do with parameters of one or zero dimensions (biases, norm
+        scales): ``"zero"`` (default, as in the paper) sets them to zero,
+        ``"keep"`` leaves the direction's values, ``"normalize"`` rescales
+        the whole vector to the reference's norm.
+    axis
+        The filter axis of parameters with two or more dimensions (0 for
+        PyTorch layouts; -1 for JAX/Flax kernels ``(..., in, out)``).
+
+    Returns
+    -------
+    A new model of `direction`'s node types; constants come from `direction`
+    (arrays copied). Dtypes are kept.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> d = {"w": np.array([[3.0, 4.0], [0.0, -1.0]]), "b": np.array([1.0, 1.0])}
+    >>> ref = {"w": np.array([[1.0, 0.0], [0.0, 2.0]]), "b": np.array([5.0, 5.0])}
+    >>> out = fk.filter_normalize(d, ref)
+    >>> out["w"], out["b"]
+    (array([[ 0.6,  0.8],
+           [ 0. , -2. ]]), array([0., 0.]))
+    """
+    o = _check_ord(ord, "filter_normalize")
+    if one_d not in ("zero", "keep", "normalize"):
+        msg = f"fk.filter_normalize: `one_d` must be 'zero', 'keep' or 'normalize', got {one_d!r}."
+        raise ValueError(msg)
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        msg = f"fk.filter_normalize: `axis` must be an int, got {type(axis).__name__}."
+        raise TypeError(msg)
+
+    def rescale(xp: Any, d: Any, r: Any, axes: Any) -> Any:
+        keep = axes is not None
+        dn = _vector_norm(xp, d, axis=axes, keepdims=keep, ord=o)
+        rn = _vector_norm(xp, r, axis=axes, keepdims=keep, ord=o)
+        safe = xp.where(dn == 0, xp.ones_like(dn), dn)
+        return d * (rn / safe)
+
+    def fn(path: KeyPath, d: Any, others: list[Any]) -> Any:
+        xp = namespace(d)
+        nd = d.ndim
+        if nd >= 2:
+            if not -nd <= axis < nd:
+                msg = (
+                    f"at {path.display}: fk.filter_normalize: `axis={axis}` is out of range for a parameter "
+                    f"of {nd} dimensions ({_describe(d)}). Expected a filter axis every parameter with two "
+                    "or more dimensions has."
+                )
+                raise ValueError(msg)
+            ax = axis % nd
+            return rescale(xp, d, others[0], tuple(i for i in range(nd) if i != ax))
+        if one_d == "zero":
+            return xp.zeros_like(d)
+        if one_d == "keep":
+            return d * 1
+        return rescale(xp, d, others[0], None)
+
+    return _map_params("filter_normalize", ("direction", "reference"), (direction, reference), fn)
+
+
+# --------------------------------------------------------------------------- copy
+
+
+def copy(tree: Any, /) -> Any:
+    """An independent deep copy of every array in `tree` (parameters and constants); ties kept.
+
+    Node types are kept (a module comes back as a new module of its class);
+    an array met twice is copied once and the copy placed at both positions,
+    and a shared sub-tree stays shared; non-array leaves are shared, not
+    copied. On torch the copies are detached from autograd history, like
+    ``copy.deepcopy``: an ``nn.Parameter`` stays an ``nn.Parameter`` with
+    its ``requires_grad``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> w = np.array([1.0, 2.0])
+    >>> tree = {"a": w, "b": w, "name": "mlp"}
+    >>> c = fk.copy(tree)
+    >>> c["a"] is c["b"], c["a"] is w, np.shares_memory(c["a"], w)
+    (True, False, False)
+    """
+    return fmap(copy_array, tree)
+
