@@ -18,6 +18,8 @@ from ._arith import scale as scale
 from ._arith import sub as sub
 from ._errors import PolicyError as PolicyError
 from ._errors import StructureError as StructureError
+from ._flat import Restructure as Restructure
+from ._flat import destructure as destructure
 from ._keypath import KeyPath as KeyPath
 from ._load import load_into as load_into
 from ._registry import register as register
@@ -37,10 +39,12 @@ __all__ = [
     "Diagonal",
     "KeyPath",
     "PolicyError",
+    "Restructure",
     "StructureError",
     "Transpose",
     "add",
     "copy",
+    "destructure",
     "dot",
     "filter_normalize",
     "fmap",
