@@ -2,9 +2,12 @@
 
 Children of a module are its parameters, then its buffers, then its
 submodules, each in registration order (the order of ``state_dict()``), keyed
-by name; names made of digits (``Sequential``/``ModuleList`` entries) become
-integer keys, so paths read ``layers[0].weight``. Slots holding ``None`` (a
-``bias=False`` layer) are not children: they are kept as they are.
+by name; names made of ASCII digits (``Sequential``/``ModuleList`` entries)
+become integer keys, so paths read ``layers[0].weight``. Slots holding
+``None`` (a ``bias=False`` layer) are not children: they are kept as they are.
+Nothing else is a child: a plain attribute holding a tensor, a dict of
+tensors or a list of modules is not walked (torch does not see it either:
+it is not in ``state_dict()``, ``parameters()`` or ``.to()``).
 
 Trainable children: every tensor in a parameter slot unless it is an
 ``nn.Parameter`` with ``requires_grad=False``, and every submodule; buffers
@@ -12,12 +15,17 @@ are not trainable.
 
 A rebuilt module is a shallow clone made without calling ``__init__``: user
 attributes are shared, torch's own bookkeeping containers (hook dicts, the
-non-persistent buffer set) are copied, and the parameter, buffer and
-submodule dicts are fresh.
+non-persistent buffer set, ``ParameterDict``'s key table) are copied, and the
+parameter, buffer and submodule dicts are fresh. Torch modules that cache
+references to their own children are refreshed: an RNN's flat weight list
+points at the rebuilt weights, and a ``torch.compile``d module
+(``OptimizedModule``) calls its rebuilt inner module.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,10 +40,18 @@ _OWN_CONTAINERS = frozenset(
     k for k, v in torch.nn.Module().__dict__.items() if isinstance(v, (dict, set, list)) and k not in _SECTIONS
 )
 _DEFS: dict[type, NodeDef] = {}
+_KEYS: dict[str, Any] = {}  # child name -> path key (int for canonical ASCII digit strings)
+_Uninitialized = getattr(torch.nn.parameter, "UninitializedTensorMixin", ())
 
 
 def _key(name: str) -> Any:
-    return int(name) if name.isdigit() else name
+    k = _KEYS.get(name)
+    if k is None:
+        # only canonical decimal strings ("0", "17", not "007" or "²") become ints: the key maps back to the name
+        k = int(name) if name.isascii() and name.isdigit() and str(int(name)) == name else name
+        if len(_KEYS) < 100_000:
+            _KEYS[name] = k
+    return k
 
 
 def _flatten(m: Any) -> tuple[list[Any], list[Any], Any, bool]:
@@ -55,29 +71,81 @@ def _flatten(m: Any) -> tuple[list[Any], list[Any], Any, bool]:
     return keys, vals, (type(m), rest, layout), True
 
 
-def _unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
-    cls, rest, layout = aux
-    new = cls.__new__(cls)
-    nd = dict(rest)
-    for k in _OWN_CONTAINERS:
-        if k in nd:
-            nd[k] = type(nd[k])(nd[k])
-    sections: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] = ({}, {}, {})
-    for s, name, j in layout:
-        sections[s][name] = None if j < 0 else values[j]
-    for s, section in enumerate(_SECTIONS):
-        nd[section] = sections[s]
-    object.__setattr__(new, "__dict__", nd)
-    return new
+def _make_unflatten(
+    copied: frozenset[str], fixup: Callable[[Any], None] | None
+) -> Callable[[Any, list[Any], list[Any]], Any]:
+    def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
+        cls, rest, layout = aux
+        new = cls.__new__(cls)
+        nd = dict(rest)
+        for k in copied:
+            if k in nd:
+                nd[k] = type(nd[k])(nd[k])
+        sections: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] = ({}, {}, {})
+        for s, name, j in layout:
+            sections[s][name] = None if j < 0 else values[j]
+        for s, section in enumerate(_SECTIONS):
+            nd[section] = sections[s]
+        object.__setattr__(new, "__dict__", nd)
+        if fixup is not None:
+            fixup(new)
+        return new
+
+    return unflatten
+
+
+def _refresh_rnn(m: Any) -> None:
+    """Point an RNN's cached flat weight list at the rebuilt module's own weights.
+
+    ``RNNBase.forward`` reads ``_flat_weights``; the clone would otherwise share
+    the original's list (and a later ``setattr`` on the clone would write into
+    it). This mirrors ``RNNBase._init_flat_weights`` without its
+    ``flatten_parameters()``, which on CUDA rewrites the weights in place.
+    """
+    d = m.__dict__
+    names = d.get("_flat_weights_names")
+    if names is None:
+        return
+    params = d["_parameters"]
+    flat = [params.get(n, d.get(n)) for n in names]
+    d["_flat_weights"] = flat
+    d["_flat_weight_refs"] = [None if w is None else weakref.ref(w) for w in flat]
+
+
+def _refresh_compiled(m: Any) -> None:
+    """``torch.compile``'s ``OptimizedModule``: bind its forward to the rebuilt inner module.
+
+    Its ``forward`` attribute is a wrapper around ``self._orig_mod.__call__``
+    of the module it was made from; torch rebuilds it the same way when
+    unpickling (``__setstate__`` calls ``_initialize``).
+    """
+    m.__dict__.pop("forward", None)
+    m.__dict__.pop("_forward", None)
+    m._initialize()
+
+
+def _is_compiled_module(cls: type) -> bool:
+    return any(
+        c.__name__ == "OptimizedModule" and c.__module__.startswith("torch._dynamo") for c in cls.__mro__
+    ) and hasattr(cls, "_initialize")
 
 
 def _trainable(m: Any) -> frozenset[Any]:
     d = m.__dict__
-    out = [
-        _key(name)
-        for name, v in d["_parameters"].items()
-        if v is not None and not (isinstance(v, torch.nn.Parameter) and not v.requires_grad)
-    ]
+    out = []
+    for name, v in d["_parameters"].items():
+        if v is None:
+            continue
+        if isinstance(v, _Uninitialized):
+            msg = (
+                f"the parameter {name!r} of this {type(m).__name__} is uninitialized (a lazy module): it has no "
+                "shape and no values yet, so it cannot be flattened or combined. Expected initialized "
+                "parameters; fix: run one forward pass through the model first, which initializes them."
+            )
+            raise ValueError(msg)
+        if isinstance(v, torch.nn.Parameter) and not v.requires_grad:
+            continue
+        out.append(_key(name))
     out.extend(_key(name) for name, v in d["_modules"].items() if v is not None)
     return frozenset(out)
 
@@ -88,5 +156,14 @@ def node_for(cls: type) -> NodeDef | None:
         return None
     nd = _DEFS.get(cls)
     if nd is None:
-        nd = _DEFS[cls] = NodeDef(cls, _flatten, _unflatten, _trainable, owns=True)
+        copied = _OWN_CONTAINERS
+        fixup: Callable[[Any], None] | None = None
+        if issubclass(cls, torch.nn.ParameterDict):
+            copied = copied | {"_keys"}
+        if issubclass(cls, torch.nn.RNNBase):
+            copied = copied | {"_flat_weights_names", "_all_weights"}
+            fixup = _refresh_rnn
+        elif _is_compiled_module(cls):
+            fixup = _refresh_compiled
+        nd = _DEFS[cls] = NodeDef(cls, _flatten, _make_unflatten(copied, fixup), _trainable, owns=True)
     return nd
