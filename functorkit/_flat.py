@@ -35,7 +35,7 @@ from typing import Any, NamedTuple, cast
 import array_api_compat
 
 from ._alias import check_no_aliases
-from ._errors import StructureError
+from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._policy import (
     POLICIES,
@@ -1569,6 +1569,7 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
         if not _own_their_memory(params):
             entries = ((cast(KeyPath, _Deferred(path_of, j)), x) for j, x in enumerate(params))
             check_no_aliases(entries, "fk.destructure")
+        _check_readable(kinds, param_kind, flat_kind, path_of)
     elif scan.arrays:
         first = scan.arrays[0]
         xp = namespace(first)
@@ -1595,6 +1596,22 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
         param_types=param_types,
     )
     return flat, re
+
+
+def _check_readable(kinds: list[Kind], param_kind: list[int], flat_kind: Kind, path_of: Any) -> None:
+    """A torch ``meta`` parameter has no values: it can only fill a flat vector on ``meta``."""
+    if _family(flat_kind.xp) != "torch" or getattr(flat_kind.device, "type", None) == "meta":
+        return
+    for j, i in enumerate(param_kind):
+        if getattr(kinds[i].device, "type", None) == "meta":
+            msg = (
+                f"at {path_of(j).display}: the parameter is a `meta` tensor, which has no values, but the "
+                f"flat vector is on {describe_device(flat_kind.device)} (the first parameter's device). "
+                "Expected parameters whose values can be read; fix: materialise the model first "
+                "(e.g. `module.to_empty(device=...)` and load weights), or destructure a model whose "
+                "parameters are all on `meta`."
+            )
+            raise PolicyError(msg)
 
 
 def _own_their_memory(params: list[Any]) -> bool:

@@ -233,3 +233,12 @@ def test_torch_alias_detected() -> None:
     a = torch.randn(3, 3)
     with pytest.raises(fk.StructureError, match="at w and wt: "):
         fk.destructure({"w": a, "wt": a.t()})
+
+
+@pytest.mark.parametrize("policy", ["model", "flat"])
+def test_meta_parameter_after_a_cpu_one_is_a_policy_error_naming_its_path(policy: str) -> None:
+    model = {"a": torch.ones(2), "b": torch.ones(3, device="meta")}
+    with pytest.raises(fk.PolicyError, match=r"at b: the parameter is a `meta` tensor.*cpu"):
+        fk.destructure(model, policy=policy)
+    flat, re = fk.destructure({"a": torch.ones(2, device="meta"), "b": torch.ones(3, device="meta")})
+    assert flat.device.type == "meta" and len(re) == 5
