@@ -241,4 +241,5 @@ def test_meta_parameter_after_a_cpu_one_is_a_policy_error_naming_its_path(policy
     with pytest.raises(fk.PolicyError, match=r"at b: the parameter is a `meta` tensor.*cpu"):
         fk.destructure(model, policy=policy)
     flat, re = fk.destructure({"a": torch.ones(2, device="meta"), "b": torch.ones(3, device="meta")})
-    assert flat.device.type == "meta" and len(re) == 5
+    assert flat.device.type == "meta"
+    assert len(re) == 5
