@@ -10,12 +10,13 @@ value written is the value `src` had when the call began.
 from __future__ import annotations
 
 import bisect
+import math
 from typing import Any
 
 import array_api_compat
 import numpy as np
 
-from ._alias import check_no_aliases
+from ._alias import check_no_aliases, memory_layout
 from ._arith import copy_array
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
@@ -67,8 +68,8 @@ def _check_writable(path: KeyPath, d: Any) -> None:
             "fk.fmap(lambda d, s: s, dst, src), or fk.copy(src)."
         )
         raise TypeError(msg)
-    raw = _raw_layout(d)
-    if raw is not None and any(st == 0 and n > 1 for n, st in zip(raw[2], raw[3], strict=True)):
+    lay = memory_layout(d)
+    if lay is not None and math.prod(n for n, _ in lay.dims) < math.prod(d.shape):  # a stride-0 axis
         msg = (
             f"at {path.display}: several elements of this `dst` array share one memory location (stride 0, "
             "as made by expand/broadcast_to), so fk.load_into cannot write distinct values into it. "
@@ -132,51 +133,10 @@ def _same_values(d: Any, a: Any, b: Any) -> bool:
     return bool(xp.all(eq))
 
 
-_HOST = ("cpu", 0)
-Raw = tuple[tuple[str, int], int, tuple[int, ...], tuple[int, ...], int]
-
-
-def _raw_layout(x: Any) -> Raw | None:
-    """``(address space, pointer, shape, byte strides, itemsize)`` of `x`, or None (no memory to share)."""
-    if isinstance(x, np.ndarray):
-        if x.size == 0:
-            return None
-        return _HOST, x.__array_interface__["data"][0], x.shape, x.strides, x.itemsize
-    mod = _module(x)
-    if mod == "torch":
-        dev = x.device
-        if dev.type == "meta" or x.numel() == 0 or str(x.layout) != "torch.strided":
-            return None
-        try:
-            ptr = x.data_ptr()
-        except RuntimeError:  # torch.func wrappers, fake tensors: no storage
-            return None
-        isz = x.element_size()
-        space = _HOST if dev.type == "cpu" else (dev.type, dev.index or 0)
-        return space, ptr, tuple(x.shape), tuple(st * isz for st in x.stride()), isz
-    if mod == "array_api_strict":
-        inner = getattr(x, "_array", None)
-        return _raw_layout(inner) if isinstance(inner, np.ndarray) else None
-    if mod == "cupy":
-        if x.size == 0:
-            return None
-        return ("cuda", int(x.device.id)), int(x.data.ptr), tuple(x.shape), tuple(x.strides), int(x.itemsize)
-    return None
-
-
 def _span(x: Any) -> tuple[tuple[str, int], int, int] | None:
-    """``(address space, lowest byte, one past the highest byte)`` touched by `x`."""
-    raw = _raw_layout(x)
-    if raw is None:
-        return None
-    space, ptr, shape, strides, itemsize = raw
-    lo = hi = ptr
-    for n, st in zip(shape, strides, strict=True):
-        if st < 0:
-            lo += (n - 1) * st
-        else:
-            hi += (n - 1) * st
-    return space, lo, hi + itemsize
+    """``(address space, lowest byte, one past the highest byte)`` touched by `x`, or None."""
+    lay = memory_layout(x)
+    return None if lay is None else (lay.space, lay.lo, lay.hi)
 
 
 def _dst_memory(dsts: list[Any]) -> dict[tuple[str, int], tuple[list[int], list[int]]]:
