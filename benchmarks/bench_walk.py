@@ -19,6 +19,7 @@ tree with the same number of leaves.
 
 from __future__ import annotations
 
+import copy
 import functools
 import gc
 import json
@@ -136,14 +137,14 @@ def contenders() -> dict[str, list[Op]]:
             ("functorkit", "fk.fmap(f, t)", lambda t: fk.fmap(f, t)),
             ("functorkit", "fk.fmapstructure(f, t)", lambda t: fk.fmapstructure(f, t)),
         ],
-        "map (2 trees)": [("functorkit", "fk.fmap(f, t, t)", lambda t: fk.fmap(f2, t, t))],
+        "map (2 trees)": [("functorkit", "fk.fmap(f, t, u)", lambda t, u: fk.fmap(f2, t, u))],
         "leaves": [("functorkit", "fk.leaves(t)", fk.leaves)],
     }
     try:
         import optree
 
         groups["map (1 tree)"].append(("optree", "optree.tree_map(f, t)", lambda t: optree.tree_map(f, t)))
-        groups["map (2 trees)"].append(("optree", "optree.tree_map(f, t, t)", lambda t: optree.tree_map(f2, t, t)))
+        groups["map (2 trees)"].append(("optree", "optree.tree_map(f, t, u)", lambda t, u: optree.tree_map(f2, t, u)))
         groups["leaves"] += [
             ("optree", "optree.tree_leaves(t)", optree.tree_leaves),
             ("optree", "optree.tree_flatten(t)", optree.tree_flatten),
@@ -155,7 +156,7 @@ def contenders() -> dict[str, list[Op]]:
 
         jtu = jax.tree_util
         groups["map (1 tree)"].append(("jax", "jax.tree_util.tree_map(f, t)", lambda t: jtu.tree_map(f, t)))
-        groups["map (2 trees)"].append(("jax", "jax.tree_util.tree_map(f, t, t)", lambda t: jtu.tree_map(f2, t, t)))
+        groups["map (2 trees)"].append(("jax", "jax.tree_util.tree_map(f, t, u)", lambda t, u: jtu.tree_map(f2, t, u)))
         groups["leaves"] += [
             ("jax", "jax.tree_util.tree_leaves(t)", jtu.tree_leaves),
             ("jax", "jax.tree_util.tree_flatten(t)", jtu.tree_flatten),
@@ -166,7 +167,7 @@ def contenders() -> dict[str, list[Op]]:
         import torch.utils._pytree as pt
 
         groups["map (1 tree)"].append(("torch", "torch _pytree.tree_map(f, t)", lambda t: pt.tree_map(f, t)))
-        groups["map (2 trees)"].append(("torch", "torch _pytree.tree_map(f, t, t)", lambda t: pt.tree_map(f2, t, t)))
+        groups["map (2 trees)"].append(("torch", "torch _pytree.tree_map(f, t, u)", lambda t, u: pt.tree_map(f2, t, u)))
         groups["leaves"] += [
             ("torch", "torch _pytree.tree_leaves(t)", pt.tree_leaves),
             ("torch", "torch _pytree.tree_flatten(t)", pt.tree_flatten),
@@ -178,13 +179,13 @@ def contenders() -> dict[str, list[Op]]:
 
         groups["map (1 tree)"].append(("dm-tree", "tree.map_structure(f, t)", lambda t: dm_tree.map_structure(f, t)))
         groups["map (2 trees)"].append(
-            ("dm-tree", "tree.map_structure(f, t, t)", lambda t: dm_tree.map_structure(f2, t, t))
+            ("dm-tree", "tree.map_structure(f, t, u)", lambda t, u: dm_tree.map_structure(f2, t, u))
         )
         groups["leaves"].append(("dm-tree", "tree.flatten(t)", dm_tree.flatten))
     except ImportError:
         pass
     groups["map (1 tree)"].append(("python", "recursive Python map", lambda t: _rec_map(f, t)))
-    groups["map (2 trees)"].append(("python", "recursive Python map, 2 trees", lambda t: _rec_map2(f2, t, t)))
+    groups["map (2 trees)"].append(("python", "recursive Python map, 2 trees", lambda t, u: _rec_map2(f2, t, u)))
     groups["leaves"].append(("python", "recursive Python leaves", _rec_leaves))
     return groups
 
@@ -238,32 +239,45 @@ def _ratio(a: float, b: float | None) -> str:
 REFERENCE = {  # the call each ratio column divides by, per group
     "map (1 tree)": ("jax.tree_util.tree_map(f, t)", "optree.tree_map(f, t)", "torch _pytree.tree_map(f, t)"),
     "map (2 trees)": (
-        "jax.tree_util.tree_map(f, t, t)",
-        "optree.tree_map(f, t, t)",
-        "torch _pytree.tree_map(f, t, t)",
+        "jax.tree_util.tree_map(f, t, u)",
+        "optree.tree_map(f, t, u)",
+        "torch _pytree.tree_map(f, t, u)",
     ),
     "leaves": ("jax.tree_util.tree_leaves(t)", "optree.tree_leaves(t)", "torch _pytree.tree_leaves(t)"),
 }
 FLOOR = {
     "map (1 tree)": "floor: list(map(f, leaves))",
-    "map (2 trees)": "floor: list(map(f, leaves, leaves))",
+    "map (2 trees)": "floor: list(map(f, leaves, leaves_u))",
 }
 
 
+HELD = "fk.fmap(f, h) (h: a copy of t whose leaves are also held in a list)"
+
+
 def time_tree(tree: Any, rounds: int) -> tuple[int, dict[str, dict[str, float]]]:
-    """Time every contender on `tree`; returns (number of leaves, group -> call -> seconds)."""
-    flat = _rec_leaves(tree)
+    """Time every contender on `tree`; returns (number of leaves, group -> call -> seconds).
+
+    Two-tree maps zip `tree` with `u`, an equal but distinct copy (as when zipping two
+    models). The floor maps over the leaves of other copies, so that no leaf of `tree`
+    is referenced from outside it (as in a model held only by its containers); the row
+    `HELD` shows fk.fmap on a tree whose every leaf is also referenced from a list.
+    """
+    u, floor_tree, held = copy.deepcopy(tree), copy.deepcopy(tree), copy.deepcopy(tree)
+    flat, flat_u, held_leaves = _rec_leaves(floor_tree), _rec_leaves(u), _rec_leaves(held)
     groups = contenders()
     calls: dict[str, Callable[[], Any]] = {}
     where: dict[str, str] = {}
     for group, ops in groups.items():
         for _, call, fn in ops:
-            calls[call] = functools.partial(fn, tree)
+            calls[call] = functools.partial(fn, tree, u) if group == "map (2 trees)" else functools.partial(fn, tree)
             where[call] = group
     calls[FLOOR["map (1 tree)"]] = lambda: list(map(_ident, flat))
-    calls[FLOOR["map (2 trees)"]] = lambda: list(map(_first, flat, flat))
+    calls[FLOOR["map (2 trees)"]] = lambda: list(map(_first, flat, flat_u))
+    calls[HELD] = lambda: fk.fmap(_ident, held)
     where[FLOOR["map (1 tree)"]] = "map (1 tree)"
     where[FLOOR["map (2 trees)"]] = "map (2 trees)"
+    where[HELD] = "map (1 tree)"
+    assert len(held_leaves) == len(flat)
     # sanity: every call sees every leaf (a map's output has as many leaves as the input)
     for call, run_once in calls.items():
         out = run_once()
@@ -465,7 +479,7 @@ def run(quick: bool) -> str:
             if r1 in m1:
                 parts.append(
                     f"vs {peer}: fmap {m1['fk.fmap(f, t)'] / m1[r1]:.2f}x, two-tree fmap "
-                    f"{m2['fk.fmap(f, t, t)'] / m2[r2]:.2f}x, leaves {lv['fk.leaves(t)'] / lv[r3]:.2f}x"
+                    f"{m2['fk.fmap(f, t, u)'] / m2[r2]:.2f}x, leaves {lv['fk.leaves(t)'] / lv[r3]:.2f}x"
                 )
         return "; ".join(parts)
 
@@ -477,7 +491,10 @@ leaf, building the result. The floor row is `list(map(f, leaves))` over leaves f
 advance: the cost of the calls to `f` alone, with no structure. Ratios divide a row's time by the
 peer's time for the same operation (below 1x is faster than the peer). Leaves are 0-d NumPy
 arrays, distinct objects, so functorkit's identity cache (which keeps ties tied, and which the
-peers do not have) is paid in full. All contenders interleaved in one process, best of
+peers do not have) is paid in full. Two-tree maps zip `t` with `u`, an equal but distinct copy
+(as when zipping two models). No leaf of `t` is referenced from outside the tree; functorkit's
+cheapest tie check relies on that, and the row marked `h` shows the cost when every leaf is
+also held elsewhere (e.g. by an optimiser). All contenders interleaved in one process, best of
 {rounds} rounds each.
 
 ### (a) A wide tree: {n_wide:,} leaves, dicts of lists of tuples, 3 levels

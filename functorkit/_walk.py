@@ -454,6 +454,8 @@ def _has_repeats(flat: list[Any]) -> bool:
         return False
     if _RC_BASE is not None and sum(map(_getrefcount, flat)) <= n * _RC_BASE:  # type: ignore[arg-type]
         return False
+    if len(set(map(id, flat))) == n:  # C-level: leaves referenced from elsewhere too, none repeated
+        return False
     scalars = SCALAR_TYPES
     ids = [id(x) for x in flat if type(x) not in scalars]
     return len(ids) != len(set(ids))
