@@ -22,12 +22,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _timing import best_of
 
 import functorkit as fk
 
@@ -117,42 +117,6 @@ def build(shapes: dict[str, Any], backend: str) -> Any:
 
 
 # --------------------------------------------------------------------------- timing
-
-
-def _once(fn: Callable[[], Any], number: int) -> float:
-    gc_was = gc.isenabled()
-    gc.disable()
-    try:
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        return (time.perf_counter() - t0) / number
-    finally:
-        if gc_was:
-            gc.enable()
-
-
-def best_of(
-    calls: dict[str, Callable[[], Any]], rounds: int, target_s: float = 0.004, settle_s: float = 0.0
-) -> dict[str, float]:
-    """Best time per call of each callable, all interleaved round after round.
-
-    `settle_s`: pause after each timing, so that the worker threads a torch or
-    JAX call leaves spinning (OpenMP / Eigen pools busy-wait after a parallel
-    region) do not slow down whatever is timed next on a machine with few cores.
-    """
-    numbers = {}
-    for name, fn in calls.items():
-        fn()  # warm up (imports, caches, generated code)
-        t = _once(fn, 1)
-        numbers[name] = max(1, min(20_000, int(target_s / max(t, 1e-9))))
-    best = dict.fromkeys(calls, float("inf"))
-    for _ in range(rounds):
-        for name, fn in calls.items():
-            best[name] = min(best[name], _once(fn, numbers[name]))
-            if settle_s:
-                time.sleep(settle_s)
-    return best
 
 
 def _fmt(s: float) -> str:

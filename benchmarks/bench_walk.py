@@ -21,17 +21,16 @@ from __future__ import annotations
 
 import copy
 import functools
-import gc
 import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _timing import best_of
 
 import functorkit as fk
 
@@ -193,33 +192,6 @@ def contenders() -> dict[str, list[Op]]:
 # --------------------------------------------------------------- timing
 
 
-def _once(fn: Callable[[], Any], number: int) -> float:
-    gc_was = gc.isenabled()
-    gc.disable()
-    try:
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        return (time.perf_counter() - t0) / number
-    finally:
-        if gc_was:
-            gc.enable()
-
-
-def best_of(calls: dict[str, Callable[[], Any]], rounds: int, target_s: float = 0.004) -> dict[str, float]:
-    """Best time per call of each callable, all interleaved round after round."""
-    numbers = {}
-    for name, fn in calls.items():
-        fn()  # warm up (imports, caches)
-        t = _once(fn, 1)
-        numbers[name] = max(1, min(10_000, int(target_s / max(t, 1e-9))))
-    best = dict.fromkeys(calls, float("inf"))
-    for _ in range(rounds):
-        for name, fn in calls.items():
-            best[name] = min(best[name], _once(fn, numbers[name]))
-    return best
-
-
 # --------------------------------------------------------------- reporting
 
 
@@ -285,7 +257,7 @@ def time_tree(tree: Any, rounds: int) -> tuple[int, dict[str, dict[str, float]]]
         if len(got) != len(flat):
             msg = f"{call} gave {len(got)} leaves, expected {len(flat)}"
             raise AssertionError(msg)
-    best = best_of(calls, rounds)
+    best = best_of(calls, rounds, max_number=10_000)
     res: dict[str, dict[str, float]] = {g: {} for g in groups}
     for call, t in best.items():
         res[where[call]][call] = t
@@ -447,6 +419,7 @@ def deep_timing(depths: list[int], rounds: int) -> str:
             {"deep": functools.partial(fk.fmap, _ident, deep), "flat": functools.partial(fk.fmap, _ident, flat)},
             rounds,
             target_s=0.02,
+            max_number=10_000,
         )
         ratio = best["deep"] / best["flat"]
         rows.append(f"| {d:,} | {_per_leaf(best['deep'], d)} | {_per_leaf(best['flat'], d)} | {ratio:.2f}x |")
