@@ -1186,6 +1186,12 @@ class Restructure:
             if d.error is not None:
                 path = _instr_paths(self._instrs, {where[j]})[where[j]]
                 raise flatten_error(pol, path, lk, kind, d.error)
+        _check_readable(
+            [_kind(x) for x in leaves],
+            list(range(len(leaves))),
+            kind,
+            lambda j: _instr_paths(self._instrs, {where[j]})[where[j]],
+        )
         if out is None:
             return _new_flat(kind, self._n, leaves, self._offsets, self._shapes)
         _fill(out, kind, leaves, self._offsets, self._shapes)
@@ -1606,7 +1612,7 @@ def _check_readable(kinds: list[Kind], param_kind: list[int], flat_kind: Kind, p
         if getattr(kinds[i].device, "type", None) == "meta":
             msg = (
                 f"at {path_of(j).display}: the parameter is a `meta` tensor, which has no values, but the "
-                f"flat vector is on {describe_device(flat_kind.device)} (the first parameter's device). "
+                f"flat vector is on {describe_device(flat_kind.device)}. "
                 "Expected parameters whose values can be read; fix: materialise the model first "
                 "(e.g. `module.to_empty(device=...)` and load weights), or destructure a model whose "
                 "parameters are all on `meta`."

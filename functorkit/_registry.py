@@ -272,8 +272,10 @@ def resolve(cls: type) -> Any:
             out = _dataclass_def(cls)
         else:
             out = None
+            roots = {c.__module__.partition(".")[0] for c in cls.__mro__}
             for modname, adapter in _ADAPTERS:
-                if sys.modules.get(modname) is not None:
+                # an object of that library has one of its classes in its MRO
+                if modname in roots and sys.modules.get(modname) is not None:
                     nd = importlib.import_module(adapter).node_for(cls)
                     if nd is not None:
                         out = nd

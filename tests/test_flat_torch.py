@@ -243,3 +243,10 @@ def test_meta_parameter_after_a_cpu_one_is_a_policy_error_naming_its_path(policy
     flat, re = fk.destructure({"a": torch.ones(2, device="meta"), "b": torch.ones(3, device="meta")})
     assert flat.device.type == "meta"
     assert len(re) == 5
+
+
+@pytest.mark.parametrize("policy", ["model", "flat"])
+def test_flatten_of_a_meta_parameter_into_a_cpu_flat_vector_names_its_path(policy: str) -> None:
+    _, re = fk.destructure({"a": torch.ones(2), "b": torch.ones(3)})
+    with pytest.raises(fk.PolicyError, match=r"at b: the parameter is a `meta` tensor.*cpu"):
+        re.flatten({"a": torch.ones(2), "b": torch.ones(3, device="meta")}, policy=policy)

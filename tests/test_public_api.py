@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import functorkit
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -48,3 +50,15 @@ def test_import_functorkit_imports_no_backend() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root, env=env)
     assert res.stdout.strip() == "", f"import functorkit imported {res.stdout.strip()}"
+
+
+def test_torch_adapter_loads_only_when_a_torch_object_is_met() -> None:
+    code = (
+        "import sys, torch, functorkit as fk\n"
+        "fk.leaves({'a': [1, 2.0], 'b': object()})\n"
+        "assert 'functorkit.adapters.torch' not in sys.modules\n"
+        "fk.leaves(torch.nn.Linear(2, 2))\n"
+        "assert 'functorkit.adapters.torch' in sys.modules\n"
+    )
+    pytest.importorskip("torch")
+    subprocess.run([sys.executable, "-c", code], check=True)
