@@ -26,6 +26,9 @@ from ._registry import register as register
 from ._registry import register_dataclass as register_dataclass
 from ._registry import register_leaf as register_leaf
 from ._structured import Diagonal as Diagonal
+from ._treedef import TreeDef as TreeDef
+from ._treedef import flatten as flatten
+from ._treedef import unflatten as unflatten
 from ._structured import Transpose as Transpose
 from ._walk import fmap as fmap
 from ._walk import fmap_with_path as fmap_with_path
@@ -42,11 +45,13 @@ __all__ = [
     "Restructure",
     "StructureError",
     "Transpose",
+    "TreeDef",
     "add",
     "copy",
     "destructure",
     "dot",
     "filter_normalize",
+    "flatten",
     "fmap",
     "fmap_with_path",
     "fmapstructure",
@@ -63,4 +68,5 @@ __all__ = [
     "register_leaf",
     "scale",
     "sub",
+    "unflatten",
 ]

@@ -54,7 +54,7 @@ from ._policy import (
     same_device,
 )
 from ._registry import _DISPATCH, DICT, LIST, SCALAR, TUPLE, NodeDef, resolve
-from ._walk import _cycle
+from ._treedef import _cycle
 from ._xp import device_of, is_array, is_inexact_array, namespace
 
 __all__ = ["ExplainRow", "Explanation", "Restructure", "destructure"]

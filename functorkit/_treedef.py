@@ -1,0 +1,1052 @@
+"""The one engine: walk a tree once, record its structure as a :class:`TreeDef`.
+
+:func:`record` walks a tree with an explicit stack (depth is bounded by
+memory, not by the interpreter) and returns its distinct leaves in walk order
+and a :class:`TreeDef`: the structure, written as a post-order *program*.
+Every operation of functorkit runs on it: the maps rebuild from it, the flat
+vector is planned from it (and ``re(p)`` is generated code compiled from it),
+the arithmetic and ``load_into`` match their other trees against it.
+
+The rules, written once here (see ``docs/concepts.md``):
+
+* **Ties.** A leaf is identity-cached unless its type is ``bool``, ``int``,
+  ``float``, ``complex``, ``str``, ``bytes`` or ``None``: an object met at
+  several positions is one leaf (listed once, mapped once, rebuilt tied).
+  Scalars are seen at every position.
+* **Shared sub-trees.** A node object met at several positions is *shared*
+  only if it holds at least one identity-cached leaf; it is walked once (its
+  first position) and comes back as one object from every rebuild. A node
+  without such a leaf (a tuple of ints, which CPython may intern) is walked
+  at every position, each with its own path.
+* **Trainable.** A position is trainable when every node above it declares
+  that child trainable. A distinct leaf is trainable when at least one of
+  its positions is (so a leaf tied between a frozen and a trainable slot is
+  one trainable leaf, and its tie is kept everywhere). Parameters are the
+  trainable floating and complex arrays.
+* **Cycles** raise :class:`StructureError` naming the path where they close.
+
+The program
+-----------
+A list of entries in post-order:
+
+* ``None``: one leaf position;
+* ``(nd, keys, n, leafy, aux, named)``: a node with ``n`` children, rebuilt
+  with ``nd`` (a :class:`NodeDef`). When ``leafy`` its children are the next
+  ``n`` leaf positions; otherwise they are the last ``n`` values built. For
+  the built-in list and tuple ``keys`` is ``None`` (the indices);
+* an ``int`` ``k``: the shared sub-tree built at entry ``k``, again.
+
+Positions map to distinct leaves through ``pos_leaf`` (``None`` when every
+position holds its own leaf).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ._errors import StructureError
+from ._keypath import KeyPath, make_path
+from ._registry import _DISPATCH, DICT, KNOWN_TYPES, LEAF_TYPES, LIST, SCALAR, SCALAR_TYPES, TUPLE, NodeDef, resolve
+
+__all__ = [
+    "BUILD_SAME",
+    "BUILD_STRUCTURE",
+    "TreeDef",
+    "add_note",
+    "describe_found",
+    "flatten",
+    "record",
+    "unflatten",
+]
+
+BUILD_SAME, BUILD_STRUCTURE = 1, 2
+_MISS = object()
+_NO_AUX = None
+_tnew = tuple.__new__
+
+# node entry fields
+_ND, _KEYS, _N, _LEAFY, _AUX, _NAMED = range(6)
+
+
+def add_note(e: BaseException, note: str) -> None:
+    """Attach `note` to `e` (shown under its traceback), once."""
+    notes = getattr(e, "__notes__", None)
+    if notes is None or note not in notes:
+        e.add_note(note)
+
+
+def _visiting(path: KeyPath) -> str:
+    return f"(functorkit: raised while visiting {path.display})"
+
+
+def _cycle(path: KeyPath, obj: Any) -> StructureError:
+    msg = (
+        f"at {path.display}: found a cycle: this {type(obj).__name__} is one of its own "
+        "ancestors. Expected a tree (or a DAG with shared sub-trees); break the cycle, "
+        "or stop the walk at the back-reference with `is_leaf`."
+    )
+    return StructureError(msg)
+
+
+def describe_found(x: Any) -> str:
+    """A short description of an object met in a tree (for structure mismatch messages)."""
+    nd = _DISPATCH.get(type(x), _MISS)
+    if nd is _MISS:
+        nd = resolve(type(x))
+    if isinstance(nd, NodeDef):
+        keys, vals, _aux, named = nd.flatten(x)
+        if named:
+            return f"{type(x).__name__} keys {{{', '.join(repr(k) for k in keys)}}}"
+        return f"{type(x).__name__} of length {len(vals)}"
+    return f"leaf ({type(x).__name__})"
+
+
+def _describe_entry(e: tuple[Any, ...]) -> str:
+    nd = e[_ND]
+    name = nd.cls.__name__
+    if e[_NAMED]:
+        return f"{name} keys {{{', '.join(repr(k) for k in e[_KEYS])}}}"
+    return f"{name} of length {e[_N]}"
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def mismatch(
+    path: KeyPath, left: str, right: str, which: int = 1, names: tuple[str, ...] | None = None
+) -> StructureError:
+    """The error for tree number `which` (0-based) differing from the first one at `path`."""
+    lhead, sep, _ = left.partition(" keys ")
+    if sep and right.startswith(lhead + sep):
+        right = right[len(lhead + sep) :]  # "dict keys {...} vs {...}"
+    if names is not None and which < len(names):
+        differs = f"`{names[which]}` differs from `{names[0]}` here"
+    else:
+        differs = f"the {_ordinal(which + 1)} tree differs from the first here"
+    msg = (
+        f"at {path.display}: {left} vs {right}\n"
+        "Every tree must have the structure of the first one (node types, keys, "
+        f"lengths); {differs}. Fix that tree, or pass `is_leaf` to stop the walk "
+        "above this point."
+    )
+    return StructureError(msg)
+
+
+# ============================================================== record
+
+
+def record(
+    tree: Any, is_leaf: Callable[[Any], bool] | None = None, *, track: bool = True
+) -> tuple[list[Any], TreeDef]:
+    """Walk `tree` once: its distinct leaves in walk order and its :class:`TreeDef`.
+
+    With ``track=False`` no node's ``trainable`` function is called (maps that do not
+    need trainability skip that work, and a lazy torch module can still be listed);
+    the definition then counts every leaf as trainable."""
+    rec = _Recorder(is_leaf, track)
+    rec.run(tree)
+    return rec.finish()
+
+
+class _Recorder:
+    """The single walk. Frames: ``[children, keys, next index, trainable, trainable keys, node id,
+    cached-leaf count at entry, entry parts]``."""
+
+    __slots__ = (
+        "active",
+        "extra_trainable",
+        "flat",
+        "forced",
+        "frozen",
+        "is_leaf",
+        "keep",
+        "ncached",
+        "prog",
+        "shared",
+        "stack",
+        "track",
+    )
+
+    def __init__(self, is_leaf: Callable[[Any], bool] | None, track: bool) -> None:
+        self.is_leaf = is_leaf
+        self.track = track
+        self.flat: list[Any] = []
+        self.prog: list[Any] = []
+        self.frozen: list[int] = []  # positions that are not trainable
+        self.forced: set[int] = set()  # positions made leaves by is_leaf
+        self.keep: list[Any] = []  # children lists of nodes that do not own them (ids stay unique)
+        self.shared: dict[int, list[Any]] = {}  # id(node) -> [entry index, trainable at first visit, node]
+        self.active: set[int] = set()
+        self.ncached = 0  # increases whenever an identity-cached leaf (or a shared sub-tree) is met
+        self.extra_trainable: set[int] = set()  # ids of leaves made trainable through a shared sub-tree
+        self.stack: list[list[Any]] = []
+
+    def path(self) -> KeyPath:
+        """The path of the child the walk is at."""
+        return make_path(tuple(fr[1][fr[2] - 1] if fr[1] is not None else fr[2] - 1 for fr in self.stack[1:]))
+
+    def run(self, tree: Any) -> None:
+        is_leaf = self.is_leaf
+        flat = self.flat
+        prog = self.prog
+        frozen = self.frozen
+        keep = self.keep
+        shared = self.shared
+        active = self.active
+        disp = _DISPATCH
+        leaf_types = LEAF_TYPES
+        known_types = KNOWN_TYPES
+        scalar_types = SCALAR_TYPES
+        flat_append = flat.append
+        flat_extend = flat.extend
+        prog_append = prog.append
+        # the root's pseudo-frame
+        stack = self.stack
+        stack.append([[tree], None, 0, True, None, None, 0, None])
+        try:
+            while True:
+                fr = stack[-1]
+                vals = fr[0]
+                i = fr[2]
+                if i == len(vals):
+                    stack.pop()
+                    if not stack:
+                        break
+                    cid = fr[5]
+                    active.discard(cid)
+                    idx = len(prog)
+                    prog_append(fr[7])
+                    if self.ncached > fr[6]:
+                        shared[cid] = [idx, fr[3], fr[8]]
+                    continue
+                fr[2] = i + 1
+                c = vals[i]
+                t = type(c)
+                tset = fr[4]
+                tr = fr[3] if tset is None else (fr[3] and (fr[1][i] if fr[1] is not None else i) in tset)
+                if is_leaf is not None and is_leaf(c):
+                    if t not in scalar_types:
+                        self.ncached += 1
+                    if not tr:
+                        frozen.append(len(flat))
+                    self.forced.add(len(flat))
+                    flat_append(c)
+                    prog_append(None)
+                    continue
+                if t in leaf_types:
+                    nd = None
+                else:
+                    nd = disp.get(t, _MISS)
+                    if nd is _MISS:
+                        nd = resolve(t)
+                if not isinstance(nd, NodeDef):
+                    if nd is None:
+                        self.ncached += 1
+                    if not tr:
+                        frozen.append(len(flat))
+                    flat_append(c)
+                    prog_append(None)
+                    continue
+                # ---- a node
+                cid = id(c)
+                sh = shared.get(cid)
+                if sh is not None:
+                    self.ncached += 1
+                    if tr and not sh[1]:
+                        sh[1] = True
+                        self._mark_trainable(c)
+                    prog_append(sh[0])
+                    continue
+                if cid in active:
+                    raise _cycle(self.path(), c)
+                fast = nd.fast
+                if fast == LIST or fast == TUPLE:
+                    ckeys = None
+                    cvals = c
+                    aux = _NO_AUX
+                    named = False
+                elif fast == DICT:
+                    ckeys = list(c)
+                    cvals = list(c.values())
+                    aux = _NO_AUX
+                    named = True
+                else:
+                    ckeys, cvals, aux, named = nd.flatten(c)
+                    if not nd.owns:
+                        keep.append(cvals)
+                ctset = nd.trainable(c) if (tr and nd.trainable is not None and self.track) else None
+                n = len(cvals)
+                if is_leaf is None:
+                    if leaf_types.issuperset(map(type, cvals)):
+                        leafy = True
+                    elif known_types.issuperset(map(type, cvals)):
+                        leafy = False
+                    else:  # types never met: resolve them first
+                        ts = set(map(type, cvals))
+                        for ct in ts:
+                            if ct not in disp:
+                                resolve(ct)
+                        leafy = ts <= leaf_types
+                else:
+                    leafy = False
+                if leafy:
+                    p0 = len(flat)
+                    if not tr:
+                        frozen.extend(range(p0, p0 + n))
+                    elif ctset is not None:
+                        ks = range(n) if ckeys is None else ckeys
+                        frozen.extend([p0 + j for j, k in enumerate(ks) if k not in ctset])
+                    flat_extend(cvals)
+                    if not scalar_types.issuperset(map(type, cvals)):
+                        self.ncached += 1
+                        shared[cid] = [len(prog), tr, c]
+                    prog_append((nd, ckeys, n, True, aux, named))
+                    continue
+                active.add(cid)
+                stack.append([cvals, ckeys, 0, tr, ctset, cid, self.ncached, (nd, ckeys, n, False, aux, named), c])
+        except StructureError:
+            raise
+        except Exception as e:
+            add_note(e, _visiting(self.path()))
+            raise
+
+    def _mark_trainable(self, node: Any) -> None:
+        """A shared sub-tree first met at a frozen position is met again at a trainable one: the
+        leaves it reaches through trainable children become trainable (rule: any trainable position)."""
+        is_leaf = self.is_leaf
+        stack: list[tuple[Any, bool]] = [(node, True)]
+        seen: set[int] = set()
+        while stack:
+            c, tr = stack.pop()
+            if is_leaf is not None and is_leaf(c):
+                nd: Any = None
+            else:
+                nd = _DISPATCH.get(type(c), _MISS)
+                if nd is _MISS:
+                    nd = resolve(type(c))
+            if not isinstance(nd, NodeDef):
+                if tr and nd is None:
+                    self.extra_trainable.add(id(c))
+                continue
+            if id(c) in seen:
+                continue
+            seen.add(id(c))
+            keys, vals, _aux, _named = nd.flatten(c)
+            self.keep.append(vals)
+            tset = nd.trainable(c) if (tr and nd.trainable is not None) else None
+            for j, v in enumerate(vals):
+                stack.append((v, tr and (tset is None or keys[j] in tset)))
+
+    def finish(self) -> tuple[list[Any], TreeDef]:
+        flat = self.flat
+        npos = len(flat)
+        pos_leaf: tuple[int, ...] | None = None
+        if len(set(map(id, flat))) == npos:
+            leaves = flat
+        else:
+            leaves = []
+            first: dict[int, int] = {}
+            pl: list[int] = []
+            scalars = SCALAR_TYPES
+            for x in flat:
+                if type(x) in scalars:
+                    pl.append(len(leaves))
+                    leaves.append(x)
+                    continue
+                j = first.get(id(x))
+                if j is None:
+                    j = first[id(x)] = len(leaves)
+                    leaves.append(x)
+                pl.append(j)
+            if len(leaves) != npos:
+                pos_leaf = tuple(pl)
+        trainable: tuple[bool, ...] | None = None
+        if self.frozen:
+            ltr = [False] * len(leaves)
+            fz = set(self.frozen)
+            for p in range(npos):
+                if p not in fz:
+                    ltr[p if pos_leaf is None else pos_leaf[p]] = True
+            if self.extra_trainable:
+                extra = self.extra_trainable
+                for j, x in enumerate(leaves):
+                    if id(x) in extra:
+                        ltr[j] = True
+            if not all(ltr):
+                trainable = tuple(ltr)
+        refs = frozenset(e for e in self.prog if type(e) is int)
+        td = TreeDef._make(self.prog, npos, len(leaves), pos_leaf, trainable, refs, frozenset(self.forced))
+        return leaves, td
+
+
+# ============================================================== TreeDef
+
+
+def _aux_equal(a: Any, b: Any) -> bool:
+    """Aux data equality that never raises: identical, or ``==`` answering a plain ``True``."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if type(a) is tuple or type(a) is list:
+        return len(a) == len(b) and all(_aux_equal(x, y) for x, y in zip(a, b))
+    if type(a) is dict:
+        return list(a) == list(b) and all(_aux_equal(a[k], b[k]) for k in a)
+    try:
+        same = a == b
+    except (TypeError, ValueError):
+        return False
+    return same is True
+
+
+def _keys_hash(keys: Any) -> int:
+    if keys is None:
+        return 0
+    try:
+        return hash(tuple(keys))
+    except TypeError:  # unhashable keys from a custom node: hash by count only
+        return len(keys)
+
+
+class TreeDef:
+    """The recorded structure of a tree: node types, keys, aux data, ties, shared sub-trees, trainable leaves.
+
+    Made by :func:`flatten` (``leaves, treedef = fk.flatten(tree)``).
+    Immutable, hashable, picklable; ``==`` is true for trees of the same
+    structure (node types, keys, aux data, ties and trainable leaves).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> w = np.ones(2)
+    >>> leaves, td = fk.flatten({"a": w, "b": [w, 3]})
+    >>> td.num_leaves, td.num_positions, [str(p) for p in td.paths]
+    (2, 3, ['a', 'b[0]', 'b[1]'])
+    >>> out = td.unflatten([np.zeros(2), 4])
+    >>> out["a"] is out["b"][0], out["b"][1]
+    (True, 4)
+    >>> td == fk.flatten({"a": np.ones(2), "b": [np.ones(2), 5]})[1]
+    False
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_expanded",
+        "_forced",
+        "_hash",
+        "_leaf_pos",
+        "_nleaves",
+        "_npos",
+        "_pos_leaf",
+        "_pos_paths",
+        "_pre",
+        "_prog",
+        "_refs",
+        "_trainable",
+    )
+
+    _prog: list[Any]
+    _npos: int
+    _nleaves: int
+    _pos_leaf: tuple[int, ...] | None
+    _trainable: tuple[bool, ...] | None
+    _refs: frozenset[int]
+    _forced: frozenset[int]
+    _hash: int | None
+    _pos_paths: list[KeyPath] | None
+    _leaf_pos: list[int] | None
+    _expanded: TreeDef | None
+    _pre: list[int] | None
+
+    def __init__(self) -> None:
+        msg = "TreeDef objects are made by fk.flatten(tree); call that instead."
+        raise TypeError(msg)
+
+    @classmethod
+    def _make(
+        cls,
+        prog: list[Any],
+        npos: int,
+        nleaves: int,
+        pos_leaf: tuple[int, ...] | None,
+        trainable: tuple[bool, ...] | None,
+        refs: frozenset[int],
+        forced: frozenset[int],
+    ) -> TreeDef:
+        self = object.__new__(cls)
+        self._prog = prog
+        self._npos = npos
+        self._nleaves = nleaves
+        self._pos_leaf = pos_leaf
+        self._trainable = trainable
+        self._refs = refs
+        self._forced = forced
+        self._hash = None
+        self._pos_paths = None
+        self._leaf_pos = None
+        self._expanded = None if refs else self
+        self._pre = None
+        return self
+
+    # ---------------------------------------------------------------- facts
+
+    @property
+    def num_leaves(self) -> int:
+        """The number of distinct leaves (ties counted once; scalars at every position)."""
+        return self._nleaves
+
+    @property
+    def num_positions(self) -> int:
+        """The number of leaf positions (a tied leaf counts at each position; shared sub-trees once)."""
+        return self._npos
+
+    @property
+    def num_nodes(self) -> int:
+        """The number of node entries (each shared sub-tree counted once)."""
+        return sum(1 for e in self._prog if type(e) is tuple)
+
+    @property
+    def paths(self) -> tuple[KeyPath, ...]:
+        """The path of each distinct leaf (its first position), in walk order."""
+        pp = self.position_paths()
+        return tuple(pp[p] for p in self.leaf_positions())
+
+    @property
+    def trainable(self) -> tuple[bool, ...]:
+        """For each distinct leaf: is at least one of its positions trainable?"""
+        if self._trainable is None:
+            return (True,) * self._nleaves
+        return self._trainable
+
+    def leaf_positions(self) -> list[int]:
+        """The first position of each distinct leaf."""
+        if self._leaf_pos is None:
+            if self._pos_leaf is None:
+                self._leaf_pos = list(range(self._npos))
+            else:
+                lp = [-1] * self._nleaves
+                for p, j in enumerate(self._pos_leaf):
+                    if lp[j] < 0:
+                        lp[j] = p
+                self._leaf_pos = lp
+        return self._leaf_pos
+
+    def position_values(self, leaves: list[Any]) -> list[Any]:
+        """The value at each position, given one value per distinct leaf."""
+        pl = self._pos_leaf
+        if pl is None:
+            return leaves
+        return [leaves[j] for j in pl]
+
+    def position_paths(self) -> list[KeyPath]:
+        """The path of every leaf position, in order (one pass over the program, from the root)."""
+        if self._pos_paths is None:
+            self._pos_paths = self._walk_paths(None)[0]
+        return self._pos_paths
+
+    def entry_path(self, idx: int) -> KeyPath:
+        """The path of the node at program entry `idx` (for error messages)."""
+        return self._walk_paths(idx)[1]
+
+    def _walk_paths(self, want: int | None) -> tuple[list[KeyPath], KeyPath]:
+        """Paths of every position (and of entry `want`), walking the program from the root."""
+        prog = self._prog
+        out: list[Any] = [None] * self._npos
+        pos = self._npos
+        cur: list[Any] = []  # keys from the root to the node of the top frame
+        stack: list[list[Any]] = []  # [keys, remaining, pushed a key onto cur]
+        for idx in range(len(prog) - 1, -1, -1):
+            while stack and stack[-1][1] == 0:
+                if stack.pop()[2]:
+                    cur.pop()
+            if stack:
+                fr = stack[-1]
+                fr[1] -= 1
+                keys = fr[0]
+                key = fr[1] if keys is None else keys[fr[1]]
+            else:
+                key = _MISS
+            if idx == want:
+                return out, make_path(() if key is _MISS else (*cur, key))
+            e = prog[idx]
+            if e is None:
+                pos -= 1
+                out[pos] = make_path(() if key is _MISS else (*cur, key))
+            elif type(e) is tuple:
+                n = e[_N]
+                if e[_LEAFY]:
+                    base = () if key is _MISS else (*cur, key)
+                    keys = e[_KEYS]
+                    pos -= n
+                    if keys is None:
+                        out[pos : pos + n] = [_tnew(KeyPath, (*base, j)) for j in range(n)]
+                    else:
+                        out[pos : pos + n] = [_tnew(KeyPath, (*base, k)) for k in keys]
+                elif n:
+                    if key is not _MISS:
+                        cur.append(key)
+                    stack.append([e[_KEYS], n, key is not _MISS])
+            # an int (a shared sub-tree again) has no positions of its own
+        return out, make_path(())
+
+    def __repr__(self) -> str:
+        return (
+            f"TreeDef(leaves={self._nleaves}, positions={self._npos}, nodes={self.num_nodes}, "
+            f"shared={len(self._refs)})"
+        )
+
+    # ---------------------------------------------------------------- equality, hashing, pickling
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if h is None:
+            parts: list[Any] = [self._npos, self._nleaves, self._pos_leaf, self._trainable]
+            for e in self._prog:
+                if type(e) is tuple:
+                    parts.append((e[_ND].cls, _keys_hash(e[_KEYS]), e[_N], e[_LEAFY]))
+                else:
+                    parts.append(e)
+            h = self._hash = hash(tuple(parts))
+        return h
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, TreeDef):
+            return NotImplemented
+        if (
+            self._npos != other._npos
+            or self._nleaves != other._nleaves
+            or self._pos_leaf != other._pos_leaf
+            or self._trainable != other._trainable
+            or len(self._prog) != len(other._prog)
+            or hash(self) != hash(other)
+        ):
+            return False
+        for a, b in zip(self._prog, other._prog):
+            if type(a) is not tuple or type(b) is not tuple:
+                if a != b:
+                    return False
+                continue
+            if a[_ND].cls is not b[_ND].cls or a[_N] != b[_N] or a[_LEAFY] != b[_LEAFY]:
+                return False
+            if not _aux_equal(a[_KEYS], b[_KEYS]) or not _aux_equal(a[_AUX], b[_AUX]):
+                return False
+        return True
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        prog = [(e[_ND].cls, *e[1:]) if type(e) is tuple else e for e in self._prog]
+        state = (prog, self._npos, self._nleaves, self._pos_leaf, self._trainable, sorted(self._forced))
+        return (_restore_treedef, (state,))
+
+    # ---------------------------------------------------------------- rebuilding
+
+    def unflatten(self, leaves: Iterable[Any], /) -> Any:
+        """Rebuild the tree with one new value per distinct leaf (ties tied, shared sub-trees shared).
+
+        Raises
+        ------
+        ValueError
+            If the number of values is not ``num_leaves``.
+        """
+        vals = leaves if type(leaves) is list else list(leaves)
+        if len(vals) != self._nleaves:
+            msg = (
+                f"TreeDef.unflatten: expected {self._nleaves} leaves (one per distinct leaf, in walk order), "
+                f"got {len(vals)}. Fix: pass a list as long as the one fk.flatten returned."
+            )
+            raise ValueError(msg)
+        return self.build(self.position_values(vals), BUILD_SAME)
+
+    def build(self, vals: list[Any], mode: int = BUILD_SAME) -> Any:
+        """Run the program over `vals` (one value per position): the tree (or plain structure)."""
+        prog = self._prog
+        refs = self._refs
+        memo: dict[int, Any] = {}
+        stack: list[Any] = []
+        push = stack.append
+        pos = 0
+        idx = 0
+        try:
+            for idx, e in enumerate(prog):  # noqa: B007 - idx is read by the error note
+                if e is None:
+                    push(vals[pos])
+                    pos += 1
+                    continue
+                if type(e) is int:
+                    push(memo[e])
+                    continue
+                nd, keys, n, leafy, aux, named = e
+                if leafy:
+                    end = pos + n
+                    ch = vals[pos:end]
+                    pos = end
+                elif n:
+                    ch = stack[-n:]
+                    del stack[-n:]
+                else:
+                    ch = []
+                if mode == BUILD_SAME:
+                    fast = nd.fast
+                    if fast == DICT:
+                        out = dict(zip(keys, ch))
+                    elif fast == LIST:
+                        out = ch
+                    elif fast == TUPLE:
+                        out = tuple(ch)
+                    else:
+                        out = nd.unflatten(aux, keys if keys is not None else list(range(n)), ch)
+                elif named:
+                    out = dict(zip(keys, ch))
+                elif nd.fast == TUPLE:
+                    out = tuple(ch)
+                else:
+                    out = ch
+                if idx in refs:
+                    memo[idx] = out
+                push(out)
+        except Exception as e:
+            add_note(e, f"(functorkit: raised while visiting {self.entry_path(idx).display})")
+            raise
+        return stack[0]
+
+    # ---------------------------------------------------------------- other trees
+
+    def expanded(self) -> TreeDef:
+        """This structure with every shared sub-tree written out at each of its positions (no sharing)."""
+        if self._expanded is not None:
+            return self._expanded
+        prog = self._prog
+        # start entry and start position of the sub-tree ending at each entry
+        sub_start: list[int] = [0] * len(prog)
+        sub_pos: list[int] = [0] * len(prog)
+        starts: list[tuple[int, int]] = []
+        pos = 0
+        for idx, e in enumerate(prog):
+            if e is None:
+                starts.append((idx, pos))
+                pos += 1
+            elif type(e) is int:
+                starts.append((idx, pos))
+            elif e[_LEAFY]:
+                starts.append((idx, pos))
+                pos += e[_N]
+            else:
+                n = e[_N]
+                first = starts[-n]
+                del starts[-n:]
+                starts.append(first)
+            sub_start[idx], sub_pos[idx] = starts[-1]
+        pl = self._pos_leaf if self._pos_leaf is not None else tuple(range(self._npos))
+        forced = self._forced
+        new_prog: list[Any] = []
+        new_pl: list[int] = []
+        new_forced: set[int] = set()
+
+        def emit(lo: int, hi: int, p: int) -> int:
+            """Copy entries lo..hi (inclusive) whose first position is p; returns the next position."""
+            for idx in range(lo, hi + 1):
+                e = prog[idx]
+                if e is None:
+                    if p in forced:
+                        new_forced.add(len(new_pl))
+                    new_pl.append(pl[p])
+                    new_prog.append(None)
+                    p += 1
+                elif type(e) is int:
+                    emit(sub_start[e], e, sub_pos[e])
+                else:
+                    if e[_LEAFY]:
+                        for q in range(p, p + e[_N]):
+                            if q in forced:
+                                new_forced.add(len(new_pl))
+                            new_pl.append(pl[q])
+                        p += e[_N]
+                    new_prog.append(e)
+            return p
+
+        emit(0, len(prog) - 1, 0)
+        pos_leaf = None if new_pl == list(range(len(new_pl))) else tuple(new_pl)
+        out = TreeDef._make(
+            new_prog, len(new_pl), self._nleaves, pos_leaf, self._trainable, frozenset(), frozenset(new_forced)
+        )
+        self._expanded = out
+        return out
+
+    def flatten_up_to(self, tree: Any, /, *, which: int = 1, names: tuple[str, ...] | None = None) -> list[Any]:
+        """The objects of `tree` at this structure's leaf positions, one per position.
+
+        `tree` must have this structure down to the leaf positions (node
+        types, keys — dicts matched by key —, lengths); what sits at a leaf
+        position is taken whole, and must not be a node unless this
+        structure's leaf there was chosen by ``is_leaf``. A sub-tree shared
+        here must be one object there too.
+
+        Raises
+        ------
+        StructureError
+            Naming the first path where `tree` differs, and both sides.
+        """
+        out = self._match(tree, which, names)
+        if type(out) is int:
+            msg = (
+                f"at {self.entry_path(out).display}: a sub-tree shared here (one object at several places) is not "
+                "shared in the other tree. Expected the same object at each place; fix: use "
+                "`treedef.expanded()` to match without sharing."
+            )
+            raise StructureError(msg)
+        return out
+
+    def _preorder(self) -> list[int]:
+        """The program's entry indices in pre-order (a node before its children, left to right)."""
+        pre = self._pre
+        if pre is None:
+            prog = self._prog
+            children: dict[int, list[int]] = {}
+            roots: list[int] = []
+            for idx, e in enumerate(prog):
+                if type(e) is tuple and not e[_LEAFY] and e[_N]:
+                    n = e[_N]
+                    children[idx] = roots[-n:]
+                    del roots[-n:]
+                roots.append(idx)
+            pre = []
+            todo = [len(prog) - 1] if prog else []
+            while todo:
+                idx = todo.pop()
+                pre.append(idx)
+                ch = children.get(idx)
+                if ch is not None:
+                    todo.extend(reversed(ch))
+            self._pre = pre
+        return pre
+
+    def _match(
+        self, tree: Any, which: int, names: tuple[str, ...] | None, firsts: list[Any] | None = None
+    ) -> list[Any] | int:
+        """`flatten_up_to`, or the program index of a shared sub-tree here that is not shared in `tree`.
+
+        `firsts` (the first tree's value at each position) only improves the messages."""
+        prog = self._prog
+        out: list[Any] = []
+        push = out.append
+        extend = out.extend
+        disp = _DISPATCH
+        leaf_types = LEAF_TYPES
+        forced = self._forced
+        refs = self._refs
+        nodes_at: dict[int, Any] = {}  # entry index -> the other tree's object there (shared entries)
+        keep: list[Any] = []
+        stack: list[list[Any]] = []  # [values of the other's node, next index, keys (ours), pushed a key]
+        cur: list[Any] = []
+
+        def here(key: Any) -> KeyPath:
+            return make_path((*cur, key) if key is not _MISS else ())
+
+        def leaf_vs(c: Any, path: KeyPath) -> StructureError:
+            left = "leaf" if firsts is None else describe_found(firsts[len(out)])
+            return mismatch(path, left, describe_found(c), which, names)
+
+        for idx in self._preorder():
+            if stack:
+                fr = stack[-1]
+                i = fr[1]
+                c = fr[0][i]
+                key = i if fr[2] is None else fr[2][i]
+                fr[1] = i + 1
+            else:
+                c = tree
+                key = _MISS
+            e = prog[idx]
+            if e is None:
+                if len(out) not in forced:
+                    t = type(c)
+                    if t not in leaf_types:
+                        nd = disp.get(t, _MISS)
+                        if nd is _MISS:
+                            nd = resolve(t)
+                        if isinstance(nd, NodeDef):
+                            raise leaf_vs(c, here(key))
+                push(c)
+            elif type(e) is int:
+                if nodes_at[e] is not c:
+                    return idx
+            else:
+                nd = e[_ND]
+                if type(c) is not nd.cls:
+                    raise mismatch(here(key), _describe_entry(e), describe_found(c), which, names)
+                fast = nd.fast
+                keys = e[_KEYS]
+                if fast == LIST or fast == TUPLE:
+                    vals = c
+                    if len(vals) != e[_N]:
+                        raise mismatch(here(key), _describe_entry(e), describe_found(c), which, names)
+                else:
+                    if fast == DICT:
+                        okeys: Any = list(c)
+                        vals = list(c.values())
+                    else:
+                        okeys, vals, _aux, _named = nd.flatten(c)
+                        if not nd.owns:
+                            keep.append(vals)
+                    if okeys != keys:
+                        vals = _reorder(okeys, vals, keys, e[_NAMED])
+                        if vals is None:
+                            raise mismatch(here(key), _describe_entry(e), describe_found(c), which, names)
+                if idx in refs:
+                    nodes_at[idx] = c
+                n = e[_N]
+                if e[_LEAFY]:
+                    if forced or not leaf_types.issuperset(map(type, vals)):
+                        p0 = len(out)
+                        for j in range(n):
+                            x = vals[j]
+                            if p0 + j in forced:
+                                continue
+                            xnd = disp.get(type(x), _MISS)
+                            if xnd is _MISS:
+                                xnd = resolve(type(x))
+                            if isinstance(xnd, NodeDef):
+                                k = j if keys is None else keys[j]
+                                del out[p0 + j :]
+                                raise leaf_vs(x, here(key) + (k,))
+                    extend(vals)
+                elif n:
+                    if key is not _MISS:
+                        cur.append(key)
+                    stack.append([vals, 0, keys, key is not _MISS])
+                    continue
+            while stack and stack[-1][1] == len(stack[-1][0]):
+                if stack.pop()[3]:
+                    cur.pop()
+        return out
+
+
+def _reorder(okeys: Any, vals: Any, keys: Any, named: bool) -> list[Any] | None:
+    """`vals` (under `okeys`) in the order of `keys`, or None if the key sets differ."""
+    if not named or okeys is None or keys is None or len(okeys) != len(keys):
+        return None
+    try:
+        lookup = dict(zip(okeys, vals))
+    except TypeError:  # unhashable keys: match by equality, in order
+        return None
+    if len(lookup) != len(keys):
+        return None
+    out = []
+    for k in keys:
+        v = lookup.get(k, _MISS)
+        if v is _MISS:
+            return None
+        out.append(v)
+    return out
+
+
+def _restore_treedef(state: Any) -> TreeDef:
+    """Unpickle a TreeDef: every field is type-checked, node classes are looked up in the registry."""
+    bad = "unpickling a TreeDef: the pickled state is malformed"
+    if type(state) is not tuple or len(state) != 6:
+        raise pickle.UnpicklingError(bad)
+    prog_in, npos, nleaves, pos_leaf, trainable, forced = state
+    if type(prog_in) is not list or type(npos) is not int or type(nleaves) is not int:
+        raise pickle.UnpicklingError(bad)
+    prog: list[Any] = []
+    for e in prog_in:
+        if e is None:
+            prog.append(None)
+        elif type(e) is int:
+            if not 0 <= e < len(prog) or type(prog[e]) is not tuple:
+                raise pickle.UnpicklingError(bad)
+            prog.append(e)
+        elif type(e) is tuple and len(e) == 6:
+            cls, keys, n, leafy, aux, named = e
+            if not isinstance(cls, type) or type(n) is not int or type(leafy) is not bool or type(named) is not bool:
+                raise pickle.UnpicklingError(bad)
+            nd = resolve(cls)
+            if not isinstance(nd, NodeDef):
+                msg = (
+                    f"unpickling a TreeDef: {cls.__qualname__} is not registered as a node in this process; "
+                    "register it (fk.register) before unpickling."
+                )
+                raise StructureError(msg)
+            if keys is not None and type(keys) is not list:
+                raise pickle.UnpicklingError(bad)
+            prog.append((nd, keys, n, leafy, aux, named))
+        else:
+            raise pickle.UnpicklingError(bad)
+    if pos_leaf is not None and (type(pos_leaf) is not tuple or any(type(j) is not int for j in pos_leaf)):
+        raise pickle.UnpicklingError(bad)
+    if trainable is not None and (type(trainable) is not tuple or any(type(b) is not bool for b in trainable)):
+        raise pickle.UnpicklingError(bad)
+    if type(forced) is not list or any(type(j) is not int for j in forced):
+        raise pickle.UnpicklingError(bad)
+    refs = frozenset(e for e in prog if type(e) is int)
+    return TreeDef._make(prog, npos, nleaves, pos_leaf, trainable, refs, frozenset(forced))
+
+
+# ============================================================== public
+
+
+def flatten(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None) -> tuple[list[Any], TreeDef]:
+    """The distinct leaves of `tree` in walk order, and its :class:`TreeDef`.
+
+    Each identity-cached leaf (anything but a Python scalar, string, bytes
+    or None) is listed once, at its first position; scalars at every
+    position. ``fk.unflatten(treedef, leaves)`` rebuilds the tree.
+
+    Parameters
+    ----------
+    tree
+        Any tree functorkit walks.
+    is_leaf
+        ``is_leaf(x) -> bool``: stop the walk at ``x`` and take it whole.
+
+    Returns
+    -------
+    leaves : list
+        The distinct leaves, in walk order.
+    treedef : TreeDef
+        The structure: node types, keys, aux data, ties, shared sub-trees,
+        trainable leaves.
+
+    Raises
+    ------
+    StructureError
+        If `tree` contains a cycle.
+
+    Examples
+    --------
+    >>> import functorkit as fk
+    >>> leaves, td = fk.flatten({"a": 1, "b": (2, 3)})
+    >>> leaves
+    [1, 2, 3]
+    >>> fk.unflatten(td, [10, 20, 30])
+    {'a': 10, 'b': (20, 30)}
+    """
+    if is_leaf is not None and not callable(is_leaf):
+        msg = f"`is_leaf` must be a callable `x -> bool` or None, got {type(is_leaf).__name__} (fk.flatten)."
+        raise TypeError(msg)
+    return record(tree, is_leaf)
+
+
+def unflatten(treedef: TreeDef, leaves: Iterable[Any], /) -> Any:
+    """Rebuild a tree from its :class:`TreeDef` and one value per distinct leaf (``treedef.unflatten``).
+
+    Examples
+    --------
+    >>> import functorkit as fk
+    >>> _, td = fk.flatten([1, {"x": 2}])
+    >>> fk.unflatten(td, ["a", "b"])
+    ['a', {'x': 'b'}]
+    """
+    if not isinstance(treedef, TreeDef):
+        msg = (
+            f"`treedef` must be a TreeDef (the second result of fk.flatten), got {type(treedef).__name__}; "
+            "call as fk.unflatten(treedef, leaves)."
+        )
+        raise TypeError(msg)
+    return treedef.unflatten(leaves)
