@@ -26,10 +26,10 @@ from ._registry import register as register
 from ._registry import register_dataclass as register_dataclass
 from ._registry import register_leaf as register_leaf
 from ._structured import Diagonal as Diagonal
+from ._structured import Transpose as Transpose
 from ._treedef import TreeDef as TreeDef
 from ._treedef import flatten as flatten
 from ._treedef import unflatten as unflatten
-from ._structured import Transpose as Transpose
 from ._walk import fmap as fmap
 from ._walk import fmap_with_path as fmap_with_path
 from ._walk import fmapstructure as fmapstructure

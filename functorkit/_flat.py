@@ -1,23 +1,19 @@
 """destructure and Restructure: flatten a model's parameters to one vector, rebuild it fast.
 
-The work is planned once, in :func:`destructure`: one explicit-stack scan of
-the model (the walk's semantics: identity-cached leaves, shared sub-trees,
-trainable children, cycle detection, no recursion) records
+The plan is made once, in :func:`destructure`, on the model's recorded tree
+definition (:func:`functorkit._treedef.record`): its distinct leaves in
+walk order, of which the trainable floating and complex arrays are the
+parameters (the rules of ties, shared sub-trees and trainable positions are
+the tree definition's), and a table of the parameters' offsets, shapes and
+kinds (namespace, dtype, device).
 
-* the *program*: the model's structure in pre-order, each position a node
-  (its NodeDef, aux data and keys), a parameter (an index into the flat
-  vector's table of offsets and shapes), a constant (carried unchanged) or a
-  reuse of a shared sub-tree;
-* the parameter table: offset, size, shape and kind (namespace, dtype,
-  device) of each distinct parameter, in walk order.
-
-From the program a rebuild function is generated with ``exec`` (straight-line
-code: one statement per node, literal offsets and keys), fused with the
-views of ``p`` for the flat vector's own array type, so that ``re(p)`` is one
-check of ``p``'s type, length, dtype and device followed by views and the
-containers. Very large programs (deep nesting) use a generic interpreter of
-the same program instead. Only the program is pickled; the code is
-regenerated on unpickling.
+``re(p)`` is the tree definition compiled (``_codegen.py``): generated
+straight-line code with the views of ``p`` fused in front, so that ``re(p)``
+is one check of ``p``'s type, length, dtype and device followed by views and
+the containers. Very large programs run on the tree definition's own
+interpreter instead. ``re.flatten(model)`` matches `model` against the tree
+definition (``flatten_up_to``). Pickling stores the tree definition and the
+table, validated field by field when loaded; the code is generated again.
 
 Every decision about dtypes, devices and namespaces comes from the one table
 in ``_policy.py``.
@@ -28,14 +24,14 @@ from __future__ import annotations
 import importlib
 import itertools
 import pickle
-from collections.abc import Iterator
-from types import CodeType
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import array_api_compat
 
 from ._alias import check_no_aliases
+from ._codegen import CODEGEN_MAX, build_source, compile_source
 from ._errors import PolicyError, StructureError
+from ._explain import ExplainRow, Explanation
 from ._keypath import KeyPath
 from ._policy import (
     POLICIES,
@@ -53,17 +49,12 @@ from ._policy import (
     rebuild_error,
     same_device,
 )
-from ._registry import _DISPATCH, DICT, LIST, SCALAR, TUPLE, NodeDef, resolve
-from ._treedef import _cycle
+from ._treedef import BUILD_SAME, TreeDef, record
 from ._xp import device_of, is_array, is_inexact_array, namespace
 
 __all__ = ["ExplainRow", "Explanation", "Restructure", "destructure"]
 
-# instruction codes of the program (pre-order)
-_NODE, _PARAM, _CONST, _REUSE = 0, 1, 2, 3
 _MISS = object()
-#: programs longer than this are run by the interpreter instead of generated code
-_CODEGEN_MAX = 4000
 #: CPU torch flat vectors of at least this many bytes are allocated by NumPy (see _empty)
 _NUMPY_ALLOC_MIN = 1 << 20
 _IMMUTABLE = frozenset({"jax", "dask"})
@@ -92,239 +83,6 @@ def _kind(x: Any) -> Kind:
     elif fam == "torch" and t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter"):
         _KIND_FAST[t] = (xp, False)
     return Kind(xp, x.dtype, device_of(x))
-
-
-# ============================================================== the scan (plan)
-
-
-class _Scan(NamedTuple):
-    instrs: list[tuple[Any, ...]]
-    reused: set[int]
-    params: list[Any]  # distinct parameter arrays, walk order
-    param_instr: list[int]  # instruction index of each parameter's first position
-    consts: list[Any]
-    arrays: list[Any]  # every distinct array leaf (for the empty-model flat kind)
-
-
-def _scan(model: Any) -> _Scan:
-    """Record `model`'s program in pre-order, with the walk's semantics (see module docstring)."""
-    disp = _DISPATCH
-    instrs: list[tuple[Any, ...]] = []
-    reused: set[int] = set()
-    params: list[Any] = []
-    param_instr: list[int] = []
-    consts: list[Any] = []
-    arrays: list[Any] = []
-    leaf_instr: dict[int, tuple[Any, ...]] = {}  # id -> the instruction of its first position
-    node_at: dict[int, int] = {}  # id(node) -> instruction index
-    active: set[int] = set()
-    keep: list[Any] = []  # every node and children list stays alive: ids stay unique
-    # frame: [children, keys, next index, trainable, trainable keys or None, id of the node or None]
-    stack: list[list[Any]] = [[[model], [None], 0, True, None, None]]
-    try:
-        while stack:
-            fr = stack[-1]
-            vals = fr[0]
-            i = fr[2]
-            if i == len(vals):
-                stack.pop()
-                if fr[5] is not None:
-                    active.discard(fr[5])
-                continue
-            fr[2] = i + 1
-            c = vals[i]
-            tset = fr[4]
-            ctrain = fr[3] and (tset is None or fr[1][i] in tset)
-            nd = disp.get(type(c), _MISS)
-            if nd is _MISS:
-                nd = resolve(type(c))
-            if isinstance(nd, NodeDef):
-                cid = id(c)
-                t = node_at.get(cid)
-                if t is not None:
-                    if cid in active:
-                        raise _cycle(_stack_path(stack), c)
-                    reused.add(t)
-                    instrs.append((_REUSE, t))
-                    continue
-                keys, cvals, aux, _named = nd.flatten(c)
-                node_at[cid] = len(instrs)
-                instrs.append((_NODE, nd, aux, keys, len(cvals)))
-                keep.append(c)
-                keep.append(cvals)
-                ctset = nd.trainable(c) if (ctrain and nd.trainable is not None) else None
-                active.add(cid)
-                stack.append([cvals, keys, 0, ctrain, ctset, cid])
-                continue
-            if nd is SCALAR:
-                instrs.append((_CONST, len(consts)))
-                consts.append(c)
-                continue
-            ins = leaf_instr.get(id(c))
-            if ins is None:
-                if ctrain and is_inexact_array(c):
-                    ins = (_PARAM, len(params))
-                    params.append(c)
-                    param_instr.append(len(instrs))
-                else:
-                    ins = (_CONST, len(consts))
-                    consts.append(c)
-                if is_array(c):
-                    arrays.append(c)
-                leaf_instr[id(c)] = ins
-            instrs.append(ins)
-    except Exception as e:
-        if not isinstance(e, StructureError):
-            e.add_note(f"(functorkit: raised while visiting {_stack_path(stack).display})")
-        raise
-    return _Scan(instrs, reused, params, param_instr, consts, arrays)
-
-
-def _stack_path(stack: list[list[Any]]) -> KeyPath:
-    """The path of the position each frame of `stack` is at (the root frame has no key)."""
-    return KeyPath([fr[1][fr[2] - 1] for fr in stack[1:]])
-
-
-def _instr_paths(instrs: list[tuple[Any, ...]], want: set[int]) -> dict[int, KeyPath]:
-    """Paths of the instructions whose indices are in `want`, in one pass over the program."""
-    out: dict[int, KeyPath] = {}
-    stack: list[list[Any]] = []  # [keys, n, next]
-    for idx, ins in enumerate(instrs):
-        if stack:
-            stack[-1][2] += 1
-        if idx in want:
-            out[idx] = KeyPath([fr[0][fr[2] - 1] for fr in stack])
-            if len(out) == len(want):
-                break
-        if ins[0] == _NODE and ins[4]:
-            stack.append([ins[3], ins[4], 0])
-            continue
-        while stack and stack[-1][2] == stack[-1][1]:
-            stack.pop()
-    return out
-
-
-# ================================================================ rebuilding
-
-
-def _make(ins: tuple[Any, ...], vals: list[Any]) -> Any:
-    nd = ins[1]
-    fast = nd.fast
-    if fast == DICT:
-        return dict(zip(ins[3], vals, strict=True))
-    if fast == LIST:
-        return vals
-    if fast == TUPLE:
-        return tuple(vals)
-    return nd.unflatten(ins[2], ins[3], vals)
-
-
-def _interpret(instrs: list[tuple[Any, ...]], reused: set[int], views: Any, consts: list[Any]) -> Any:
-    """Run the program: build the model from parameter `views` and `consts` (no recursion)."""
-    built: dict[int, Any] = {}
-    root: list[Any] = []
-    cur = root
-    stack: list[tuple[int, tuple[Any, ...], list[Any]]] = []
-    for idx, ins in enumerate(instrs):
-        code = ins[0]
-        if code == _PARAM:
-            val = views[ins[1]]
-        elif code == _CONST:
-            val = consts[ins[1]]
-        elif code == _REUSE:
-            val = built[ins[1]]
-        elif ins[4]:
-            cur = []
-            stack.append((idx, ins, cur))
-            continue
-        else:
-            val = _make(ins, [])
-            if idx in reused:
-                built[idx] = val
-        cur.append(val)
-        while stack and len(cur) == stack[-1][1][4]:
-            nidx, nins, vals = stack.pop()
-            val = _make(nins, vals)
-            if nidx in reused:
-                built[nidx] = val
-            cur = stack[-1][2] if stack else root
-            cur.append(val)
-    return root[0]
-
-
-_CODE_CACHE: dict[str, CodeType] = {}
-_CODE_CACHE_MAX = 256
-
-
-def _compiled(src: str) -> CodeType:
-    """``compile(src)``, cached by source text: models of one architecture share their code."""
-    code = _CODE_CACHE.get(src)
-    if code is None:
-        if len(_CODE_CACHE) >= _CODE_CACHE_MAX:
-            _CODE_CACHE.clear()
-        code = _CODE_CACHE[src] = compile(src, "<functorkit.Restructure generated>", "exec")
-    return code
-
-
-def _literal_key(k: Any) -> str | None:
-    if type(k) is str or type(k) is int:
-        return repr(k)
-    return None
-
-
-def _build_body(instrs: list[tuple[Any, ...]], glb: dict[str, Any], consts: list[Any]) -> list[str]:
-    """Straight-line statements building the model from names ``v{k}`` (parameters); ends in ``return``."""
-    lines: list[str] = []
-    root: list[str] = []
-    cur = root
-    stack: list[tuple[int, tuple[Any, ...], list[str]]] = []
-
-    def emit(idx: int, ins: tuple[Any, ...], exprs: list[str]) -> str:
-        nd = ins[1]
-        name = f"n{idx}"
-        if nd.fast == DICT:
-            parts = []
-            for j, (k, e) in enumerate(zip(ins[3], exprs, strict=True)):
-                lit = _literal_key(k)
-                if lit is None:
-                    lit = f"k{idx}_{j}"
-                    glb[lit] = k
-                parts.append(f"{lit}: {e}")
-            lines.append(f"    {name} = {{{', '.join(parts)}}}")
-        elif nd.fast == LIST:
-            lines.append(f"    {name} = [{', '.join(exprs)}]")
-        elif nd.fast == TUPLE:
-            lines.append(f"    {name} = ({''.join(e + ', ' for e in exprs)})")
-        else:
-            glb[f"U{idx}"] = nd.unflatten
-            glb[f"A{idx}"] = ins[2]
-            glb[f"K{idx}"] = ins[3]
-            lines.append(f"    {name} = U{idx}(A{idx}, K{idx}, [{', '.join(exprs)}])")
-        return name
-
-    for idx, ins in enumerate(instrs):
-        code = ins[0]
-        if code == _PARAM:
-            e = f"v{ins[1]}"
-        elif code == _CONST:
-            e = f"c{ins[1]}"
-            glb[e] = consts[ins[1]]
-        elif code == _REUSE:
-            e = f"n{ins[1]}"
-        elif ins[4]:
-            cur = []
-            stack.append((idx, ins, cur))
-            continue
-        else:
-            e = emit(idx, ins, [])
-        cur.append(e)
-        while stack and len(cur) == stack[-1][1][4]:
-            nidx, nins, exprs = stack.pop()
-            e = emit(nidx, nins, exprs)
-            cur = stack[-1][2] if stack else root
-            cur.append(e)
-    lines.append(f"    return {root[0]}")
-    return lines
 
 
 def _view_lines(fam: str, offsets: list[int], shapes: list[tuple[int, ...]], indent: str) -> list[str]:
@@ -374,98 +132,6 @@ def _size(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
-
-
-def _array_types(t: type) -> frozenset[type]:
-    """The array types accepted where the plan had an array of type `t` (torch: Tensor and Parameter)."""
-    if t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter"):
-        import torch
-
-        return frozenset({torch.Tensor, torch.nn.Parameter})
-    return frozenset({t})
-
-
-def _match_lines(
-    instrs: list[tuple[Any, ...]],
-    shapes: list[tuple[int, ...]],
-    param_kind: list[int],
-    fams: list[str],
-    seen: set[int],
-    glb: dict[str, Any],
-) -> list[str]:
-    """Straight-line checks taking a model apart along the program (pre-order); ``return MISS`` on any
-    difference. Node ``i`` is bound to ``x{i}``; parameter ``k`` to ``v{k}``."""
-    lines: list[str] = []
-    # stack of [access expression prefix of the parent, keys, next index, node kind, n]
-    stack: list[list[Any]] = []
-    for idx, ins in enumerate(instrs):
-        if stack:
-            fr = stack[-1]
-            j = fr[2]
-            fr[2] += 1
-            parent, keys, fast = fr[0], fr[1], fr[3]
-            if fast == DICT:
-                lit = _literal_key(keys[j])
-                if lit is None:
-                    lit = f"q{idx}"
-                    glb[lit] = keys[j]
-                access = f"{parent}[{lit}]"
-            elif fast in (LIST, TUPLE):
-                access = f"{parent}[{j}]"
-            else:
-                access = f"c{parent[1:]}[{j}]"
-        else:
-            access = "x"
-        code = ins[0]
-        if code == _NODE:
-            nd = ins[1]
-            name = f"x{idx}"
-            lines.append(f"{name} = {access}")
-            if nd.fast == DICT:
-                lines += [f"if type({name}) is not dict or len({name}) != {ins[4]}:", "    return MISS"]
-            elif nd.fast in (LIST, TUPLE):
-                t = "list" if nd.fast == LIST else "tuple"
-                lines += [f"if type({name}) is not {t} or len({name}) != {ins[4]}:", "    return MISS"]
-            else:
-                glb[f"C{idx}"] = nd.cls
-                glb[f"F{idx}"] = nd.flatten
-                glb[f"K{idx}"] = list(ins[3])
-                lines += [
-                    f"if type({name}) is not C{idx}:",
-                    "    return MISS",
-                    f"k{idx}, c{idx}, _, _ = F{idx}({name})",
-                    f"if k{idx} != K{idx}:",
-                    "    return MISS",
-                ]
-            if ins[4]:
-                stack.append([name, ins[3], 0, nd.fast, ins[4]])
-                continue
-        elif code == _REUSE:
-            lines += [f"if {access} is not x{ins[1]}:", "    return MISS"]
-        elif code == _CONST:
-            lines += [
-                f"t = DISP.get(type({access}), MISS)",
-                "if t is MISS or isinstance(t, NodeDef):",
-                "    return MISS",
-            ]
-        else:
-            k = ins[1]
-            v = f"v{k}"
-            if k in seen:
-                lines += [f"if {access} is not {v}:", "    return MISS"]
-            else:
-                seen.add(k)
-                ki = param_kind[k]
-                fam = fams[ki]
-                check = f"type({v}) not in TS{ki} or {v}.shape != {shapes[k]!r} or {v}.dtype != D{ki}"
-                if fam in ("torch", "cupy", "array_api_strict"):
-                    check += f" or {v}.device != DEV{ki}"
-                elif fam not in ("numpy", "dask"):
-                    check += f" or not SAME(DEVICE_OF({v}), DEV{ki})"
-                lines += [f"{v} = {access}", f"if {check}:", "    return MISS"]
-        while stack and stack[-1][2] == stack[-1][4]:
-            stack.pop()
-    return lines
 
 
 # ============================================================== array helpers
@@ -628,82 +294,6 @@ def _new_flat(kind: Kind, n: int, leaves: list[Any], offsets: list[int], shapes:
     return kind.xp.concat([_to_flat_piece(x, kind) for x in leaves])
 
 
-# ============================================================== explain
-
-
-class ExplainRow(NamedTuple):
-    """One parameter's line of :meth:`Restructure.explain`."""
-
-    path: KeyPath
-    shape: tuple[int, ...]
-    model_dtype: Any
-    model_device: Any
-    result_dtype: Any
-    result_device: Any
-    how: str  # "view", "copy" or "error"
-    rule: str
-    error: Exception | None
-
-
-class Explanation:
-    """What ``re(p)`` would do with each parameter: a table to print, rows to inspect.
-
-    ``str(explanation)`` is a text table (errors as numbered notes below it);
-    ``explanation.rows`` is a list of :class:`ExplainRow`; iterating gives the rows.
-    """
-
-    def __init__(self, header: str, rows: list[ExplainRow]) -> None:
-        self.header = header
-        self.rows = rows
-
-    def __iter__(self) -> Iterator[ExplainRow]:
-        return iter(self.rows)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> ExplainRow:
-        return self.rows[i]
-
-    @property
-    def ok(self) -> bool:
-        """True if ``re(p)`` would succeed (no row is an error)."""
-        return all(r.error is None for r in self.rows)
-
-    def __repr__(self) -> str:
-        return f"<Explanation of {len(self.rows)} parameters: {self.header}>"
-
-    def __str__(self) -> str:
-        head = ("path", "shape", "model", "result", "how", "rule")
-        shown: dict[str, str] = {}
-        table = [head]
-        notes: dict[str, int] = {}  # error text (less its "at <path>:" prefix) -> note number
-        for r in self.rows:
-            model = f"{describe_dtype(r.model_dtype)} {describe_device(r.model_device)}"
-            if r.error is None:
-                result = f"{describe_dtype(r.result_dtype)} {describe_device(r.result_device)}"
-                rule = r.rule
-            else:
-                text = f"{type(r.error).__name__}: {r.error}"
-                key = text.partition(": ")[2].partition(": ")[2] or text
-                number = notes.setdefault(key, len(notes) + 1)
-                shown.setdefault(key, text)
-                result = "-"
-                rule = f"{r.rule} [{number}]"
-            table.append((r.path.display, str(r.shape), model, result, r.how, rule))
-        widths = [max(len(row[j]) for row in table) for j in range(len(head))]
-        lines = [self.header]
-        for n, row in enumerate(table):
-            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-            if n == 0:
-                lines.append("  ".join("-" * w for w in widths))
-        if not self.rows:
-            lines.append("(no parameters)")
-        for key, number in notes.items():
-            lines.append(f"[{number}] {shown[key]}")
-        return "\n".join(lines)
-
-
 # ============================================================== Restructure
 
 
@@ -733,50 +323,46 @@ class Restructure:
     __slots__ = (
         "__weakref__",
         "_build",
-        "_consts",
         "_fam",
         "_fast",
         "_flat_kind",
         "_flatten_ok",
         "_ftype",
         "_has_complex",
-        "_instrs",
         "_kinds",
-        "_match_fast",
         "_n",
         "_offsets",
-        "_param_instr",
+        "_param_idx",
         "_param_kind",
         "_param_types",
         "_paths",
         "_policy",
-        "_reused",
         "_shapes",
         "_sizes",
+        "_td",
+        "_template",
         "_uniform",
     )
 
     _build: Any
-    _consts: list[Any]
     _fam: str
     _fast: Any
     _flat_kind: Kind
     _flatten_ok: dict[str, bool]
     _ftype: Any
     _has_complex: bool
-    _instrs: list[tuple[Any, ...]]
     _kinds: list[Kind]
-    _match_fast: Any
     _n: int
     _offsets: list[int]
-    _param_instr: list[int]
+    _param_idx: list[int]
     _param_kind: list[int]
     _param_types: list[type]
     _paths: tuple[KeyPath, ...] | None
     _policy: str
-    _reused: set[int]
     _shapes: list[tuple[int, ...]]
     _sizes: list[int]
+    _td: TreeDef
+    _template: list[Any]
     _uniform: bool
 
     def __init__(self) -> None:
@@ -789,10 +375,9 @@ class Restructure:
     def _make(
         cls,
         *,
-        instrs: list[tuple[Any, ...]],
-        reused: set[int],
-        consts: list[Any],
-        param_instr: list[int],
+        td: TreeDef,
+        template: list[Any],
+        param_idx: list[int],
         shapes: list[tuple[int, ...]],
         kinds: list[Kind],
         param_kind: list[int],
@@ -802,10 +387,9 @@ class Restructure:
         param_types: list[type],
     ) -> Restructure:
         self = object.__new__(cls)
-        self._instrs = instrs
-        self._reused = reused
-        self._consts = consts
-        self._param_instr = param_instr
+        self._td = td
+        self._template = template
+        self._param_idx = param_idx
         self._shapes = shapes
         self._sizes = [_size(s) for s in shapes]
         self._offsets = list(itertools.accumulate(self._sizes, initial=0))[:-1]
@@ -824,7 +408,6 @@ class Restructure:
         # the code is generated on first use: destructure itself stays cheap
         self._build = self._build_first
         self._fast = self._fast_first
-        self._match_fast = self._match_fast_first
         return self
 
     def _build_first(self, views: Any) -> Any:
@@ -835,22 +418,39 @@ class Restructure:
         self._generate()
         return self._fast(p)
 
+    def _interpret(self, views: Any) -> Any:
+        """``_build`` by the tree definition's interpreter (programs too large to generate)."""
+        vals = list(self._template)
+        for j, v in zip(self._param_idx, views, strict=True):
+            vals[j] = v
+        return self._td.build(self._td.position_values(vals), BUILD_SAME)
+
     def _generate(self) -> None:
         """Make ``_build(views)`` and ``_fast(p)`` (generated code, or the interpreter for huge programs)."""
-        instrs, reused, consts = self._instrs, self._reused, self._consts
+        td = self._td
         nparams = len(self._shapes)
-        if len(instrs) > _CODEGEN_MAX or not self._shapes:
-            self._build = lambda views: _interpret(instrs, reused, views, consts)
+        if len(td._prog) > CODEGEN_MAX or not self._shapes:
+            self._build = self._interpret
             self._fast = self._fast_generic
             return
         glb: dict[str, Any] = {"__builtins__": __builtins__}
-        body = _build_body(instrs, glb, consts)
+        exprs: list[str] = []
+        k = 0
+        params = set(self._param_idx)
+        for j, c in enumerate(self._template):
+            if j in params:
+                exprs.append(f"v{k}")
+                k += 1
+            else:
+                exprs.append(f"c{j}")
+                glb[f"c{j}"] = c
+        body = build_source(td, exprs, glb)
         unpack = f"    {', '.join(f'v{k}' for k in range(nparams))}, = v"
         src = "\n".join(["def build(v):", unpack, *body])
         fast_src = self._fast_source(body, glb)
         if fast_src is not None:
             src += "\n" + fast_src
-        exec(_compiled(src), glb)
+        exec(compile_source(src), glb)
         self._build = glb["build"]
         self._fast = glb.get("fast", self._fast_generic)
 
@@ -928,8 +528,8 @@ class Restructure:
     def paths(self) -> tuple[KeyPath, ...]:
         """The key path of each parameter (its first position, for ties), in walk order."""
         if self._paths is None:
-            found = _instr_paths(self._instrs, set(self._param_instr))
-            self._paths = tuple(found[i] for i in self._param_instr)
+            leaf_paths = self._td.paths
+            self._paths = tuple(leaf_paths[j] for j in self._param_idx)
         return self._paths
 
     @property
@@ -1166,13 +766,7 @@ class Restructure:
         kind = self._flat_kind
         if out is not None:
             self._check_out(out)
-        fast: Any = self._match_fast(model) if self._flatten_fast_ok(pol) else _MISS
-        if fast is not _MISS:  # the plan's types, dtypes and devices: decided once, per policy
-            if out is None:
-                return _new_flat(kind, self._n, fast, self._offsets, self._shapes)
-            _fill(out, kind, fast, self._offsets, self._shapes)
-            return out
-        leaves, where = self._match(model)
+        leaves = self._match(model)
         # policy: each parameter against the flat vector
         seen: list[tuple[Kind, Decision]] = []
         for j, x in enumerate(leaves):
@@ -1184,65 +778,12 @@ class Restructure:
                 d = decide_flatten(pol, lk, kind)
                 seen.append((lk, d))
             if d.error is not None:
-                path = _instr_paths(self._instrs, {where[j]})[where[j]]
-                raise flatten_error(pol, path, lk, kind, d.error)
-        _check_readable(
-            [_kind(x) for x in leaves],
-            list(range(len(leaves))),
-            kind,
-            lambda j: _instr_paths(self._instrs, {where[j]})[where[j]],
-        )
+                raise flatten_error(pol, self.paths[j], lk, kind, d.error)
+        _check_readable([_kind(x) for x in leaves], list(range(len(leaves))), kind, lambda j: self.paths[j])
         if out is None:
             return _new_flat(kind, self._n, leaves, self._offsets, self._shapes)
         _fill(out, kind, leaves, self._offsets, self._shapes)
         return out
-
-    def _flatten_fast_ok(self, policy: str) -> bool:
-        """Whether parameters of the plan's own kinds flatten under `policy` without error."""
-        ok = self._flatten_ok.get(policy)
-        if ok is None:
-            ok = self._flatten_ok[policy] = all(
-                decide_flatten(policy, k, self._flat_kind).error is None for k in self._kinds
-            )
-        return ok
-
-    def _match_fast_first(self, model: Any) -> Any:
-        self._match_fast = self._generate_match()
-        return self._match_fast(model)
-
-    def _generate_match(self) -> Any:
-        """A generated ``match(model) -> [parameters]`` for models of the plan's structure, types, dtypes
-        and devices; MISS for anything else (then :meth:`_match` decides and explains)."""
-        if len(self._instrs) > _CODEGEN_MAX or not self._shapes:
-            return lambda model: _MISS
-        glb: dict[str, Any] = {"__builtins__": __builtins__, "MISS": _MISS, "DISP": _DISPATCH, "NodeDef": NodeDef}
-        for i, k in enumerate(self._kinds):
-            glb[f"TS{i}"] = _array_types(self._param_types[i])
-            glb[f"D{i}"] = k.dtype
-            glb[f"DEV{i}"] = k.device
-        glb.update(SAME=same_device, DEVICE_OF=device_of)
-        src = ["def match(m):", "    x = m"]
-        seen: set[int] = set()
-        for line in _match_lines(self._instrs, self._shapes, self._param_kind, self._fam_of_kind(), seen, glb):
-            src.append("    " + line)
-        n = len(self._shapes)
-        if n > 1:
-            src.append(f"    if len({{{', '.join(f'id(v{k})' for k in range(n))}}}) != {n}:")
-            src.append("        return MISS")
-        src.append(f"    return [{', '.join(f'v{k}' for k in range(n))}]")
-        exec(_compiled("\n".join(src)), glb)
-        fn = glb["match"]
-
-        def match(model: Any) -> Any:
-            try:
-                return fn(model)
-            except (KeyError, IndexError, TypeError, AttributeError, ValueError):
-                return _MISS
-
-        return match
-
-    def _fam_of_kind(self) -> list[str]:
-        return [_family(k.xp) for k in self._kinds]
 
     def _check_out(self, out: Any) -> None:
         kind = self._flat_kind
@@ -1283,90 +824,48 @@ class Restructure:
             msg = "re.flatten: `out` is read-only; pass a writeable array."
             raise ValueError(msg)
 
-    def _match(self, model: Any) -> tuple[list[Any], list[int]]:
+    def _match(self, model: Any) -> list[Any]:
         """The parameters of `model` at the plan's positions (StructureError where it differs)."""
-        instrs = self._instrs
-        nparams = len(self._shapes)
-        leaves: list[Any] = [_MISS] * nparams
-        where = [0] * nparams
-        owner: dict[int, int] = {}
-        nodes: dict[int, Any] = {}
-        keep: list[Any] = []
-        disp = _DISPATCH
-        stack: list[list[Any]] = [[[model], [None], 0, 1]]
-
-        def fail(expected: str, found: str) -> StructureError:
-            path = KeyPath([fr[1][fr[2] - 1] for fr in stack[1:]])
-            msg = (
-                f"at {path.display}: re.flatten expected {expected}, found {found}. The model must have the "
-                "structure of the one given to fk.destructure (node types, keys, lengths, ties, parameter "
-                "shapes). Fix: pass a model of that structure, or destructure this one itself."
+        td = self._td
+        got = td._match(model, 1, None, None, lambda path, left, right: _flatten_mismatch(path, left, right))
+        if type(got) is int:
+            raise _flatten_mismatch(
+                td.entry_path(got), "the sub-tree shared with an earlier position (the same object)", "another object"
             )
-            return StructureError(msg)
-
-        for idx, ins in enumerate(instrs):
-            fr = stack[-1]
-            c = fr[0][fr[2]]
-            fr[2] += 1
-            code = ins[0]
-            nd = disp.get(type(c), _MISS)
-            if nd is _MISS:
-                nd = resolve(type(c))
-            is_node = isinstance(nd, NodeDef)
-            if code == _NODE:
-                pnd = ins[1]
-                if not is_node or nd.cls is not pnd.cls:
-                    raise fail(_describe_node(ins), _describe_obj(c, nd))
-                keys, vals, _aux, named = nd.flatten(c)
-                pkeys = ins[3]
-                if keys != pkeys:
-                    try:
-                        same = named and len(keys) == len(pkeys) and set(keys) == set(pkeys)
-                    except TypeError:
-                        same = False
-                    if not same:
-                        raise fail(_describe_node(ins), _describe_obj(c, nd))
-                    lookup = dict(zip(keys, vals, strict=True))
-                    vals = [lookup[k] for k in pkeys]
-                keep.append(vals)
-                if idx in self._reused:
-                    nodes[idx] = c
-                if ins[4]:
-                    stack.append([vals, pkeys, 0, ins[4]])
-                    continue
-            elif code == _REUSE:
-                if c is not nodes[ins[1]]:
-                    raise fail("the sub-tree shared with an earlier position (the same object)", "another object")
-            elif is_node:
-                raise fail("a leaf", _describe_obj(c, nd))
-            elif code == _PARAM:
-                k = ins[1]
-                prev = leaves[k]
-                if prev is _MISS:
-                    shape = self._shapes[k]
-                    if not is_inexact_array(c) or tuple(c.shape) != shape:
-                        raise fail(f"a floating or complex array of shape {shape}", _describe_obj(c, nd))
-                    other = owner.setdefault(id(c), k)
-                    if other != k:
-                        raise fail("a parameter distinct from the one at an earlier position", "the same array")
-                    leaves[k] = c
-                    where[k] = idx
-                elif prev is not c:
-                    raise fail("the parameter tied to an earlier position (the same array)", "another array")
-            while stack and stack[-1][2] == stack[-1][3]:
-                stack.pop()
-        return leaves, where
+        assert type(got) is list
+        pos_leaf = td._pos_leaf
+        first = td.leaf_positions()
+        leaves = [got[first[j]] for j in self._param_idx]
+        for k, (x, shape) in enumerate(zip(leaves, self._shapes, strict=True)):
+            if not is_inexact_array(x) or tuple(x.shape) != shape:
+                raise _flatten_mismatch(
+                    self.paths[k], f"a floating or complex array of shape {shape}", _describe_obj(x)
+                )
+        if pos_leaf is not None:  # ties: every position of a tied parameter holds the same array
+            params = set(self._param_idx)
+            for p, j in enumerate(pos_leaf):
+                if j in params and got[p] is not got[first[j]]:
+                    raise _flatten_mismatch(
+                        td.position_paths()[p], "the parameter tied to an earlier position (the same array)",
+                        "another array",
+                    )
+        if len(set(map(id, leaves))) != len(leaves):
+            owner: dict[int, int] = {}
+            for k, x in enumerate(leaves):
+                if owner.setdefault(id(x), k) != k:
+                    raise _flatten_mismatch(
+                        self.paths[k], "a parameter distinct from the one at an earlier position", "the same array"
+                    )
+        return leaves
 
     # ---------------------------------------------------------------- pickling
 
     def __reduce__(self) -> tuple[Any, ...]:
-        instrs = [(_NODE, ins[1].cls, *ins[2:]) if ins[0] == _NODE else ins for ins in self._instrs]
         state = {
-            "version": 1,
-            "instrs": instrs,
-            "reused": self._reused,
-            "consts": self._consts,
-            "param_instr": self._param_instr,
+            "version": 2,
+            "treedef": self._td,
+            "template": self._template,
+            "param_idx": self._param_idx,
             "shapes": self._shapes,
             "kinds": [_portable_kind(k) for k in self._kinds],
             "param_kind": self._param_kind,
@@ -1377,20 +876,16 @@ class Restructure:
         return (_restore, (state,))
 
 
-def _describe_node(ins: tuple[Any, ...]) -> str:
-    nd = ins[1]
-    name = nd.cls.__name__
-    if nd.fast in (LIST, TUPLE):
-        return f"{name} of length {ins[4]}"
-    return f"{name} keys {{{', '.join(repr(k) for k in ins[3])}}}"
+def _flatten_mismatch(path: KeyPath, expected: str, found: str) -> StructureError:
+    msg = (
+        f"at {path.display}: re.flatten expected {expected}, found {found}. The model must have the "
+        "structure of the one given to fk.destructure (node types, keys, lengths, ties, parameter "
+        "shapes). Fix: pass a model of that structure, or destructure this one itself."
+    )
+    return StructureError(msg)
 
 
-def _describe_obj(c: Any, nd: Any) -> str:
-    if isinstance(nd, NodeDef):
-        keys, vals, _aux, named = nd.flatten(c)
-        if named:
-            return f"{type(c).__name__} keys {{{', '.join(repr(k) for k in keys)}}}"
-        return f"{type(c).__name__} of length {len(vals)}"
+def _describe_obj(c: Any) -> str:
     if is_array(c):
         return f"{type(c).__name__} of dtype {describe_dtype(c.dtype)} and shape {tuple(c.shape)}"
     return f"leaf ({type(c).__name__})"
@@ -1398,12 +893,27 @@ def _describe_obj(c: Any, nd: Any) -> str:
 
 # ---------------------------------------------------------------- pickling helpers
 
+#: the namespaces a pickled Restructure may name (nothing else is imported when unpickling)
+_NAMESPACES = frozenset(
+    {
+        "numpy",
+        "array_api_compat.numpy",
+        "array_api_compat.torch",
+        "array_api_compat.cupy",
+        "array_api_compat.dask.array",
+        "jax.numpy",
+        "array_api_strict",
+        "cupy",
+        "torch",
+    }
+)
+
 
 def _portable_kind(k: Kind) -> tuple[str, Any, Any]:
     dev = k.device
     try:
         pickle.dumps(dev)
-    except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
+    except (TypeError, AttributeError, pickle.PicklingError):
         dev = ("__device__", getattr(dev, "platform", None), getattr(dev, "id", None))
     return (k.xp.__name__, k.dtype, dev)
 
@@ -1411,13 +921,24 @@ def _portable_kind(k: Kind) -> tuple[str, Any, Any]:
 def _portable_type(t: type) -> type:
     try:
         pickle.dumps(t)
-    except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
+    except (TypeError, AttributeError, pickle.PicklingError):
         return type(None)  # never matches: re.flatten takes the general path
     return t
 
 
-def _restore_kind(t: tuple[str, Any, Any]) -> Kind:
+def _bad_pickle(what: str) -> pickle.UnpicklingError:
+    return pickle.UnpicklingError(
+        f"unpickling a Restructure: {what}. Pickles run code when loaded: load only pickles you trust; "
+        "for data-only storage keep the model's structure in code and store the flat vector."
+    )
+
+
+def _restore_kind(t: Any) -> Kind:
+    if type(t) is not tuple or len(t) != 3 or type(t[0]) is not str:
+        raise _bad_pickle("a parameter kind is malformed")
     name, dtype, dev = t
+    if name not in _NAMESPACES:
+        raise _bad_pickle(f"the namespace {name[:80]!r} is not one functorkit knows")
     xp = importlib.import_module(name)
     if type(dev) is tuple and len(dev) == 3 and dev[0] == "__device__":
         dev = _find_device(dev[1], dev[2])
@@ -1425,47 +946,70 @@ def _restore_kind(t: tuple[str, Any, Any]) -> Kind:
 
 
 def _find_device(platform: Any, ident: Any) -> Any:
-    try:
-        import jax
-
-        for d in jax.devices(platform):
-            if d.id == ident:
-                return d
-    except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
-        pass
+    jax = importlib.import_module("jax") if type(platform) is str else None
+    if jax is None:
+        return None
+    for d in jax.devices(platform):
+        if d.id == ident:
+            return d
     return None
 
 
-def _restore(state: dict[str, Any]) -> Restructure:
-    instrs = []
-    for ins in state["instrs"]:
-        if ins[0] == _NODE:
-            nd = resolve(ins[1])
-            if not isinstance(nd, NodeDef):
-                msg = (
-                    f"unpickling a Restructure: {ins[1].__qualname__} is not registered as a node in this "
-                    "process; register it (fk.register) before unpickling."
-                )
-                raise StructureError(msg)
-            ins = (_NODE, nd, *ins[2:])
-        instrs.append(ins)
-    flat_kind = _restore_kind(state["flat_kind"])
+def _int_list(v: Any, what: str) -> list[int]:
+    if type(v) is not list or any(type(i) is not int or i < 0 for i in v):
+        raise _bad_pickle(f"`{what}` is not a list of non-negative ints")
+    return v
+
+
+def _restore(state: Any) -> Restructure:
+    """Unpickle a Restructure: every field is type-checked before anything is generated from it."""
+    if type(state) is not dict or state.get("version") != 2:
+        raise _bad_pickle("the state is not a version-2 Restructure state")
+    td = state.get("treedef")
+    if not isinstance(td, TreeDef):
+        raise _bad_pickle("`treedef` is not a TreeDef")
+    template = state.get("template")
+    if type(template) is not list or len(template) != td.num_leaves:
+        raise _bad_pickle("`template` does not match the tree definition")
+    param_idx = _int_list(state.get("param_idx"), "param_idx")
+    param_kind = _int_list(state.get("param_kind"), "param_kind")
+    shapes = state.get("shapes")
+    if (
+        type(shapes) is not list
+        or len(shapes) != len(param_idx)
+        or any(type(s) is not tuple or any(type(d) is not int or d < 0 for d in s) for s in shapes)
+    ):
+        raise _bad_pickle("`shapes` is not a list of tuples of non-negative ints, one per parameter")
+    if any(j >= td.num_leaves for j in param_idx) or len(param_kind) != len(param_idx):
+        raise _bad_pickle("`param_idx`/`param_kind` do not match the tree definition")
+    kinds_in = state.get("kinds")
+    if type(kinds_in) is not list:
+        raise _bad_pickle("`kinds` is not a list")
+    kinds = [_restore_kind(k) for k in kinds_in]
+    if any(i >= len(kinds) for i in param_kind):
+        raise _bad_pickle("`param_kind` points past `kinds`")
+    policy = state.get("policy")
+    if policy not in POLICIES:
+        raise _bad_pickle("`policy` is not one of the policies")
+    param_types = state.get("param_types")
+    if type(param_types) is not list or any(not isinstance(t, type) for t in param_types):
+        raise _bad_pickle("`param_types` is not a list of classes")
+    flat_kind = _restore_kind(state.get("flat_kind"))
     try:
         ftype = type(_empty(flat_kind, 0))
-    except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
+    except (TypeError, ValueError, RuntimeError):
         ftype = type(None)
     return Restructure._make(
-        instrs=instrs,
-        reused=state["reused"],
-        consts=state["consts"],
-        param_instr=state["param_instr"],
-        shapes=state["shapes"],
-        kinds=[_restore_kind(k) for k in state["kinds"]],
-        param_kind=state["param_kind"],
+        td=td,
+        template=template,
+        param_idx=param_idx,
+        shapes=shapes,
+        kinds=kinds,
+        param_kind=param_kind,
         flat_kind=flat_kind,
         ftype=ftype,
-        policy=state["policy"],
-        param_types=state["param_types"],
+        policy=policy,
+        param_types=param_types,
     )
 
 
@@ -1526,15 +1070,17 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
     (True, True)
     """
     pol = check_policy(policy, "fk.destructure")
-    scan = _scan(model)
-    params = scan.params
-    plan_paths: dict[int, KeyPath] | None = None
+    leaves, td = record(model)
+    trainable = td.trainable
+    param_idx = [j for j, x in enumerate(leaves) if trainable[j] and is_inexact_array(x)]
+    params = [leaves[j] for j in param_idx]
+    leaf_paths: tuple[KeyPath, ...] | None = None
 
-    def path_of(j: int) -> KeyPath:
-        nonlocal plan_paths
-        if plan_paths is None:
-            plan_paths = _instr_paths(scan.instrs, set(scan.param_instr))
-        return plan_paths[scan.param_instr[j]]
+    def path_of(k: int) -> KeyPath:
+        nonlocal leaf_paths
+        if leaf_paths is None:
+            leaf_paths = td.paths
+        return leaf_paths[param_idx[k]]
 
     kinds: list[Kind] = []
     param_kind: list[int] = []
@@ -1576,8 +1122,8 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
             entries = ((cast(KeyPath, _Deferred(path_of, j)), x) for j, x in enumerate(params))
             check_no_aliases(entries, "fk.destructure")
         _check_readable(kinds, param_kind, flat_kind, path_of)
-    elif scan.arrays:
-        first = scan.arrays[0]
+    elif any(is_array(x) for x in leaves):
+        first = next(x for x in leaves if is_array(x))
         xp = namespace(first)
         dev = device_of(first)
         flat_kind = Kind(xp, _default_float(xp, dev), dev)
@@ -1588,11 +1134,13 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
     sizes = [_size(s) for s in shapes]
     offsets = list(itertools.accumulate(sizes, initial=0))[:-1]
     flat = _new_flat(flat_kind, sum(sizes), params, offsets, shapes)
+    template = list(leaves)
+    for j in param_idx:
+        template[j] = None  # the parameters come from p; the template keeps only the constants
     re = Restructure._make(
-        instrs=scan.instrs,
-        reused=scan.reused,
-        consts=scan.consts,
-        param_instr=scan.param_instr,
+        td=td,
+        template=template,
+        param_idx=param_idx,
         shapes=shapes,
         kinds=kinds,
         param_kind=param_kind,

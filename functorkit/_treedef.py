@@ -48,7 +48,7 @@ from typing import Any
 
 from ._errors import StructureError
 from ._keypath import KeyPath, make_path
-from ._registry import _DISPATCH, DICT, KNOWN_TYPES, LEAF_TYPES, LIST, SCALAR, SCALAR_TYPES, TUPLE, NodeDef, resolve
+from ._registry import _DISPATCH, DICT, KNOWN_TYPES, LEAF_TYPES, LIST, SCALAR_TYPES, TUPLE, NodeDef, resolve
 
 __all__ = [
     "BUILD_SAME",
@@ -425,8 +425,8 @@ class TreeDef:
     >>> import functorkit as fk
     >>> w = np.ones(2)
     >>> leaves, td = fk.flatten({"a": w, "b": [w, 3]})
-    >>> td.num_leaves, td.num_positions, [str(p) for p in td.paths]
-    (2, 3, ['a', 'b[0]', 'b[1]'])
+    >>> td.num_leaves, td.num_positions, [str(p) for p in td.paths]  # a tie: listed once
+    (2, 3, ['a', 'b[1]'])
     >>> out = td.unflatten([np.zeros(2), 4])
     >>> out["a"] is out["b"][0], out["b"][1]
     (True, 4)
@@ -673,7 +673,7 @@ class TreeDef:
         pos = 0
         idx = 0
         try:
-            for idx, e in enumerate(prog):  # noqa: B007 - idx is read by the error note
+            for idx, e in enumerate(prog):
                 if e is None:
                     push(vals[pos])
                     pos += 1
@@ -827,11 +827,22 @@ class TreeDef:
         return pre
 
     def _match(
-        self, tree: Any, which: int, names: tuple[str, ...] | None, firsts: list[Any] | None = None
+        self,
+        tree: Any,
+        which: int,
+        names: tuple[str, ...] | None,
+        firsts: list[Any] | None = None,
+        fail: Callable[[KeyPath, str, str], StructureError] | None = None,
     ) -> list[Any] | int:
         """`flatten_up_to`, or the program index of a shared sub-tree here that is not shared in `tree`.
 
-        `firsts` (the first tree's value at each position) only improves the messages."""
+        `firsts` (the first tree's value at each position) only improves the messages; `fail`
+        makes the error (default: the lock-step maps' message)."""
+        if fail is None:
+
+            def fail(path: KeyPath, left: str, right: str) -> StructureError:
+                return mismatch(path, left, right, which, names)
+
         prog = self._prog
         out: list[Any] = []
         push = out.append
@@ -849,8 +860,8 @@ class TreeDef:
             return make_path((*cur, key) if key is not _MISS else ())
 
         def leaf_vs(c: Any, path: KeyPath) -> StructureError:
-            left = "leaf" if firsts is None else describe_found(firsts[len(out)])
-            return mismatch(path, left, describe_found(c), which, names)
+            left = "a leaf" if firsts is None else describe_found(firsts[len(out)])
+            return fail(path, left, describe_found(c))
 
         for idx in self._preorder():
             if stack:
@@ -879,13 +890,13 @@ class TreeDef:
             else:
                 nd = e[_ND]
                 if type(c) is not nd.cls:
-                    raise mismatch(here(key), _describe_entry(e), describe_found(c), which, names)
+                    raise fail(here(key), _describe_entry(e), describe_found(c))
                 fast = nd.fast
                 keys = e[_KEYS]
                 if fast == LIST or fast == TUPLE:
                     vals = c
                     if len(vals) != e[_N]:
-                        raise mismatch(here(key), _describe_entry(e), describe_found(c), which, names)
+                        raise fail(here(key), _describe_entry(e), describe_found(c))
                 else:
                     if fast == DICT:
                         okeys: Any = list(c)
@@ -897,7 +908,7 @@ class TreeDef:
                     if okeys != keys:
                         vals = _reorder(okeys, vals, keys, e[_NAMED])
                         if vals is None:
-                            raise mismatch(here(key), _describe_entry(e), describe_found(c), which, names)
+                            raise fail(here(key), _describe_entry(e), describe_found(c))
                 if idx in refs:
                     nodes_at[idx] = c
                 n = e[_N]

@@ -1,0 +1,100 @@
+"""The compiled form of a :class:`TreeDef`: a generated straight-line rebuild function.
+
+``re(p)`` runs generated code: one statement per node of the tree
+definition's program, literal keys, the parameter views of ``p`` fused in
+front (the adapter of the flat vector's namespace writes those lines). Only
+validated values reach the source text: offsets and shapes are ``int``s,
+dict keys are written as literals only when they are exactly ``str`` or
+``int``; everything else (node classes, aux data, other keys, constants)
+is passed in as a global. The source is registered with :mod:`linecache`,
+so a traceback through it shows the generated line.
+"""
+
+from __future__ import annotations
+
+import linecache
+from types import CodeType
+from typing import Any
+
+from ._registry import DICT, LIST, TUPLE
+from ._treedef import TreeDef
+
+__all__ = ["CODEGEN_MAX", "build_source", "compile_source"]
+
+#: programs longer than this are run by the tree definition's interpreter instead
+CODEGEN_MAX = 4000
+_CODE_CACHE: dict[str, tuple[CodeType, str]] = {}
+_CODE_CACHE_MAX = 256
+
+
+def compile_source(src: str) -> CodeType:
+    """``compile(src)``, cached by source text and registered with linecache for tracebacks."""
+    hit = _CODE_CACHE.get(src)
+    if hit is not None:
+        return hit[0]
+    if len(_CODE_CACHE) >= _CODE_CACHE_MAX:
+        _CODE_CACHE.clear()
+    filename = f"<functorkit generated {len(src)}:{hash(src) & 0xFFFFFFFF:08x}>"
+    code = compile(src, filename, "exec")
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    _CODE_CACHE[src] = (code, filename)
+    return code
+
+
+def _literal_key(k: Any) -> str | None:
+    """A safe source literal for a dict key (exact ``str`` or ``int`` only), else None."""
+    if type(k) is str or type(k) is int:
+        return repr(k)
+    return None
+
+
+def build_source(td: TreeDef, leaf_expr: list[str], glb: dict[str, Any]) -> list[str]:
+    """Statements (indented 4) building the tree of `td`; ``leaf_expr[j]`` is the expression of leaf `j`.
+
+    Ends in ``return``. Every name a statement needs that is not a literal goes into `glb`.
+    """
+    prog = td._prog
+    pos_leaf = td._pos_leaf
+    lines: list[str] = []
+    stack: list[str] = []
+    pos = 0
+    for idx, e in enumerate(prog):
+        if e is None:
+            stack.append(leaf_expr[pos if pos_leaf is None else pos_leaf[pos]])
+            pos += 1
+            continue
+        if type(e) is int:
+            stack.append(f"n{int(e)}")
+            continue
+        nd, keys, n, leafy, aux, _named = e
+        n = int(n)
+        if leafy:
+            exprs = [leaf_expr[q if pos_leaf is None else pos_leaf[q]] for q in range(pos, pos + n)]
+            pos += n
+        elif n:
+            exprs = stack[-n:]
+            del stack[-n:]
+        else:
+            exprs = []
+        name = f"n{idx}"
+        if nd.fast == DICT:
+            parts = []
+            for j, (k, x) in enumerate(zip(keys, exprs, strict=True)):
+                lit = _literal_key(k)
+                if lit is None:
+                    lit = f"k{idx}_{j}"
+                    glb[lit] = k
+                parts.append(f"{lit}: {x}")
+            lines.append(f"    {name} = {{{', '.join(parts)}}}")
+        elif nd.fast == LIST:
+            lines.append(f"    {name} = [{', '.join(exprs)}]")
+        elif nd.fast == TUPLE:
+            lines.append(f"    {name} = ({''.join(x + ', ' for x in exprs)})")
+        else:
+            glb[f"U{idx}"] = nd.unflatten
+            glb[f"A{idx}"] = aux
+            glb[f"K{idx}"] = keys
+            lines.append(f"    {name} = U{idx}(A{idx}, list(K{idx}), [{', '.join(exprs)}])")
+        stack.append(name)
+    lines.append(f"    return {stack[0]}")
+    return lines

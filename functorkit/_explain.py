@@ -1,0 +1,84 @@
+"""``re.explain``: what ``re(p)`` would do with each parameter, as rows and as a text table."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from ._keypath import KeyPath
+from ._policy import describe_device, describe_dtype
+
+__all__ = ["ExplainRow", "Explanation"]
+
+
+class ExplainRow(NamedTuple):
+    """One parameter's line of :meth:`Restructure.explain`."""
+
+    path: KeyPath
+    shape: tuple[int, ...]
+    model_dtype: Any
+    model_device: Any
+    result_dtype: Any
+    result_device: Any
+    how: str  # "view", "copy" or "error"
+    rule: str
+    error: Exception | None
+
+
+class Explanation:
+    """What ``re(p)`` would do with each parameter: a table to print, rows to inspect.
+
+    ``str(explanation)`` is a text table (errors as numbered notes below it);
+    ``explanation.rows`` is a list of :class:`ExplainRow`; iterating gives the rows.
+    """
+
+    def __init__(self, header: str, rows: list[ExplainRow]) -> None:
+        self.header = header
+        self.rows = rows
+
+    def __iter__(self) -> Iterator[ExplainRow]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> ExplainRow:
+        return self.rows[i]
+
+    @property
+    def ok(self) -> bool:
+        """True if ``re(p)`` would succeed (no row is an error)."""
+        return all(r.error is None for r in self.rows)
+
+    def __repr__(self) -> str:
+        return f"<Explanation of {len(self.rows)} parameters: {self.header}>"
+
+    def __str__(self) -> str:
+        head = ("path", "shape", "model", "result", "how", "rule")
+        shown: dict[str, str] = {}
+        table = [head]
+        notes: dict[str, int] = {}  # error text (less its "at <path>:" prefix) -> note number
+        for r in self.rows:
+            model = f"{describe_dtype(r.model_dtype)} {describe_device(r.model_device)}"
+            if r.error is None:
+                result = f"{describe_dtype(r.result_dtype)} {describe_device(r.result_device)}"
+                rule = r.rule
+            else:
+                text = f"{type(r.error).__name__}: {r.error}"
+                key = text.partition(": ")[2].partition(": ")[2] or text
+                number = notes.setdefault(key, len(notes) + 1)
+                shown.setdefault(key, text)
+                result = "-"
+                rule = f"{r.rule} [{number}]"
+            table.append((r.path.display, str(r.shape), model, result, r.how, rule))
+        widths = [max(len(row[j]) for row in table) for j in range(len(head))]
+        lines = [self.header]
+        for n, row in enumerate(table):
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+            if n == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        if not self.rows:
+            lines.append("(no parameters)")
+        for key, number in notes.items():
+            lines.append(f"[{number}] {shown[key]}")
+        return "\n".join(lines)
