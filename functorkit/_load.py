@@ -240,13 +240,13 @@ def load_into(dst: Any, src: Any, /) -> Any:
             raise StructureError(msg)
         ad = adapter_of(d)
         _check_writable(path, ad, d)
+        _check_readable(path, ad, d, s)
         if tuple(d.shape) != tuple(s.shape):
             msg = (
                 f"at {path.display}: shape {tuple(d.shape)} in `dst` vs {tuple(s.shape)} in `src`. Expected "
                 "equal shapes (no broadcasting); fix: pass models of the same architecture."
             )
             raise StructureError(msg)
-        _check_readable(path, ad, d, s)
         if is_complex(s) and not is_complex(d):
             msg = (
                 f"at {path.display}: `src` is complex ({_describe(s)}) but `dst` is real ({_describe(d)}); "
@@ -274,35 +274,40 @@ def load_into(dst: Any, src: Any, /) -> Any:
     walk((dst, src), visit, build=BUILD_NONE, with_path=True, names=("dst", "src"))
     check_no_aliases([(p, d) for p, _, d, _ in plan], "fk.load_into")
     mem = _dst_memory([d for _, _, d, _ in plan])
-    writes: list[tuple[ArrayAdapter, Any, Any]] = []
-    for _, ad, d, s in plan:
+    writes: list[tuple[KeyPath, ArrayAdapter, Any, Any]] = []
+    for path, ad, d, s in plan:
         if s is None or s is d:
             continue  # meta into meta, or an array loaded into itself
         if mem and _inside_dst(s, mem):
             s = ad.copy(s)  # read every value before any write
-        writes.append((ad, d, s))
+        writes.append((path, ad, d, s))
     _write_all(writes)
     return dst
 
 
-def _write_all(writes: list[tuple[ArrayAdapter, Any, Any]]) -> None:
-    """Do the writes; on any exception (KeyboardInterrupt too) restore what was written, re-raise."""
-    done: list[tuple[ArrayAdapter, Any, Any]] = []
+def _write_all(writes: list[tuple[KeyPath, ArrayAdapter, Any, Any]]) -> None:
+    """Do the writes; on any exception (KeyboardInterrupt too) restore what was written, re-raise.
+
+    Each `dst` array's old values are copied aside just before its write, so
+    at most the arrays already written plus the one being written need
+    restoring.
+    """
+    done: list[tuple[KeyPath, ArrayAdapter, Any, Any]] = []
     try:
-        for ad, d, s in writes:
+        for path, ad, d, s in writes:
             old = ad.backup(d)
-            done.append((ad, d, old))
+            done.append((path, ad, d, old))
             ad.write(d, s)
     except BaseException as e:
         failed = []
-        for ad, d, old in reversed(done):
+        for path, ad, d, old in reversed(done):
             try:
                 ad.write(d, old)
-            except Exception as again:  # noqa: BLE001 - keep restoring the others, then report
-                failed.append(f"{type(again).__name__}: {again}")
+            except Exception as again:  # noqa: BLE001 - not a fallback: every failure is reported below
+                failed.append(f"{path.display} ({type(again).__name__}: {again})")
         if failed:
             e.add_note(
-                "(functorkit: fk.load_into could not restore every `dst` array after this error; `dst` may "
-                f"be partially written: {'; '.join(failed)})"
+                "(functorkit: fk.load_into could not restore these `dst` arrays after the error above, so "
+                f"they may hold new values: {'; '.join(failed)})"
             )
         raise
