@@ -6,10 +6,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import Backend, namespace_for, to_numpy
 
 import functorkit as fk
 from functorkit.adapters import adapter_of
+
+from conftest import Backend, namespace_for, to_numpy
 
 MUTABLE = [Backend.NUMPY, Backend.TORCH, Backend.ARRAY_API_STRICT]
 
