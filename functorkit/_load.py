@@ -288,15 +288,20 @@ def load_into(dst: Any, src: Any, /) -> Any:
 def _write_all(writes: list[tuple[KeyPath, ArrayAdapter, Any, Any]]) -> None:
     """Do the writes; on any exception (KeyboardInterrupt too) restore what was written, re-raise.
 
-    Each `dst` array's old values are copied aside just before its write, so
-    at most the arrays already written plus the one being written need
-    restoring.
+    Every `dst` array's old values are copied aside first (adapter ``backups``:
+    one allocation on NumPy); on failure the arrays written so far and the one
+    being written are restored.
     """
+    groups: dict[int, tuple[ArrayAdapter, list[Any]]] = {}
+    for _, ad, d, _ in writes:
+        groups.setdefault(id(ad), (ad, []))[1].append(d)
+    olds: dict[int, Any] = {}
+    for ad, ds in groups.values():
+        olds.update(zip(map(id, ds), ad.backups(ds)))
     done: list[tuple[KeyPath, ArrayAdapter, Any, Any]] = []
     try:
         for path, ad, d, s in writes:
-            old = ad.backup(d)
-            done.append((path, ad, d, old))
+            done.append((path, ad, d, olds[id(d)]))
             ad.write(d, s)
     except BaseException as e:
         failed = []

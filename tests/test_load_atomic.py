@@ -139,3 +139,23 @@ def test_torch_meta_destination_refuses_real_values() -> None:
     dst = {"w": torch.zeros(2, device="meta")}
     with pytest.raises(ValueError, match=r"at w: `dst` holds an array without storage"):
         fk.load_into(dst, {"w": torch.ones(2)})
+
+
+def test_large_numpy_backups_restore(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backups of 1 MiB or more share one allocation (the NumPy adapter's ``backups``)."""
+    dst = {"a": np.arange(100_000.0), "b": np.arange(100_000, dtype=np.float32)[::-1].copy()}
+    before = _snapshot(dst)
+    cls = type(adapter_of(dst["a"]))
+    real_write = cls.write
+    calls = [0]
+
+    def write(self: Any, d: Any, s: Any) -> None:
+        calls[0] += 1
+        real_write(self, d, s)
+        if calls[0] == 2:
+            raise Boom("injected")
+
+    monkeypatch.setattr(cls, "write", write)
+    with pytest.raises(Boom):
+        fk.load_into(dst, {"a": np.zeros(100_000), "b": np.ones(100_000)})
+    assert _snapshot(dst) == before

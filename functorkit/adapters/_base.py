@@ -352,6 +352,10 @@ class ArrayAdapter:
         """A plain copy of `x`'s current values, to restore them with :meth:`write`."""
         return self.copy(self.detach(x))
 
+    def backups(self, xs: list[Any]) -> list[Any]:
+        """:meth:`backup` of each array in `xs`."""
+        return [self.backup(x) for x in xs]
+
     # ---- memory ------------------------------------------------------------------
 
     def host_view(self, x: Any) -> np.ndarray | None:
