@@ -51,49 +51,14 @@ import numpy as np
 
 from ._errors import StructureError
 from ._keypath import KeyPath
+from .adapters._base import _HOST, Layout, adapter_of, normalise_layout
+from .adapters._base import extent as _extent
 
 __all__ = ["Layout", "check_no_aliases", "memory_layout"]
 
 #: above this many contiguous runs in one cluster, fall back to pairwise tests
 _RUN_LIMIT = 1 << 21
-_HOST = ("cpu", 0)
-
-
-class Layout(NamedTuple):
-    """Normalised memory footprint of one array (see the module docstring)."""
-
-    space: tuple[str, int]
-    lo: int  # lowest byte address touched
-    dims: tuple[tuple[int, int], ...]  # (length, positive byte stride), ascending stride, merged
-    itemsize: int
-
-    @property
-    def hi(self) -> int:
-        """One past the highest byte address touched."""
-        return self.lo + sum((n - 1) * s for n, s in self.dims) + self.itemsize
-
-
-def _normalise(space: tuple[str, int], ptr: int, shape: Any, strides: Any, itemsize: int) -> Layout | None:
-    if itemsize <= 0:
-        return None
-    dims = []
-    for n, s in zip(shape, strides, strict=True):
-        if n == 0:
-            return None
-        if n == 1 or s == 0:
-            continue
-        if s < 0:
-            ptr += (n - 1) * s
-            s = -s
-        dims.append((n, s))
-    dims.sort(key=lambda d: d[1])
-    merged: list[tuple[int, int]] = []
-    for n, s in dims:
-        if merged and s == merged[-1][0] * merged[-1][1]:
-            merged[-1] = (merged[-1][0] * n, merged[-1][1])
-        else:
-            merged.append((n, s))
-    return Layout(space, ptr, tuple(merged), itemsize)
+_normalise = normalise_layout
 
 
 # -------------------------------------------------- where an array lives
@@ -112,99 +77,9 @@ def _np_owner(x: Any) -> int | None:
     return None
 
 
-def _extent(ptr: int, shape: Any, strides: Any, itemsize: int) -> tuple[int, int]:
-    lo = hi = ptr
-    for n, s in zip(shape, strides, strict=True):
-        if s < 0:
-            lo += (n - 1) * s
-        else:
-            hi += (n - 1) * s
-    return lo, hi + itemsize
-
-
-_TORCH: list[Any] = []  # [torch.strided, plain tensor types, has-python-dispatch test], set when torch is met
-
-
-def _torch_info() -> list[Any]:
-    if not _TORCH:
-        import torch
-
-        python_key = torch._C.DispatchKey.Python
-
-        def python_dispatch(x: Any) -> bool:
-            return bool(torch._C._dispatch_keys(x).has(python_key))
-
-        _TORCH.extend([torch.strided, (torch.Tensor, torch.nn.Parameter), python_dispatch])
-    return _TORCH
-
-
-def _torch_extent(x: Any) -> tuple[tuple[str, int], int, int] | None:
-    strided, plain, python_dispatch = _TORCH or _torch_info()
-    if x.layout is not strided or x.is_nested:  # sparse, mkldnn, nested: no plain strided memory
-        return None
-    if type(x) not in plain and python_dispatch(x):  # FakeTensor and other wrapper subclasses: no real memory
-        return None
-    if x.is_cpu:
-        space = _HOST
-    else:
-        dev = x.device
-        if dev.type == "meta":
-            return None
-        space = (dev.type, dev.index or 0)
-    if x.numel() == 0:
-        return None
-    try:
-        ptr = x.data_ptr()
-    except (RuntimeError, NotImplementedError, TypeError):  # no storage: torch.func wrappers, fake tensors
-        return None
-    if ptr == 0:
-        return None
-    if x.is_contiguous():
-        return space, ptr, ptr + x.nbytes
-    isz = x.element_size()
-    lo, hi = _extent(ptr, x.shape, [st * isz for st in x.stride()], isz)
-    return space, lo, hi
-
-
-_KIND: dict[type, str] = {}
-
-
-def _kind(x: Any) -> str:
-    t = type(x)
-    try:
-        return _KIND[t]
-    except KeyError:
-        k = _KIND[t] = t.__module__.partition(".")[0]
-        return k
-
-
-def _torch_layout(x: Any) -> Layout | None:
-    ext = _torch_extent(x)
-    if ext is None:
-        return None
-    isz = x.element_size()
-    return _normalise(ext[0], x.data_ptr(), tuple(x.shape), tuple(s * isz for s in x.stride()), isz)
-
-
 def memory_layout(x: Any) -> Layout | None:
     """Where array `x` lives in memory, or None if it cannot alias (immutable, meta, empty, no storage)."""
-    if isinstance(x, np.ndarray):
-        if x.size == 0:
-            return None
-        return _normalise(_HOST, x.__array_interface__["data"][0], x.shape, x.strides, x.itemsize)
-    mod = type(x).__module__.partition(".")[0]
-    if mod == "torch":
-        return _torch_layout(x)
-    if mod == "array_api_strict":
-        inner = getattr(x, "_array", None)
-        if not isinstance(inner, np.ndarray) or inner.size == 0:
-            return None
-        return _normalise(_HOST, inner.__array_interface__["data"][0], inner.shape, inner.strides, inner.itemsize)
-    if mod == "cupy":
-        if x.size == 0:
-            return None
-        return _normalise(("cuda", int(x.device.id)), int(x.data.ptr), x.shape, x.strides, x.itemsize)
-    return None
+    return adapter_of(x).memory_layout(x)
 
 
 # ----------------------------------------------------------- exact tests
@@ -411,7 +286,6 @@ def check_no_aliases(entries: Iterable[tuple[KeyPath, Any]], what: str) -> None:
     spans: list[tuple[tuple[str, int], int, int, int, KeyPath, Any, Any, int]] = []
     host_np: list[tuple[int, KeyPath, Any, Any, int | None]] = []  # (order, path, array, ndarray, owner)
     foreign_host = False
-    kinds = _KIND
     for k, (path, x) in enumerate(entries):
         if isinstance(x, np.ndarray):
             if x.size and x.itemsize:
@@ -419,21 +293,16 @@ def check_no_aliases(entries: Iterable[tuple[KeyPath, Any]], what: str) -> None:
                 foreign_host = foreign_host or owner is None
                 host_np.append((k, path, x, x, owner))
             continue
-        mod = kinds.get(type(x)) or _kind(x)
-        if mod == "torch":
-            ext = _torch_extent(x)
-            if ext is not None:
-                foreign_host = foreign_host or ext[0] == _HOST
-                spans.append((*ext, k, path, x, x, 0))
-        elif mod == "array_api_strict":
-            inner = getattr(x, "_array", None)
-            if isinstance(inner, np.ndarray) and inner.size and inner.itemsize:
-                owner = _np_owner(inner)
-                foreign_host = foreign_host or owner is None
-                host_np.append((k, path, x, inner, owner))
-        elif mod == "cupy" and x.size and x.itemsize:
-            lo, hi = _extent(int(x.data.ptr), x.shape, x.strides, x.itemsize)
-            spans.append((("cuda", int(x.device.id)), lo, hi, k, path, x, x, 0))
+        try:
+            ad = adapter_of(x)
+        except TypeError:  # not an array: nothing to alias
+            continue
+        if not ad.mutable:
+            continue
+        ext = ad.memory_extent(x)
+        if ext is not None:
+            foreign_host = foreign_host or ext[0] == _HOST
+            spans.append((*ext, k, path, x, x, 0))
     if host_np:
         if not foreign_host:
             # memory owned by distinct ndarrays cannot overlap: only views of one owner need a look
@@ -473,14 +342,7 @@ def check_no_aliases(entries: Iterable[tuple[KeyPath, Any]], what: str) -> None:
 def _strides(x: Any) -> tuple[int, ...] | None:
     if isinstance(x, np.ndarray):
         return tuple(x.strides)
-    mod = type(x).__module__.partition(".")[0]
-    if mod == "torch":
-        return tuple(x.stride())
-    if mod == "array_api_strict":
-        return tuple(x._array.strides)
-    if mod == "cupy":
-        return tuple(x.strides)
-    return None
+    return adapter_of(x).byte_strides(x)
 
 
 def _relation(x: Any, y: Any, a: Layout, b: Layout) -> str:

@@ -10,18 +10,20 @@ Results are fresh arrays: no input is written to and no result shares memory
 with an input. ``dot``/``norm`` reduce on the device and return a 0-d array;
 nothing here moves a value to the host.
 
-On torch, the accumulating operations (``lincomb``, ``mean``) add into the
-fresh result in place (``Tensor.add_(x, alpha=c)``): one allocation per leaf
-instead of one per term, and autograd records it like the hand-written
-expression. Inputs wrapped by ``torch.func`` transforms take the
-out-of-place path (in-place on an unwrapped result is not allowed there).
+Where the array's adapter allows it (``inplace_ok``: NumPy, plain torch
+tensors outside ``torch.func`` transforms) the accumulating operations
+(``lincomb``, ``mean``) add into the fresh result in place: one allocation
+per leaf instead of one per term, and autograd records it like the
+hand-written expression. Every backend-specific operation (in-place
+accumulation, ``lerp``, ``vdot``, copies) is a method of the adapter.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -29,7 +31,18 @@ import numpy as np
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._walk import BUILD_NONE, BUILD_SAME, fmap, walk
-from ._xp import device_of, is_array, is_inexact_array, namespace
+from ._xp import (
+    describe_array,
+    describe_dtype,
+    describe_namespace,
+    device_of,
+    is_array,
+    is_complex,
+    is_inexact_array,
+    namespace,
+    same_device,
+)
+from .adapters._base import adapter_of
 
 __all__ = [
     "add",
@@ -47,25 +60,17 @@ __all__ = [
 ]
 
 _PY_SCALARS = (int, float, complex)
-_NUMPY_NS = "array_api_compat.numpy"
-_TORCH_NS = "array_api_compat.torch"
-# in-place modes for accumulating into a fresh result
-_OUT_OF_PLACE, _INPLACE_NUMPY, _INPLACE_TORCH = 0, 1, 2
 
 
 # --------------------------------------------------------------------------- helpers
 
-
-def _dtype_name(dt: Any) -> str:
-    return str(dt).rpartition(".")[2]
-
-
-def _describe(x: Any) -> str:
-    return f"{_dtype_name(x.dtype)} array of shape {tuple(x.shape)} on {device_of(x)}"
+_dtype_name = describe_dtype
+_describe = describe_array
+_is_complex = is_complex
 
 
 def _ns_name(xp: Any) -> str:
-    return str(getattr(xp, "__name__", type(xp).__name__))
+    return describe_namespace(xp)
 
 
 def _as_array(x: Any) -> Any:
@@ -75,10 +80,6 @@ def _as_array(x: Any) -> Any:
     return x
 
 
-def _is_complex(x: Any) -> bool:
-    return bool(namespace(x).isdtype(x.dtype, "complex floating"))
-
-
 def _real_dtype(xp: Any, dt: Any) -> Any:
     if xp.isdtype(dt, "complex floating"):
         return xp.float32 if dt == xp.complex64 else xp.float64
@@ -86,61 +87,66 @@ def _real_dtype(xp: Any, dt: Any) -> Any:
 
 
 def _same_device(a: Any, b: Any) -> bool:
-    da, db = device_of(a), device_of(b)
-    return da is None or db is None or da == db
+    return same_device(device_of(a), device_of(b))
 
 
 def copy_array(x: Any) -> Any:
     """An independent copy of array `x` (anything else is returned as it is).
 
-    NumPy arrays keep their subclass and memory order and come back writeable.
-    Torch tensors are copied detached from autograd history (like
-    ``copy.deepcopy``): an ``nn.Parameter`` gives an ``nn.Parameter`` and a
-    tensor that required grad gives a new leaf that requires grad.
+    The adapter's ``clone_leaf``: NumPy arrays keep their subclass and memory
+    order and come back writeable; torch tensors are copied detached from
+    autograd history (like ``copy.deepcopy``): an ``nn.Parameter`` gives an
+    ``nn.Parameter`` and a tensor that required grad gives a new leaf that
+    requires grad.
     """
     if not is_array(x):
         return x
-    mod = type(x).__module__.partition(".")[0]
-    if mod == "numpy":
-        return np.array(x, copy=True, order="K", subok=True)
-    if mod == "torch":
-        import torch
-
-        y = x.detach().clone()
-        if isinstance(x, torch.nn.Parameter):
-            return torch.nn.Parameter(y, requires_grad=x.requires_grad)
-        if x.requires_grad:
-            y.requires_grad_(True)
-        return y
-    if mod == "cupy":
-        return x.copy()
-    return namespace(x).asarray(x, copy=True)
+    return adapter_of(x).clone_leaf(x)
 
 
-_functorch_wrapped: Callable[[Any], bool] | None = None
+def _model_list(models: Any, fname: str, what: str = "models") -> list[Any]:
+    """`models` as a list of models; a single model (dict, array, dataclass...) is a TypeError."""
+    single = (
+        isinstance(models, (Mapping, str, bytes))
+        or is_array(models)
+        or (dataclasses.is_dataclass(models) and not isinstance(models, type))
+    )
+    if not single:
+        try:
+            return list(models)
+        except TypeError:
+            single = True
+    msg = (
+        f"fk.{fname}: `{what}` must be a list (or tuple) of models, got a {type(models).__name__}, which "
+        f"looks like a single model. Expected e.g. fk.{fname}("
+        + ("[c1, c2], [m1, m2]" if fname == "lincomb" else "[m1, m2, m3]")
+        + f"); fix: wrap it in a list, e.g. fk.{fname}("
+        + ("[1.0], [model]" if fname == "lincomb" else "[model]")
+        + ")."
+    )
+    raise TypeError(msg)
 
 
-def _torch_plain(arrays: Iterable[Any]) -> bool:
-    """True if every tensor is a plain (not ``torch.func``-wrapped) Tensor or Parameter."""
-    global _functorch_wrapped
-    import torch
-
-    if _functorch_wrapped is None:
-        # private API; if it moves, every tensor counts as wrapped (always out of place)
-        functorch = getattr(torch._C, "_functorch", None)
-        _functorch_wrapped = getattr(functorch, "is_functorch_wrapped_tensor", lambda t: True)
-    plain = (torch.Tensor, torch.nn.Parameter)
-    wrapped = _functorch_wrapped
-    return all(type(t) in plain and not wrapped(t) for t in arrays)
-
-
-def _inplace_mode(xp: Any, arrays: Sequence[Any]) -> int:
-    name = _ns_name(xp)
-    if name == _NUMPY_NS:
-        return _INPLACE_NUMPY
-    if name == _TORCH_NS and _torch_plain(arrays):
-        return _INPLACE_TORCH
-    return _OUT_OF_PLACE
+def _coefficient_list(coefficients: Any) -> list[Any]:
+    """`coefficients` as a list; a single number or array is a TypeError that shows the fix."""
+    if (
+        isinstance(coefficients, (Mapping, str, bytes))
+        or is_array(coefficients)
+        or isinstance(coefficients, numbers.Number)
+    ):
+        single = True
+    else:
+        try:
+            return list(coefficients)
+        except TypeError:
+            single = True
+    assert single
+    msg = (
+        f"fk.lincomb: `coefficients` must be a list of numbers, one per model, got a "
+        f"{type(coefficients).__name__} ({coefficients!r}). Expected e.g. fk.lincomb([0.5, 0.5], [m1, m2]); "
+        "fix: wrap it in a list (fk.lincomb([c], [model])) or use fk.scale(c, model) for one model."
+    )
+    raise TypeError(msg)
 
 
 # --------------------------------------------------------------------------- coefficients
@@ -441,8 +447,8 @@ def lincomb(coefficients: Sequence[Any], models: Sequence[Any], /) -> Any:
     >>> fk.lincomb([1, 0.5, -0.25], [origin, d1, d2])
     {'w': array([1., 0.])}
     """
-    coefs = list(coefficients)
-    mods = list(models)
+    coefs = _coefficient_list(coefficients)
+    mods = _model_list(models, "lincomb")
     if len(coefs) != len(mods) or not mods:
         msg = (
             f"fk.lincomb: expected one coefficient per model and at least one model, got "
@@ -457,18 +463,11 @@ def lincomb(coefficients: Sequence[Any], models: Sequence[Any], /) -> Any:
         for i, c in enumerate(coefs):
             _check_coefficient(path, x, c, f"coefficients[{i}]", "lincomb")
         xs = (x, *others)
-        mode = _inplace_mode(namespace(x), (*xs, *arrays_c))
+        ad = adapter_of(x)
+        inplace = ad.inplace_ok((*xs, *arrays_c))
         acc = x * coefs[0]
         for xk, ck in zip(xs[1:], coefs[1:], strict=True):
-            if mode == _INPLACE_TORCH:
-                if is_array(ck):
-                    acc.addcmul_(xk, ck)
-                else:
-                    acc.add_(xk, alpha=ck)
-            elif mode == _INPLACE_NUMPY and isinstance(acc, np.ndarray):
-                acc += xk * ck
-            else:
-                acc = acc + xk * ck
+            acc = ad.axpy(acc, xk, ck, inplace)
         return acc
 
     return _map_params("lincomb", names, mods, fn)
@@ -487,7 +486,7 @@ def mean(models: Sequence[Any], /) -> Any:
     >>> fk.mean([{"w": np.array([1.0])}, {"w": np.array([2.0])}, {"w": np.array([6.0])}])
     {'w': array([3.])}
     """
-    mods = list(models)
+    mods = _model_list(models, "mean")
     if not mods:
         msg = "fk.mean: expected at least one model, got none."
         raise ValueError(msg)
@@ -497,18 +496,12 @@ def mean(models: Sequence[Any], /) -> Any:
     def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
         if not others:
             return x / 1
-        mode = _inplace_mode(namespace(x), (x, *others))
+        ad = adapter_of(x)
+        inplace = ad.inplace_ok((x, *others))
         acc = x + others[0]
         for o in others[1:]:
-            if mode == _INPLACE_TORCH:
-                acc.add_(o)
-            elif mode == _INPLACE_NUMPY and isinstance(acc, np.ndarray):
-                acc += o
-            else:
-                acc = acc + o
-        if mode == _INPLACE_TORCH:
-            return acc.div_(n)
-        return acc / n
+            acc = ad.add(acc, o, inplace)
+        return ad.div(acc, n, inplace)
 
     return _map_params("mean", names, mods, fn)
 
@@ -544,11 +537,7 @@ def lerp(a: Any, b: Any, t: Any, /) -> Any:
         _check_coefficient(path, x, t, "t", "lerp")
         y = others[0]
         if python_t:
-            if _ns_name(namespace(x)) == _TORCH_NS:
-                return x.lerp(y, t)
-            if t < 0.5:
-                return x + (y - x) * t
-            return y - (y - x) * (1 - t)
+            return adapter_of(x).lerp(x, y, t)
         return x + (y - x) * t
 
     return _map_params("lerp", ("a", "b"), (a, b), fn)
@@ -594,14 +583,8 @@ def _flat(xp: Any, x: Any) -> Any:
     return xp.reshape(x, (-1,))
 
 
-_TORCH_VDOT_DTYPES = frozenset({"float32", "float64", "complex64", "complex128"})
-
-
 def _leaf_dot(xp: Any, x: Any, others: list[Any]) -> Any:
-    y = others[0]
-    if _ns_name(xp) == _TORCH_NS and _dtype_name(x.dtype) in _TORCH_VDOT_DTYPES:
-        return x.reshape(-1).vdot(y.reshape(-1))  # BLAS; linalg.vecdot multiplies then sums
-    return xp.vecdot(_flat(xp, x), _flat(xp, y))
+    return adapter_of(x).vdot(x, others[0])
 
 
 def dot(a: Any, b: Any, /) -> Any:
@@ -680,13 +663,12 @@ def _norm(a: Any, o: float, fname: str) -> Any:
     sumsq: list[bool] = []
 
     def leaf(xp: Any, x: Any, others: list[Any]) -> Any:
-        if o == 2 and _ns_name(xp) == _NUMPY_NS:
-            # NumPy's vector_norm squares into a temporary; a dot product does not
+        ad = adapter_of(x)
+        if o == 2 and ad.fast_sum_squares:
+            # e.g. NumPy's vector_norm squares into a temporary; a dot product does not
             if not sumsq:
                 sumsq.append(True)
-            xf = _flat(xp, x)
-            s = xp.vecdot(xf, xf)
-            return xp.real(s) if _is_complex(x) else s
+            return ad.sum_squares(x)
         return _vector_norm(xp, x, ord=o)
 
     xp, parts = _reduce_params(fname, ("a",), (a,), leaf)
@@ -847,4 +829,3 @@ def copy(tree: Any, /) -> Any:
     (True, False, False)
     """
     return fmap(copy_array, tree)
-

@@ -1,66 +1,55 @@
 """load_into: copy one model's values into another model's arrays, in place, all or nothing.
 
-One walk over ``(dst, src)`` checks everything and makes a plan (structure,
-shapes, complex into real, writability, ties and aliases in `dst`, values
-brought into `dst`'s namespace); only then is anything written. A `src`
-array whose memory lies inside `dst`'s memory is copied first, so every
-value written is the value `src` had when the call began.
+Three phases, and nothing is written before the third:
+
+1. one walk over ``(dst, src)`` checks structure, shapes, complex into real,
+   writability (through each array's adapter: immutable, read-only,
+   inference, self-overlapping, ``meta``), readability of each source (sparse,
+   nested, quantized, structured dtypes), ties and aliases in `dst`;
+2. every source value is *staged* by `dst`'s adapter: brought into `dst`'s
+   namespace, dtype, device and shape (a copy where a conversion is needed,
+   or where the source's memory lies inside `dst`'s). Every conversion error
+   (an unparsable string, an object array holding ``"x"``, a subclass whose
+   ``copy_`` raises) happens here, with the path;
+3. the writes: plain same-kind copies. Before each write the old values of
+   its `dst` array are copied aside; if anything interrupts the writes (an
+   exception, ``KeyboardInterrupt``), the arrays written so far are restored
+   and the exception propagates, so `dst` is left bit-for-bit as it was.
+
+Cost: besides the writes, one copy of each `dst` array (the backups, freed
+on return) and one copy of each source that needs a conversion.
 """
 
 from __future__ import annotations
 
 import bisect
-import math
 from typing import Any
 
-import array_api_compat
-import numpy as np
-
 from ._alias import check_no_aliases, memory_layout
-from ._arith import copy_array
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._walk import BUILD_NONE, walk
-from ._xp import device_of, is_array, namespace
+from ._xp import MATRIX_MESSAGE, describe_array, describe_dtype, is_array, is_complex, is_inexact_array, namespace
+from .adapters._base import ArrayAdapter, adapter_of
 
 __all__ = ["load_into"]
 
 
-def _dtype_name(dt: Any) -> str:
-    return str(dt).rpartition(".")[2]
-
-
 def _describe(x: Any) -> str:
-    return f"{_dtype_name(x.dtype)} array of shape {tuple(x.shape)}"
+    return f"{describe_dtype(x.dtype)} array of shape {tuple(x.shape)}"
 
 
-def _module(x: Any) -> str:
-    return type(x).__module__.partition(".")[0]
+def _is_array(path: KeyPath, x: Any, side: str) -> bool:
+    try:
+        return is_array(x)
+    except TypeError as e:
+        msg = f"at {path.display}: `{side}` {MATRIX_MESSAGE}"
+        raise TypeError(msg) from e
 
 
-def _is_complex(x: Any) -> bool:
-    return bool(namespace(x).isdtype(x.dtype, "complex floating"))
-
-
-def _is_meta(x: Any) -> bool:
-    return _module(x) == "torch" and x.device.type == "meta"
-
-
-def _check_writable(path: KeyPath, d: Any) -> None:
+def _check_writable(path: KeyPath, ad: ArrayAdapter, d: Any) -> None:
     """Raise before anything is written if `d` cannot be written in place."""
-    why = None
-    if array_api_compat.is_jax_array(d) or array_api_compat.is_dask_array(d):
-        why = f"{type(d).__module__.partition('.')[0]} arrays are immutable"
-    else:
-        mod = _module(d)
-        inner = d if mod == "numpy" else getattr(d, "_array", None) if mod == "array_api_strict" else None
-        if isinstance(inner, np.ndarray) and not inner.flags.writeable:
-            why = "the array is read-only"
-        elif mod == "torch" and d.is_inference():
-            import torch
-
-            if not torch.is_inference_mode_enabled():
-                why = "it is an inference tensor (made under torch.inference_mode)"
+    why = ad.write_problem(d)
     if why is not None:
         msg = (
             f"at {path.display}: fk.load_into writes into `dst`'s arrays in place, but {why}. Expected "
@@ -68,67 +57,65 @@ def _check_writable(path: KeyPath, d: Any) -> None:
             "fk.fmap(lambda d, s: s, dst, src), or fk.copy(src)."
         )
         raise TypeError(msg)
-    lay = memory_layout(d)
-    if lay is not None and math.prod(n for n, _ in lay.dims) < math.prod(d.shape):  # a stride-0 axis
+    why = ad.overlap_problem(d)
+    if why is not None:
         msg = (
-            f"at {path.display}: several elements of this `dst` array share one memory location (stride 0, "
-            "as made by expand/broadcast_to), so fk.load_into cannot write distinct values into it. "
-            "Expected an array that owns each element; fix: materialise it first (e.g. .contiguous())."
+            f"at {path.display}: in this `dst` array {why}. fk.load_into cannot write distinct values "
+            "into it. Expected an array that owns each element."
         )
         raise StructureError(msg)
 
 
-def _into_namespace(path: KeyPath, d: Any, s: Any) -> Any:
-    """`s` as an array of `d`'s namespace, ready for ``d[...] = s`` / ``d.copy_(s)``."""
-    dxp = namespace(d)
-    if namespace(s) is not dxp:
-        src = s.detach() if _module(s) == "torch" else s
-        try:
-            s = dxp.asarray(src)
-        except Exception:  # noqa: BLE001 - try the other interchange path, then explain
-            try:
-                s = dxp.from_dlpack(src)
-            except Exception as e:
-                msg = (
-                    f"at {path.display}: fk.load_into cannot bring `src`'s {type(src).__name__} "
-                    f"(on {device_of(src)}) into `dst`'s {type(d).__name__} namespace ({e}). Expected arrays "
-                    "the destination library can read; fix: convert `src` first (e.g. move it to the CPU)."
-                )
-                raise PolicyError(msg) from e
-    if _is_meta(s) and not _is_meta(d):
+def _check_readable(path: KeyPath, ad: ArrayAdapter, d: Any, s: Any) -> None:
+    """Raise if the values of `s` cannot be read into `d` (sparse/nested/quantized, meta)."""
+    sa = adapter_of(s)
+    why = sa.read_problem(s)
+    if why is not None:
         msg = (
-            f"at {path.display}: `src` holds a meta tensor here (no data) but `dst` a {_describe(d)} on "
-            f"{device_of(d)}. Expected values to copy; fix: materialise `src` first."
+            f"at {path.display}: fk.load_into cannot read the `src` array here: {why}. Expected a dense "
+            f"array of a numeric dtype for `dst`'s {_describe(d)}; fix: convert it first (e.g. "
+            "`.to_dense()`, `.dequantize()`, or a plain numeric array)."
+        )
+        raise PolicyError(msg)
+    s_values = sa.readable(sa.device(s))
+    d_storage = ad.readable(ad.device(d))
+    if not s_values and d_storage:
+        msg = (
+            f"at {path.display}: `src` holds an array without values here (a `meta` tensor) but `dst` a "
+            f"{describe_array(d)}. Expected values to copy; fix: materialise `src` first."
         )
         raise ValueError(msg)
-    mod = _module(d)
-    if mod not in ("torch", "numpy"):
-        # torch's copy_ and NumPy's setitem convert dtype and device; others get ready-made values
-        if s.dtype != d.dtype:
-            s = dxp.astype(s, d.dtype)
-        dev = device_of(d)
-        if dev is not None and device_of(s) != dev:
-            s = array_api_compat.to_device(s, dev)
-    return s
+    if s_values and not d_storage:
+        msg = (
+            f"at {path.display}: `dst` holds an array without storage here (a `meta` tensor), so the values "
+            f"of `src` ({describe_array(s)}) cannot be stored in it. Expected a `dst` with storage; fix: "
+            "materialise `dst` first (e.g. `module.to_empty(device='cpu')`), or load a `src` on `meta`."
+        )
+        raise ValueError(msg)
+
+
+def _stage(path: KeyPath, ad: ArrayAdapter, d: Any, s: Any) -> Any:
+    """`s` as `dst`'s adapter stages it (namespace, dtype, device); errors name the path."""
+    if not (ad.readable(ad.device(d))):
+        return None  # meta into meta: nothing to write
+    try:
+        return ad.stage(d, s)
+    except (TypeError, ValueError, RuntimeError, OverflowError, NotImplementedError, BufferError) as e:
+        msg = (
+            f"at {path.display}: fk.load_into cannot convert the `src` {describe_array(s)} into `dst`'s "
+            f"{describe_array(d)} ({type(e).__name__}: {e}). Expected values `dst`'s library can read as "
+            f"{describe_dtype(d.dtype)}; fix: convert `src` first (e.g. cast it, or move it to the CPU)."
+        )
+        raise PolicyError(msg) from e
 
 
 def _same_values(d: Any, a: Any, b: Any) -> bool:
-    """Would `a` and `b` write the same values into `d`? (Host synchronisation: ties only.)"""
-    if _is_meta(d):
+    """Would the staged `a` and `b` write the same values into `d`? (Host synchronisation: ties only.)"""
+    if a is None or b is None:
         return True
     xp = namespace(d)
-    dev = device_of(d)
-
-    def ready(x: Any) -> Any:
-        if x.dtype != d.dtype:
-            x = xp.astype(x, d.dtype)
-        if dev is not None and device_of(x) != dev:
-            x = array_api_compat.to_device(x, dev)
-        return x
-
-    a, b = ready(a), ready(b)
     eq = a == b
-    if xp.isdtype(d.dtype, ("real floating", "complex floating")):
+    if is_inexact_array(d):
         eq = eq | (xp.isnan(a) & xp.isnan(b))
     return bool(xp.all(eq))
 
@@ -231,11 +218,11 @@ def load_into(dst: Any, src: Any, /) -> Any:
     >>> out is dst, dst["w"], dst["steps"], dst["name"]
     (True, array([1.5, 2.5], dtype=float32), array(7), 'a')
     """
-    plan: list[tuple[KeyPath, Any, Any]] = []
-    fed: dict[int, tuple[KeyPath, Any]] = {}  # id(dst array) -> (path, prepared src) of its first feed
+    plan: list[tuple[KeyPath, ArrayAdapter, Any, Any]] = []  # (path, dst adapter, dst array, staged src)
+    fed: dict[int, tuple[KeyPath, Any]] = {}  # id(dst array) -> (path, staged src) of its first feed
 
     def visit(path: KeyPath, d: Any, s: Any) -> None:
-        d_arr, s_arr = is_array(d), is_array(s)
+        d_arr, s_arr = _is_array(path, d, "dst"), _is_array(path, s, "src")
         if not d_arr:
             if s_arr:
                 msg = (
@@ -251,25 +238,29 @@ def load_into(dst: Any, src: Any, /) -> Any:
                 "array of the same shape in `src`; fix: pass a `src` of `dst`'s structure."
             )
             raise StructureError(msg)
-        _check_writable(path, d)
+        ad = adapter_of(d)
+        _check_writable(path, ad, d)
+        _check_readable(path, ad, d, s)
         if tuple(d.shape) != tuple(s.shape):
             msg = (
                 f"at {path.display}: shape {tuple(d.shape)} in `dst` vs {tuple(s.shape)} in `src`. Expected "
                 "equal shapes (no broadcasting); fix: pass models of the same architecture."
             )
             raise StructureError(msg)
-        if _is_complex(s) and not _is_complex(d):
+        if is_complex(s) and not is_complex(d):
             msg = (
                 f"at {path.display}: `src` is complex ({_describe(s)}) but `dst` is real ({_describe(d)}); "
                 "copying would drop the imaginary part. Expected a real `src` for a real `dst`; fix: take "
                 "the real part explicitly, e.g. fk.fmap(xp.real, src), or make `dst` complex."
             )
             raise PolicyError(msg)
-        prepared = _into_namespace(path, d, s)
         first = fed.get(id(d))
+        if first is not None and first[1] is s:
+            return
+        staged = _stage(path, ad, d, s)
         if first is not None:
             p0, s0 = first
-            if prepared is not s0 and not _same_values(d, s0, prepared):
+            if staged is not s0 and not _same_values(d, s0, staged):
                 msg = (
                     f"at {p0.display} and {path.display}: `dst` has one array at both places (a tie) but "
                     "`src` has different values there. Expected equal values for a tie; fix: untie `dst` "
@@ -277,27 +268,51 @@ def load_into(dst: Any, src: Any, /) -> Any:
                 )
                 raise StructureError(msg)
             return
-        fed[id(d)] = (path, prepared)
-        plan.append((path, d, prepared))
+        fed[id(d)] = (path, staged)
+        plan.append((path, ad, d, staged))
 
     walk((dst, src), visit, build=BUILD_NONE, with_path=True, names=("dst", "src"))
-    check_no_aliases([(p, d) for p, d, _ in plan], "fk.load_into")
-    mem = _dst_memory([d for _, d, _ in plan])
-    writes: list[tuple[Any, Any]] = []
-    for _, d, s in plan:
-        if s is d:
-            continue  # loading an array into itself
+    check_no_aliases([(p, d) for p, _, d, _ in plan], "fk.load_into")
+    mem = _dst_memory([d for _, _, d, _ in plan])
+    writes: list[tuple[KeyPath, ArrayAdapter, Any, Any]] = []
+    for path, ad, d, s in plan:
+        if s is None or s is d:
+            continue  # meta into meta, or an array loaded into itself
         if mem and _inside_dst(s, mem):
-            s = copy_array(s)  # read every value before any write
-        writes.append((d, s))
-    torch_writes = [(d, s) for d, s in writes if _module(d) == "torch"]
-    if torch_writes:
-        import torch
-
-        with torch.no_grad():
-            for d, s in torch_writes:
-                d.copy_(s)
-    for d, s in writes:
-        if _module(d) != "torch":
-            d[...] = s
+            s = ad.copy(s)  # read every value before any write
+        writes.append((path, ad, d, s))
+    _write_all(writes)
     return dst
+
+
+def _write_all(writes: list[tuple[KeyPath, ArrayAdapter, Any, Any]]) -> None:
+    """Do the writes; on any exception (KeyboardInterrupt too) restore what was written, re-raise.
+
+    Every `dst` array's old values are copied aside first (adapter ``backups``:
+    one allocation on NumPy); on failure the arrays written so far and the one
+    being written are restored.
+    """
+    groups: dict[int, tuple[ArrayAdapter, list[Any]]] = {}
+    for _, ad, d, _ in writes:
+        groups.setdefault(id(ad), (ad, []))[1].append(d)
+    olds: dict[int, Any] = {}
+    for ad, ds in groups.values():
+        olds.update(zip(map(id, ds), ad.backups(ds)))
+    done: list[tuple[KeyPath, ArrayAdapter, Any, Any]] = []
+    try:
+        for path, ad, d, s in writes:
+            done.append((path, ad, d, olds[id(d)]))
+            ad.write(d, s)
+    except BaseException as e:
+        failed = []
+        for path, ad, d, old in reversed(done):
+            try:
+                ad.write(d, old)
+            except Exception as again:  # noqa: BLE001 - not a fallback: every failure is reported below
+                failed.append(f"{path.display} ({type(again).__name__}: {again})")
+        if failed:
+            e.add_note(
+                "(functorkit: fk.load_into could not restore these `dst` arrays after the error above, so "
+                f"they may hold new values: {'; '.join(failed)})"
+            )
+        raise

@@ -25,6 +25,15 @@ from typing import Any, NamedTuple
 
 from ._errors import PolicyError
 from ._keypath import KeyPath
+from ._xp import (
+    Kind,
+    describe_device,
+    describe_dtype,
+    describe_kind,
+    describe_namespace,
+    is_complex,
+    same_device,
+)
 
 __all__ = [
     "POLICIES",
@@ -33,6 +42,7 @@ __all__ = [
     "Kind",
     "check_policy",
     "decide_flatten",
+    "decide_mixed",
     "decide_rebuild",
     "describe_device",
     "describe_dtype",
@@ -97,47 +107,12 @@ def check_policy(policy: Any, where: str) -> str:
     raise ValueError(msg)
 
 
-# ---- facts about arrays ------------------------------------------------------
-
-
-class Kind(NamedTuple):
-    """Namespace, dtype and device of an array (device None: unknown, e.g. a JAX tracer)."""
-
-    xp: Any
-    dtype: Any
-    device: Any
-
-
-def describe_namespace(xp: Any) -> str:
-    name = str(getattr(xp, "__name__", xp))
-    return name.removeprefix("array_api_compat.").split(".")[0]
-
-
-def describe_dtype(dtype: Any) -> str:
-    name = getattr(dtype, "name", None)
-    if isinstance(name, str):
-        return name
-    return str(dtype).rpartition(".")[2]
-
-
-def describe_device(device: Any) -> str:
-    if device is None:
-        return "unknown device"
-    return str(device)
+# ---- facts about arrays (the helpers live in _xp; re-exported for _flat) -------
 
 
 def describe(kind: Kind) -> str:
-    return f"{describe_dtype(kind.dtype)} on {describe_device(kind.device)} ({describe_namespace(kind.xp)})"
-
-
-def same_device(a: Any, b: Any) -> bool:
-    """Devices equal; a device that cannot be determined (None) counts as equal."""
-    if a is None or b is None or a is b:
-        return True
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - backends differ in what they raise
-        return str(a) == str(b)
+    """``float32 on cpu (torch)``."""
+    return describe_kind(kind)
 
 
 def _same_dtype(a: Kind, b: Kind) -> bool:
@@ -162,13 +137,6 @@ def _same_device_kind(a: Kind, b: Kind) -> bool:
     if a.device is None or b.device is None:
         return True
     return _platform(a.device) == _platform(b.device)
-
-
-def is_complex(kind: Kind) -> bool:
-    try:
-        return bool(kind.xp.isdtype(kind.dtype, "complex floating"))
-    except Exception:  # noqa: BLE001 - backends differ in what they raise
-        return describe_dtype(kind.dtype).startswith("complex")
 
 
 # ---- decisions -----------------------------------------------------------------
@@ -198,6 +166,14 @@ def _differences(leaf: Kind, other: Kind) -> list[str]:
     return out
 
 
+def decide_mixed(policy: str, what: str) -> bool:
+    """Whether ``destructure`` raises for parameters that differ in `what` ("dtype", "device" or
+    "namespace") under `policy` (reads :data:`RULES`; otherwise the flat vector promotes the dtype
+    and lives on the first parameter's device)."""
+    situation = {"dtype": MIXED_DTYPE, "device": MIXED_DEVICE, "namespace": MIXED_NAMESPACE}[what]
+    return RULES[situation][policy] == RAISE
+
+
 def decide_rebuild(policy: str, leaf: Kind, p: Kind, model_has_complex: bool) -> Decision:
     """How ``re(p)`` rebuilds a parameter of kind `leaf` from `p` under `policy` (reads :data:`RULES`)."""
     diffs = _differences(leaf, p)
@@ -211,12 +187,12 @@ def decide_rebuild(policy: str, leaf: Kind, p: Kind, model_has_complex: bool) ->
     what = ", ".join(f"{d} {_show(d, p)} vs the parameter's {_show(d, leaf)}" for d in diffs)
     if RAISE in actions.values():
         return Decision(None, False, False, False, False, False, f"{policy}: {what}: {RAISE}", "strict")
-    if policy == "flat":
-        return Decision(p, False, False, False, False, False, f"flat: takes p's {' and '.join(diffs)}", None)
-    # policy "model": convert p's slice to the parameter's own kind
-    if real and not model_has_complex:
+    if all(a == KEEP_P for a in actions.values()):
+        return Decision(p, False, False, False, False, False, f"{policy}: takes p's {' and '.join(diffs)}", None)
+    # every other action converts p's slice to the parameter's own kind (TO_LEAF)
+    if actions.get(P_COMPLEX) == REAL_IF_COMPLEX_MODEL and not model_has_complex:
         return Decision(
-            None, False, False, False, False, False, f"model: complex p into real parameter: {RAISE}", "complex"
+            None, False, False, False, False, False, f"{policy}: complex p into real parameter: {RAISE}", "complex"
         )
     steps = []
     if real:
@@ -234,7 +210,7 @@ def decide_rebuild(policy: str, leaf: Kind, p: Kind, model_has_complex: bool) ->
         "namespace" in diffs,
         "dtype" in diffs or real,
         "device" in diffs,
-        "model: " + ", ".join(steps),
+        f"{policy}: " + ", ".join(steps),
         None,
     )
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 from ._registry import register
-from ._xp import device_of, is_array, namespace
+from ._xp import describe_namespace, device_of, is_array, namespace
 
 __all__ = ["Diagonal", "Transpose"]
 
 
 def _lib(x: Any) -> str:
-    return type(x).__module__.partition(".")[0]
+    return describe_namespace(namespace(x))
 
 
 def _is_wrapper(x: Any) -> bool:

@@ -1,27 +1,83 @@
-"""Array facts through the array API: namespace, device, dtype kind (cached per type)."""
+"""Array facts through the array API: classification, namespace, device, dtype, and how to show them.
+
+The one home for describing and comparing dtypes, devices and namespaces
+(every message and every policy decision uses these):
+
+* :func:`describe_dtype` shows byte order where it is not native
+  (``float64 (big-endian)``), so two dtypes that differ never read the same;
+* :func:`same_device` has one rule: a device that cannot be determined
+  (``None``, e.g. a JAX tracer under ``jit``) counts as equal to any device
+  (SPEC section 4);
+* :func:`is_complex` answers for an array or a :class:`Kind`.
+
+Classification (:func:`is_array`, :func:`is_inexact_array`) is cached per
+type; ``np.matrix`` is refused here, where a leaf is classified, with a
+:class:`TypeError` that says how to fix it (callers add the path).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import array_api_compat
+import numpy as np
 
-__all__ = ["device_of", "is_array", "is_inexact_array", "namespace"]
+from .adapters._base import adapter_of
+
+__all__ = [
+    "Kind",
+    "MATRIX_MESSAGE",
+    "describe_array",
+    "describe_device",
+    "describe_dtype",
+    "describe_kind",
+    "describe_namespace",
+    "device_of",
+    "is_array",
+    "is_complex",
+    "is_inexact_array",
+    "namespace",
+    "same_device",
+]
 
 _IS_ARRAY: dict[type, bool] = {}
 _NAMESPACE: dict[type, Any] = {}
 _INEXACT: dict[tuple[type, Any], bool] = {}
 
+#: why ``np.matrix`` is refused (a constant: one text wherever it is met)
+MATRIX_MESSAGE = (
+    "found an np.matrix, which is not an array API array (it is always 2-D and `*` is a matrix "
+    "product), so functorkit cannot treat it as a parameter or as an array constant. Expected an "
+    "array of an array API library; fix: convert it with np.asarray(m) (same values, an ndarray)."
+)
+
+
+class Kind(NamedTuple):
+    """Namespace, dtype and device of an array (device None: unknown, e.g. a JAX tracer)."""
+
+    xp: Any
+    dtype: Any
+    device: Any
+
+
+# ---------------------------------------------------------------- classification
+
 
 def is_array(x: Any) -> bool:
-    """True for an array of any array-API backend (NumPy scalars are not arrays)."""
+    """True for an array of any array-API backend (NumPy scalars are not arrays).
+
+    Raises
+    ------
+    TypeError
+        For an ``np.matrix`` (see :data:`MATRIX_MESSAGE`).
+    """
     t = type(x)
     try:
         return _IS_ARRAY[t]
     except KeyError:
         pass
-    import numpy as np
-
+    if issubclass(t, np.matrix):
+        raise TypeError(MATRIX_MESSAGE)
     out = bool(array_api_compat.is_array_api_obj(x)) and not isinstance(x, np.generic)
     _IS_ARRAY[t] = out
     return out
@@ -39,22 +95,81 @@ def namespace(x: Any) -> Any:
 
 
 def is_inexact_array(x: Any) -> bool:
-    """True for a real-floating or complex-floating array: a parameter candidate."""
+    """True for a real-floating or complex-floating array (any byte order): a parameter candidate."""
     if not is_array(x):
         return False
     key = (type(x), x.dtype)
     try:
         return _INEXACT[key]
     except KeyError:
-        xp = namespace(x)
-        out = bool(xp.isdtype(x.dtype, ("real floating", "complex floating")))
+        out = _is_kind(namespace(x), x.dtype, ("real floating", "complex floating"))
         _INEXACT[key] = out
         return out
 
 
+def _is_kind(xp: Any, dtype: Any, kind: Any) -> bool:
+    if isinstance(dtype, np.dtype) and not dtype.isnative:
+        dtype = dtype.newbyteorder("=")  # array_api_compat knows native dtypes only
+    try:
+        return bool(xp.isdtype(dtype, kind))
+    except (TypeError, ValueError):  # a dtype outside the array API (structured, object, string)
+        return False
+
+
+def is_complex(x: Any) -> bool:
+    """True if array `x` (or a :class:`Kind`) has a complex floating dtype."""
+    if type(x) is Kind:
+        return _is_kind(x.xp, x.dtype, "complex floating")
+    return _is_kind(namespace(x), x.dtype, "complex floating")
+
+
 def device_of(x: Any) -> Any:
     """The device of array `x`, or None where it cannot be determined (a JAX tracer)."""
+    return adapter_of(x).device(x)
+
+
+def same_device(a: Any, b: Any) -> bool:
+    """Devices equal. THE rule: a device that cannot be determined (None) counts as equal to any."""
+    if a is None or b is None or a is b:
+        return True
     try:
-        return array_api_compat.device(x)
-    except Exception:  # noqa: BLE001 - tracers under jit have no concrete device
-        return None
+        return bool(a == b)
+    except (TypeError, ValueError):  # devices of two libraries that refuse to compare
+        return str(a) == str(b)
+
+
+# ---------------------------------------------------------------- descriptions
+
+
+def describe_namespace(xp: Any) -> str:
+    """``"numpy"``, ``"torch"``, ``"jax"``...: the library of namespace `xp`."""
+    name = str(getattr(xp, "__name__", xp))
+    return name.removeprefix("array_api_compat.").split(".")[0]
+
+
+def describe_dtype(dtype: Any) -> str:
+    """The dtype's name; a non-native byte order is spelled out (``float64 (big-endian)``)."""
+    name = getattr(dtype, "name", None)
+    if not isinstance(name, str):
+        name = str(dtype).rpartition(".")[2]
+    if getattr(dtype, "isnative", True) is False:
+        order = "big" if dtype.byteorder == ">" else "little"
+        name = f"{name} ({order}-endian)"
+    return name
+
+
+def describe_device(device: Any) -> str:
+    """The device as text; None reads ``unknown device``."""
+    if device is None:
+        return "unknown device"
+    return str(device)
+
+
+def describe_kind(kind: Kind) -> str:
+    """``float32 on cpu (torch)``."""
+    return f"{describe_dtype(kind.dtype)} on {describe_device(kind.device)} ({describe_namespace(kind.xp)})"
+
+
+def describe_array(x: Any) -> str:
+    """``float32 array of shape (2, 3) on cpu``."""
+    return f"{describe_dtype(x.dtype)} array of shape {tuple(x.shape)} on {describe_device(device_of(x))}"

@@ -361,6 +361,16 @@ class FakeCupy:
 FakeCupy.__module__ = "cupy._core.fake"
 
 
+@pytest.fixture
+def fake_cupy_adapter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FakeCupy arrays get the CuPy adapter (which imports no cupy), as real ones would."""
+    from functorkit.adapters import _base
+    from functorkit.adapters.cupy import Adapter
+
+    monkeypatch.setitem(_base._BY_TYPE, FakeCupy, Adapter(None))
+
+
+@pytest.mark.usefixtures("fake_cupy_adapter")
 def test_equal_addresses_on_different_devices_are_not_aliases() -> None:
     base = 1 << 40
     passes(a=FakeCupy(base, 0, (4,), (8,)), b=FakeCupy(base, 1, (4,), (8,)))

@@ -352,7 +352,10 @@ def test_torch_module() -> None:
 def test_torch_meta() -> None:
     torch = pytest.importorskip("torch")
     dst = _net(torch, 0).to("meta")
-    assert fk.load_into(dst, _net(torch, 1)) is dst  # writing into meta tensors: allowed, nothing stored
+    # real values into meta tensors: nothing can be stored, so it is an error (issue "Reliability")
+    with pytest.raises(ValueError, match=r"at \[0\]\.weight: `dst` holds an array without storage"):
+        fk.load_into(dst, _net(torch, 1))
+    assert fk.load_into(dst, _net(torch, 1).to("meta")) is dst  # meta into meta: nothing to store, allowed
     assert dst[0].weight.device.type == "meta"
     real = _net(torch, 2)
     before = {k: v.clone() for k, v in real.state_dict().items()}

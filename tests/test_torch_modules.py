@@ -669,7 +669,10 @@ def test_load_into_keeps_dst_device() -> None:
     dst = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)).to("meta")
     src = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
     ids = [id(p) for p in dst.parameters()]
-    fk.load_into(dst, src)
+    # real values cannot be stored in meta tensors: a clear error (issue "Reliability"), not a silent no-op
+    with pytest.raises(ValueError, match=r"at \[0\]\.weight: `dst` holds an array without storage"):
+        fk.load_into(dst, src)
+    fk.load_into(dst, src.to("meta"))
     assert [id(p) for p in dst.parameters()] == ids
     assert all(t.device.type == "meta" for t in dst.state_dict().values())
 

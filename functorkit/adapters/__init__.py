@@ -1,1 +1,14 @@
-"""Backend adapters, each loaded lazily the first time one of its objects is met."""
+"""Backend adapters: one small module per array family, loaded lazily the first time one of its
+namespaces (or, for ``torch.nn.Module`` nodes, classes) is met.
+
+``adapter_for(xp)`` / ``adapter_of(x)`` give the :class:`ArrayAdapter` of a namespace or
+array; see ``docs/adapters.md`` for the protocol and the table of families.
+"""
+
+from ._base import FAMILIES as FAMILIES
+from ._base import ArrayAdapter as ArrayAdapter
+from ._base import Layout as Layout
+from ._base import adapter_for as adapter_for
+from ._base import adapter_of as adapter_of
+
+__all__ = ["FAMILIES", "ArrayAdapter", "Layout", "adapter_for", "adapter_of"]

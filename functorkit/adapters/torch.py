@@ -1,4 +1,25 @@
-"""``torch.nn.Module`` as a functorkit node (imported only once torch is).
+"""PyTorch: tensors as arrays (the :class:`Adapter`) and ``torch.nn.Module`` as a node
+(:func:`node_for`); imported only once torch is.
+
+Array operations
+----------------
+Tensors get method calls instead of namespace functions, ``copy_`` under
+``no_grad`` for writes, views built with one ``split_with_sizes`` (one
+concatenation in backward) or ``as_strided``, and NumPy views of CPU tensors
+where NumPy is faster. Two private torch APIs are feature-detected once, at
+import, each with a fallback (tests monkeypatch these module globals):
+
+* :data:`is_functorch_wrapped` (``torch._C._functorch.is_functorch_wrapped_tensor``):
+  tensors inside ``torch.func`` transforms must not be written in place or
+  viewed with ``as_strided``. Fallback: every tensor counts as wrapped (always
+  the out-of-place / ``split_with_sizes`` path: correct, a little slower).
+* :data:`has_python_dispatch` (``torch._C._dispatch_keys`` and
+  ``DispatchKey.Python``): wrapper subclasses such as ``FakeTensor`` have no
+  real memory. Fallback: every tensor subclass counts as such (no alias check
+  for subclasses; plain tensors are unaffected).
+
+Modules
+-------
 
 Children of a module are its parameters, then its buffers, then its
 submodules, each in registration order (the order of ``state_dict()``), keyed
@@ -25,14 +46,290 @@ points at the rebuilt weights, and a ``torch.compile``d module
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._registry import NodeDef
+from ._base import _HOST, ArrayAdapter, Layout, _size, adapter_of, extent, normalise_layout
 
-__all__ = ["node_for"]
+__all__ = ["Adapter", "has_python_dispatch", "is_functorch_wrapped", "node_for"]
+
+
+# ---------------------------------------------------------------- private APIs, detected once
+
+
+def _all_wrapped(t: Any) -> bool:
+    return True
+
+
+def _detect_functorch() -> Callable[[Any], bool]:
+    functorch = getattr(torch._C, "_functorch", None)
+    found = getattr(functorch, "is_functorch_wrapped_tensor", None)
+    return found if callable(found) else _all_wrapped
+
+
+def _subclass_has_no_memory(t: Any) -> bool:
+    return type(t) not in _PLAIN
+
+
+def _detect_python_dispatch() -> Callable[[Any], bool]:
+    keys = getattr(torch._C, "_dispatch_keys", None)
+    python_key = getattr(getattr(torch._C, "DispatchKey", None), "Python", None)
+    if keys is None or python_key is None:
+        return _subclass_has_no_memory
+
+    def python_dispatch(t: Any) -> bool:
+        return bool(keys(t).has(python_key))
+
+    return python_dispatch
+
+
+_PLAIN: tuple[type, ...] = (torch.Tensor, torch.nn.Parameter)
+#: ``torch.func`` wrapper test (private API; fallback: every tensor counts as wrapped)
+is_functorch_wrapped: Callable[[Any], bool] = _detect_functorch()
+#: Python-dispatch (wrapper subclass) test (private API; fallback: every subclass counts)
+has_python_dispatch: Callable[[Any], bool] = _detect_python_dispatch()
+
+#: CPU flat vectors of at least this many bytes are allocated by NumPy (see Adapter.empty)
+_NUMPY_ALLOC_MIN = 1 << 20
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    acc = 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(out))
+
+
+def _numpy_view(t: Any) -> Any:
+    """A NumPy view (no copy) of a plain CPU tensor, or None (other devices and dtypes,
+    conjugate/negative bits, subclasses, functorch wrappers)."""
+    if type(t) is not torch.Tensor:
+        return None
+    try:
+        return t.numpy()
+    except (RuntimeError, TypeError):
+        return None
+
+
+class Adapter(ArrayAdapter):
+    family = "torch"
+
+    def device(self, x: Any) -> Any:
+        """``x.device`` (array_api_compat's lookup costs a call per tensor)."""
+        return x.device
+
+    def readable(self, device: Any) -> bool:
+        """A ``meta`` tensor has no values."""
+        return getattr(device, "type", None) != "meta"
+
+    def array_types(self, t: type) -> frozenset[type]:
+        """A plain Tensor and an ``nn.Parameter`` stand for each other (``re(p)`` gives plain tensors
+        where a module had parameters; flattening the rebuilt module must take the fast path)."""
+        if t in _PLAIN:
+            return frozenset(_PLAIN)
+        return frozenset({t})
+
+    def detach(self, x: Any) -> Any:
+        return x.detach()
+
+    def views(self, p: Any, offsets: list[int], shapes: list[tuple[int, ...]]) -> list[Any]:
+        """One ``split_with_sizes``: its backward is one concatenation, where a slice per parameter
+        would allocate a full-size gradient each (bench_flat ``re(p)`` backward rows)."""
+        chunks = p.split_with_sizes([_size(s) for s in shapes])
+        return [c if len(s) == 1 else c.view(s) for c, s in zip(chunks, shapes, strict=True)]
+
+    def view_source(self, offsets: list[int], shapes: list[tuple[int, ...]], glb: dict[str, Any]) -> list[str]:
+        """``as_strided`` (cheapest: bench_flat torch ``re(p)`` rows) unless autograd, a functorch
+        wrapper or a strided ``p`` is involved; then one ``split_with_sizes`` (see :meth:`views`)."""
+        glb["WRAPPED"] = is_functorch_wrapped
+        glb["SIZES"] = [_size(s) for s in shapes]
+        lines = [
+            "    if p.requires_grad or WRAPPED(p) or p.stride(0) != 1:",
+            "        s = p.split_with_sizes(SIZES)",
+        ]
+        for k, s in enumerate(shapes):
+            lines.append(f"        v{k} = s[{k}]" + ("" if len(s) == 1 else f".view({s!r})"))
+        lines += ["    else:", "        b = p.storage_offset()"]
+        for k, (o, s) in enumerate(zip(offsets, shapes, strict=True)):
+            lines.append(f"        v{k} = p.as_strided({s!r}, {_contiguous_strides(s)!r}, b + {o})")
+        return lines
+
+    def check_source(self, ftype: type, n: int, dtype: Any, device: Any, glb: dict[str, Any]) -> str:
+        """Identity test of the dtype and ``p.device`` (bench_flat torch ``re(p)`` rows)."""
+        glb.update(T=ftype, S=(n,), D=dtype, DEV=device)
+        return "type(p) is not T or p.shape != S or p.dtype is not D or p.device != DEV"
+
+    def empty(self, dtype: Any, device: Any, n: int) -> Any:
+        """CPU vectors of 1 MiB or more are allocated by NumPy and wrapped (``torch.from_numpy``).
+
+        NumPy asks the kernel for transparent huge pages (``madvise``), torch's
+        CPU allocator does not, and first-touch page faults made
+        ``torch.empty`` + copy ~4x slower than the copy itself (bench_flat
+        ``destructure`` torch rows).
+        """
+        dev = torch.device("cpu") if device is None else device
+        if dev.type == "cpu" and n * dtype.itemsize >= _NUMPY_ALLOC_MIN:
+            probe = _numpy_view(torch.empty(0, dtype=dtype))
+            if probe is not None:
+                return torch.from_numpy(np.empty(n, dtype=probe.dtype))
+        return torch.empty(n, dtype=dtype, device=dev)
+
+    def new_flat(
+        self, dtype: Any, device: Any, n: int, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]
+    ) -> Any:
+        """:meth:`empty` + :meth:`fill` (no autograd history: filled under ``no_grad``)."""
+        out = self.empty(dtype, device, n)
+        self.fill(out, leaves, offsets, shapes)
+        return out
+
+    def fill(self, out: Any, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> None:
+        """``np.copyto`` between NumPy views of plain CPU tensors (faster than ``copy_`` for small
+        tensors: bench_flat torch ``re.flatten`` rows), else ``copy_`` under ``no_grad``."""
+        out_np = _numpy_view(out.detach())
+        with torch.no_grad():
+            for x, o, s in zip(leaves, offsets, shapes, strict=True):
+                src = x.detach()
+                if out_np is not None:
+                    src_np = _numpy_view(src)
+                    if src_np is not None:
+                        np.copyto(out_np[o : o + _size(s)].reshape(s), src_np)
+                        continue
+                out[o : o + _size(s)].view(s).copy_(src)
+
+    def copy(self, x: Any) -> Any:
+        """``clone`` (keeps autograd; the namespace's ``asarray(copy=True)`` does not)."""
+        return x.clone()
+
+    def clone_leaf(self, x: Any) -> Any:
+        """Detached like ``copy.deepcopy``: an ``nn.Parameter`` stays one, ``requires_grad`` is kept."""
+        y = x.detach().clone()
+        if isinstance(x, torch.nn.Parameter):
+            return torch.nn.Parameter(y, requires_grad=x.requires_grad)
+        if x.requires_grad:
+            y.requires_grad_(True)
+        return y
+
+    def to_device(self, x: Any, device: Any) -> Any:
+        return x.to(device)
+
+    def write_problem(self, x: Any) -> str | None:
+        """Inference tensors cannot be written outside ``inference_mode``."""
+        if x.is_inference() and not torch.is_inference_mode_enabled():
+            return "it is an inference tensor (made under torch.inference_mode)"
+        return None
+
+    def read_problem(self, x: Any) -> str | None:
+        """Sparse, nested, mkldnn and quantized tensors are not dense arrays of a numeric dtype."""
+        if x.layout is not torch.strided:
+            return f"it is a {str(x.layout).rpartition('.')[2]} tensor, not a dense (strided) one"
+        if x.is_nested:
+            return "it is a nested tensor, not a dense one"
+        if x.is_quantized:
+            return f"it is a quantized tensor ({str(x.dtype).rpartition('.')[2]})"
+        return None
+
+    def stage(self, dst: Any, src: Any) -> Any:
+        """A plain tensor of `dst`'s dtype and device, made with ``copy_`` under ``no_grad`` (so a
+        subclass's own ``copy_`` runs here, before anything is written)."""
+        if type(src) in _PLAIN and src.dtype is dst.dtype and src.device == dst.device:
+            return src.detach()
+        sa = adapter_of(src)
+        if sa is not self:
+            src = self.to_namespace(sa.detach(src), dst.device)
+        buf = torch.empty(tuple(dst.shape), dtype=dst.dtype, device=dst.device)
+        with torch.no_grad():
+            buf.copy_(src.detach())
+        return buf
+
+    def write(self, dst: Any, src: Any) -> None:
+        with torch.no_grad():
+            dst.copy_(src)
+
+    def backup(self, x: Any) -> Any:
+        return x.detach().clone()
+
+    def host_view(self, x: Any) -> Any:
+        return _numpy_view(x.detach()) if x.is_cpu else None
+
+    def memory_extent(self, x: Any) -> tuple[tuple[str, int], int, int] | None:
+        """From ``data_ptr``/``stride`` (no NumPy view: cheaper, and works on GPUs)."""
+        if x.layout is not torch.strided or x.is_nested:  # sparse, mkldnn, nested: no plain strided memory
+            return None
+        if type(x) not in _PLAIN and has_python_dispatch(x):  # FakeTensor and other wrappers: no memory
+            return None
+        if x.is_cpu:
+            space = _HOST
+        else:
+            dev = x.device
+            if dev.type == "meta":
+                return None
+            space = (dev.type, dev.index or 0)
+        if x.numel() == 0:
+            return None
+        try:
+            ptr = x.data_ptr()
+        except (RuntimeError, NotImplementedError, TypeError):  # no storage: torch.func wrappers, fake tensors
+            return None
+        if ptr == 0:
+            return None
+        if x.is_contiguous():
+            return space, ptr, ptr + x.nbytes
+        isz = x.element_size()
+        lo, hi = extent(ptr, x.shape, [st * isz for st in x.stride()], isz)
+        return space, lo, hi
+
+    def memory_layout(self, x: Any) -> Layout | None:
+        ext = self.memory_extent(x)
+        if ext is None:
+            return None
+        isz = x.element_size()
+        return normalise_layout(ext[0], x.data_ptr(), tuple(x.shape), tuple(s * isz for s in x.stride()), isz)
+
+    def byte_strides(self, x: Any) -> tuple[int, ...] | None:
+        isz = x.element_size()
+        return tuple(s * isz for s in x.stride())
+
+    def inplace_ok(self, arrays: Sequence[Any]) -> bool:
+        """Plain tensors outside ``torch.func`` transforms: one allocation per leaf instead of one
+        per term (bench_arith ``lincomb``/``mean`` torch rows)."""
+        wrapped = is_functorch_wrapped
+        return all(type(t) in _PLAIN and not wrapped(t) for t in arrays)
+
+    def axpy(self, acc: Any, x: Any, c: Any, inplace: bool) -> Any:
+        if not inplace:
+            return acc + x * c
+        if isinstance(c, torch.Tensor):
+            return acc.addcmul_(x, c)
+        return acc.add_(x, alpha=c)
+
+    def add(self, acc: Any, x: Any, inplace: bool) -> Any:
+        return acc.add_(x) if inplace else acc + x
+
+    def div(self, acc: Any, n: int, inplace: bool) -> Any:
+        return acc.div_(n) if inplace else acc / n
+
+    def lerp(self, x: Any, y: Any, t: float) -> Any:
+        """``torch.lerp`` (one kernel; the generic formula is the same but three operations)."""
+        return x.lerp(y, t)
+
+    def vdot(self, x: Any, y: Any) -> Any:
+        """BLAS ``vdot`` for the dtypes it supports (bench_arith ``dot`` torch rows; ``vecdot``
+        multiplies, then sums)."""
+        if x.dtype in _VDOT_DTYPES:
+            return x.reshape(-1).vdot(y.reshape(-1))
+        return super().vdot(x, y)
+
+
+_VDOT_DTYPES = frozenset({torch.float32, torch.float64, torch.complex64, torch.complex128})
+
+
+# ---------------------------------------------------------------- nn.Module nodes
 
 _SECTIONS = ("_parameters", "_buffers", "_modules")
 # containers torch's Module.__init__ creates: copied (not shared) in a clone

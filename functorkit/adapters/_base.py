@@ -1,0 +1,428 @@
+"""The array-ops protocol every backend adapter implements, and the lookup.
+
+:class:`ArrayAdapter` is both the protocol and the generic implementation:
+its methods use only the array API standard (plus DLPack to see host
+memory), so an array library functorkit has never heard of (array-api-strict,
+say) works through the base class itself. A family module
+(``adapters/numpy.py``, ``torch.py``, ``jax.py``, ``cupy.py``, ``dask.py``)
+subclasses it and overrides a method only where the generic code is slower
+(each override names the benchmark row) or wrong for that library (each
+names the reason).
+
+Lookup: :func:`adapter_for` maps an array namespace to its adapter through
+:data:`FAMILIES`, a table from the namespace's module name to the adapter
+module, imported with :mod:`importlib` the first time such a namespace is
+met; so ``import functorkit`` imports no backend. Results are kept in plain
+dicts without a lock: two threads racing on a first lookup may each build an
+adapter, one of which is kept; adapters hold no state but their namespace,
+so either is right.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import array_api_compat
+import numpy as np
+
+__all__ = ["FAMILIES", "ArrayAdapter", "Layout", "adapter_for", "adapter_of", "normalise_layout"]
+
+#: namespace module name -> adapter module (anything else: the generic :class:`ArrayAdapter`)
+FAMILIES: dict[str, str] = {
+    "array_api_compat.numpy": "functorkit.adapters.numpy",
+    "numpy": "functorkit.adapters.numpy",
+    "array_api_compat.torch": "functorkit.adapters.torch",
+    "torch": "functorkit.adapters.torch",
+    "jax.numpy": "functorkit.adapters.jax",
+    "jax.experimental.array_api": "functorkit.adapters.jax",
+    "array_api_compat.cupy": "functorkit.adapters.cupy",
+    "cupy": "functorkit.adapters.cupy",
+    "array_api_compat.dask.array": "functorkit.adapters.dask",
+}
+
+_BY_NAMESPACE: dict[Any, ArrayAdapter] = {}
+_BY_TYPE: dict[type, ArrayAdapter] = {}
+
+#: what a backend raises for an operation it does not support on this array (narrow on purpose)
+_UNSUPPORTED = (TypeError, ValueError, RuntimeError, AttributeError, NotImplementedError, BufferError)
+
+
+def adapter_for(xp: Any) -> ArrayAdapter:
+    """The adapter of array namespace `xp` (made once per namespace, family module imported lazily)."""
+    try:
+        return _BY_NAMESPACE[xp]
+    except KeyError:
+        pass
+    modname = FAMILIES.get(str(getattr(xp, "__name__", "")))
+    adapter = ArrayAdapter(xp) if modname is None else importlib.import_module(modname).Adapter(xp)
+    _BY_NAMESPACE[xp] = adapter
+    return adapter
+
+
+def adapter_of(x: Any) -> ArrayAdapter:
+    """The adapter of array `x` (``adapter_for(namespace(x))``, cached per type)."""
+    try:
+        return _BY_TYPE[type(x)]
+    except KeyError:
+        pass
+    adapter = adapter_for(array_api_compat.array_namespace(x))
+    _BY_TYPE[type(x)] = adapter
+    return adapter
+
+
+# ------------------------------------------------------------------ memory layouts
+
+_HOST = ("cpu", 0)
+
+
+class Layout(NamedTuple):
+    """Normalised memory footprint of one array (negative strides flipped, length-1 and stride-0
+    dimensions dropped, dimensions sorted by stride, contiguous ones merged)."""
+
+    space: tuple[str, int]  # address space: ("cpu", 0) for host memory, (device type, index) otherwise
+    lo: int  # lowest byte address touched
+    dims: tuple[tuple[int, int], ...]  # (length, positive byte stride), ascending stride, merged
+    itemsize: int
+
+    @property
+    def hi(self) -> int:
+        """One past the highest byte address touched."""
+        return self.lo + sum((n - 1) * s for n, s in self.dims) + self.itemsize
+
+
+def normalise_layout(
+    space: tuple[str, int], ptr: int, shape: Sequence[int], strides: Sequence[int], itemsize: int
+) -> Layout | None:
+    """The :class:`Layout` of `shape`/byte `strides` at `ptr`, or None for an empty array."""
+    if itemsize <= 0:
+        return None
+    dims = []
+    for n, s in zip(shape, strides, strict=True):
+        if n == 0:
+            return None
+        if n == 1 or s == 0:
+            continue
+        if s < 0:
+            ptr += (n - 1) * s
+            s = -s
+        dims.append((n, s))
+    dims.sort(key=lambda d: d[1])
+    merged: list[tuple[int, int]] = []
+    for n, s in dims:
+        if merged and s == merged[-1][0] * merged[-1][1]:
+            merged[-1] = (merged[-1][0] * n, merged[-1][1])
+        else:
+            merged.append((n, s))
+    return Layout(space, ptr, tuple(merged), itemsize)
+
+
+def extent(ptr: int, shape: Sequence[int], strides: Sequence[int], itemsize: int) -> tuple[int, int]:
+    """``[lo, hi)``: the bytes an array of `shape` and byte `strides` at `ptr` may touch."""
+    lo = hi = ptr
+    for n, s in zip(shape, strides, strict=True):
+        if s < 0:
+            lo += (n - 1) * s
+        else:
+            hi += (n - 1) * s
+    return lo, hi + itemsize
+
+
+def self_overlap(lay: Layout, size: int) -> bool:
+    """True if two elements of an array of `size` elements with layout `lay` share a byte."""
+    if math.prod(n for n, _ in lay.dims) < size:  # a stride-0 axis (expand, broadcast_to)
+        return True
+    reach = lay.itemsize
+    for n, s in lay.dims:
+        if s < reach:
+            break
+        reach += (n - 1) * s
+    else:
+        return False
+    # an interleaved layout the quick test cannot clear: enumerate the element offsets (exact)
+    if size > 1 << 24:
+        return True
+    offs = np.zeros(1, dtype=np.int64)
+    for n, s in lay.dims:
+        offs = np.add.outer(np.arange(n, dtype=np.int64) * s, offs).ravel()
+    offs.sort()
+    return bool(np.any(np.diff(offs) < lay.itemsize))
+
+
+def _size(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# ------------------------------------------------------------------ the protocol
+
+
+class ArrayAdapter:
+    """Array operations functorkit needs, written with the array API only (the generic adapter).
+
+    A family adapter subclasses this and overrides what is faster or
+    different for its library. Every method takes and returns arrays of this
+    adapter's namespace :attr:`xp` unless it says otherwise.
+    """
+
+    #: the family name, for messages and ``repr`` only (never compared by the core)
+    family: str = "generic"
+    #: whether arrays can be written in place (False: JAX, Dask)
+    mutable: bool = True
+    #: whether ``norm(ord=2)`` sums squares per leaf (``sum_squares``) instead of stacking norms
+    fast_sum_squares: bool = False
+
+    def __init__(self, xp: Any) -> None:
+        self.xp = xp
+
+    def __repr__(self) -> str:
+        return f"<functorkit {self.family} adapter for {getattr(self.xp, '__name__', self.xp)}>"
+
+    # ---- facts -----------------------------------------------------------------
+
+    def device(self, x: Any) -> Any:
+        """The device of `x`, or None where it cannot be determined."""
+        try:
+            return array_api_compat.device(x)
+        except _UNSUPPORTED:
+            return None
+
+    def readable(self, device: Any) -> bool:
+        """Whether the values of arrays on `device` can be read (False: torch ``meta``)."""
+        return True
+
+    def array_types(self, t: type) -> frozenset[type]:
+        """The array types accepted where a plan saw an array of type `t`."""
+        return frozenset({t})
+
+    def detach(self, x: Any) -> Any:
+        """`x` without autograd history (the same values; no copy where possible)."""
+        return x
+
+    # ---- views of a flat vector --------------------------------------------------
+
+    def views(self, p: Any, offsets: list[int], shapes: list[tuple[int, ...]]) -> list[Any]:
+        """Views of the 1-D array `p` in `shapes`, the k-th starting at ``offsets[k]``."""
+        reshape = self.xp.reshape
+        return [
+            p[o : o + _size(s)] if len(s) == 1 else reshape(p[o : o + _size(s)], s)
+            for o, s in zip(offsets, shapes, strict=True)
+        ]
+
+    def view_source(self, offsets: list[int], shapes: list[tuple[int, ...]], glb: dict[str, Any]) -> list[str]:
+        """Source lines (4-space indent) binding ``v0..v{k-1}`` to the views of a local ``p``.
+
+        ``p`` has already been checked (:meth:`check_source`) to be exactly
+        the flat vector's type, shape, dtype and device. Globals go into `glb`.
+        """
+        glb["RESHAPE"] = self.xp.reshape
+        out = []
+        for k, (o, s) in enumerate(zip(offsets, shapes, strict=True)):
+            sl = f"p[{o}:{o + _size(s)}]"
+            out.append(f"    v{k} = {sl if len(s) == 1 else f'RESHAPE({sl}, {s!r})'}")
+        return out
+
+    def check_source(self, ftype: type, n: int, dtype: Any, device: Any, glb: dict[str, Any]) -> str:
+        """A Python expression over a local ``p``, True when ``p`` is NOT exactly of type `ftype`,
+        shape ``(n,)``, `dtype` and `device`; its globals go into `glb`."""
+        from .._xp import same_device
+
+        glb.update(T=ftype, S=(n,), D=dtype, DEV=device, SAME=same_device, DEVICE_OF=self.device)
+        return "type(p) is not T or p.shape != S or p.dtype != D or not SAME(DEVICE_OF(p), DEV)"
+
+    # ---- new arrays and copies ---------------------------------------------------
+
+    def empty(self, dtype: Any, device: Any, n: int) -> Any:
+        """A new, uninitialised 1-D array of `n` elements."""
+        if device is None:
+            return self.xp.empty((n,), dtype=dtype)
+        return self.xp.empty((n,), dtype=dtype, device=device)
+
+    def flat_piece(self, x: Any, dtype: Any, device: Any) -> Any:
+        """`x` raveled, of `dtype`, on `device` (no autograd history)."""
+        from .._xp import same_device
+
+        xp = self.xp
+        y = xp.reshape(self.detach(x), (-1,))
+        if y.dtype != dtype:
+            y = xp.astype(y, dtype)
+        if device is not None and not same_device(self.device(y), device):
+            y = self.to_device(y, device)
+        return y
+
+    def new_flat(
+        self, dtype: Any, device: Any, n: int, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]
+    ) -> Any:
+        """A new 1-D array holding `leaves` in order (never aliasing them, no autograd history).
+
+        Generic: one ``concat`` (immutable backends cannot be filled; for the
+        others one operation beats one ``__setitem__`` per leaf).
+        """
+        if not leaves:
+            return self.empty(dtype, device, n)
+        return self.xp.concat([self.flat_piece(x, dtype, device) for x in leaves])
+
+    def fill(self, out: Any, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> None:
+        """Copy each leaf into its slice of the mutable 1-D `out`, cast to ``out.dtype``."""
+        dtype, device = out.dtype, self.device(out)
+        for x, o, s in zip(leaves, offsets, shapes, strict=True):
+            out[o : o + _size(s)] = self.flat_piece(x, dtype, device)
+
+    def copy(self, x: Any) -> Any:
+        """An independent copy of `x` (keeping autograd where the library has it)."""
+        return self.xp.asarray(x, copy=True)
+
+    def clone_leaf(self, x: Any) -> Any:
+        """The copy ``fk.copy`` makes of an array leaf: independent, detached like ``copy.deepcopy``."""
+        return self.copy(self.detach(x))
+
+    def to_device(self, x: Any, device: Any) -> Any:
+        """`x` on `device`."""
+        return array_api_compat.to_device(x, device)
+
+    def to_namespace(self, x: Any, device: Any) -> Any:
+        """A copy of the foreign array `x` in this namespace, on `device` (DLPack, else ``asarray``)."""
+        from .._xp import same_device
+
+        xp = self.xp
+        try:
+            y = xp.from_dlpack(x)
+        except _UNSUPPORTED:
+            try:
+                y = xp.asarray(x)
+            except _UNSUPPORTED:
+                y = xp.asarray(np.asarray(x))
+        if device is not None and not same_device(self.device(y), device):
+            y = self.to_device(y, device)
+        return self.copy(y)
+
+    # ---- writing in place ----------------------------------------------------------
+
+    def write_problem(self, x: Any) -> str | None:
+        """Why `x` cannot be written in place (immutable, read-only...), or None."""
+        if not self.mutable:
+            return f"{self.family} arrays are immutable"
+        return None
+
+    def overlap_problem(self, x: Any) -> str | None:
+        """Why distinct values cannot be written into `x` (elements share memory), or None."""
+        lay = self.memory_layout(x)
+        if lay is not None and self_overlap(lay, _size(tuple(x.shape))):
+            return (
+                "several of its elements share one memory location (a stride-0 or self-overlapping view, as "
+                "made by expand/broadcast_to/as_strided), so distinct values cannot be written into it; "
+                "materialise it first (a contiguous copy)"
+            )
+        return None
+
+    def out_problem(self, out: Any) -> str | None:
+        """Why `out` cannot be written by ``re.flatten(out=)``, or None."""
+        return self.write_problem(out) or self.overlap_problem(out)
+
+    def read_problem(self, x: Any) -> str | None:
+        """Why the values of `x` cannot be read as a dense array of its dtype, or None."""
+        return None
+
+    def stage(self, dst: Any, src: Any) -> Any:
+        """`src` (any namespace) as an array that :meth:`write` can copy into `dst` without failing:
+        this namespace, ``dst``'s dtype, device and shape. Every conversion happens here."""
+        from .._xp import same_device
+
+        xp = self.xp
+        sa = adapter_of(src)
+        if sa is not self:
+            src = self.to_namespace(sa.detach(src), self.device(dst))
+        src = self.detach(src)
+        if src.dtype != dst.dtype:
+            src = xp.astype(src, dst.dtype)
+        dev = self.device(dst)
+        if dev is not None and not same_device(self.device(src), dev):
+            src = self.to_device(src, dev)
+        return src
+
+    def write(self, dst: Any, src: Any) -> None:
+        """Copy the staged `src` into `dst` in place."""
+        dst[...] = src
+
+    def backup(self, x: Any) -> Any:
+        """A plain copy of `x`'s current values, to restore them with :meth:`write`."""
+        return self.copy(self.detach(x))
+
+    def backups(self, xs: list[Any]) -> list[Any]:
+        """:meth:`backup` of each array in `xs`."""
+        return [self.backup(x) for x in xs]
+
+    # ---- memory ------------------------------------------------------------------
+
+    def host_view(self, x: Any) -> np.ndarray | None:
+        """A NumPy array over `x`'s own host memory (no copy), or None (device memory, no DLPack,
+        or an immutable backend: its buffers are never written, so they cannot alias)."""
+        if not self.mutable:
+            return None
+        try:
+            if x.__dlpack_device__()[0] != 1:  # kDLCPU
+                return None
+            v = np.from_dlpack(x)
+        except _UNSUPPORTED:
+            return None
+        return v if isinstance(v, np.ndarray) else None
+
+    def memory_extent(self, x: Any) -> tuple[tuple[str, int], int, int] | None:
+        """``(address space, lo, hi)``: the bytes `x` may touch, or None if it cannot alias."""
+        v = self.host_view(x)
+        if v is None or v.size == 0 or v.itemsize == 0:
+            return None
+        lo, hi = extent(v.__array_interface__["data"][0], v.shape, v.strides, v.itemsize)
+        return _HOST, lo, hi
+
+    def memory_layout(self, x: Any) -> Layout | None:
+        """Where `x` lives in memory, or None if it cannot alias (immutable, meta, empty, no storage)."""
+        v = self.host_view(x)
+        if v is None or v.size == 0:
+            return None
+        return normalise_layout(_HOST, v.__array_interface__["data"][0], v.shape, v.strides, v.itemsize)
+
+    def byte_strides(self, x: Any) -> tuple[int, ...] | None:
+        """`x`'s strides in bytes, or None if unknown."""
+        v = self.host_view(x)
+        return None if v is None else tuple(v.strides)
+
+    # ---- arithmetic --------------------------------------------------------------
+
+    def inplace_ok(self, arrays: Sequence[Any]) -> bool:
+        """Whether a fresh result may be accumulated into in place (:meth:`axpy` with ``inplace``)."""
+        return False
+
+    def axpy(self, acc: Any, x: Any, c: Any, inplace: bool) -> Any:
+        """``acc + x * c`` (written into `acc` when `inplace`; `c` a Python number or 0-d array)."""
+        return acc + x * c
+
+    def add(self, acc: Any, x: Any, inplace: bool) -> Any:
+        """``acc + x`` (written into `acc` when `inplace`)."""
+        return acc + x
+
+    def div(self, acc: Any, n: int, inplace: bool) -> Any:
+        """``acc / n`` (written into `acc` when `inplace`)."""
+        return acc / n
+
+    def lerp(self, x: Any, y: Any, t: float) -> Any:
+        """``x + t * (y - x)``, exact at both ends (torch's formula) for a Python number `t`."""
+        if t < 0.5:
+            return x + (y - x) * t
+        return y - (y - x) * (1 - t)
+
+    def vdot(self, x: Any, y: Any) -> Any:
+        """``sum(conj(x) * y)`` over all elements, a 0-d array."""
+        xp = self.xp
+        return xp.vecdot(xp.reshape(x, (-1,)), xp.reshape(y, (-1,)))
+
+    def sum_squares(self, x: Any) -> Any:
+        """``sum(|x|**2)``, a real 0-d array (used when :attr:`fast_sum_squares`)."""
+        xp = self.xp
+        xf = xp.reshape(x, (-1,))
+        s = xp.vecdot(xf, xf)
+        return xp.real(s) if xp.isdtype(x.dtype, "complex floating") else s

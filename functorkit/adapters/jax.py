@@ -1,0 +1,64 @@
+"""JAX: immutable arrays, one ``split`` for the views, tracers without a concrete device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat
+
+from ._base import ArrayAdapter
+
+__all__ = ["Adapter"]
+
+#: eager JAX: one ``split`` for up to this many parameters (its first call compiles, ~5 ms per
+#: piece; later calls are one dispatch instead of one per slice); more parameters: plain slices
+SPLIT_MAX = 32
+
+
+class Adapter(ArrayAdapter):
+    family = "jax"
+    mutable = False
+
+    def device(self, x: Any) -> Any:
+        """None for a tracer under ``jit`` (no concrete device); the only exceptions JAX raises
+        there are TypeError subclasses (ConcretizationTypeError)."""
+        try:
+            return array_api_compat.device(x)
+        except (TypeError, ValueError, AttributeError):
+            return None
+
+    def views(self, p: Any, offsets: list[int], shapes: list[tuple[int, ...]]) -> list[Any]:
+        """One ``split`` for up to :data:`SPLIT_MAX` parameters (bench_flat jax ``re(p)`` rows:
+        eager JAX pays a dispatch per slice); method slices beyond."""
+        if len(shapes) <= SPLIT_MAX:
+            chunks = self.xp.split(p, offsets[1:])
+            return [c if len(s) == 1 else c.reshape(s) for c, s in zip(chunks, shapes, strict=True)]
+        return [
+            p[o : o + _n(s)] if len(s) == 1 else p[o : o + _n(s)].reshape(s)
+            for o, s in zip(offsets, shapes, strict=True)
+        ]
+
+    def view_source(self, offsets: list[int], shapes: list[tuple[int, ...]], glb: dict[str, Any]) -> list[str]:
+        """The generated form of :meth:`views`."""
+        if len(shapes) <= SPLIT_MAX:
+            glb.update(SPLIT=self.xp.split, IDX=list(offsets[1:]))
+            lines = ["    s = SPLIT(p, IDX)"]
+            for k, sh in enumerate(shapes):
+                lines.append(f"    v{k} = s[{k}]" + ("" if len(sh) == 1 else f".reshape({sh!r})"))
+            return lines
+        out = []
+        for k, (o, s) in enumerate(zip(offsets, shapes, strict=True)):
+            sl = f"p[{o}:{o + _n(s)}]"
+            out.append(f"    v{k} = {sl if len(s) == 1 else f'{sl}.reshape({s!r})'}")
+        return out
+
+    def copy(self, x: Any) -> Any:
+        """Immutable: ``x.copy()`` gives a new buffer (same values)."""
+        return x.copy()
+
+
+def _n(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
