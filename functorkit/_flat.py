@@ -26,8 +26,6 @@ import itertools
 import pickle
 from typing import Any, cast
 
-import array_api_compat
-
 from ._alias import check_no_aliases
 from ._codegen import CODEGEN_MAX, build_source, compile_source
 from ._errors import PolicyError, StructureError
@@ -39,6 +37,7 @@ from ._policy import (
     Kind,
     check_policy,
     decide_flatten,
+    decide_mixed,
     decide_rebuild,
     describe_device,
     describe_dtype,
@@ -49,82 +48,19 @@ from ._policy import (
     rebuild_error,
     same_device,
 )
-from ._treedef import BUILD_SAME, TreeDef, record
+from ._treedef import BUILD_SAME, TreeDef, add_note, record
 from ._xp import device_of, is_array, is_inexact_array, namespace
+from .adapters import KNOWN_NAMESPACES, ArrayAdapter, adapter_for, adapter_of
 
 __all__ = ["ExplainRow", "Explanation", "Restructure", "destructure"]
 
 _MISS = object()
-#: CPU torch flat vectors of at least this many bytes are allocated by NumPy (see _empty)
-_NUMPY_ALLOC_MIN = 1 << 20
-_IMMUTABLE = frozenset({"jax", "dask"})
-#: eager JAX: one ``jnp.split`` for up to this many parameters (its first call compiles, ~5 ms per
-#: piece; later calls are one dispatch instead of one per slice); more parameters: plain slices
-_JAX_SPLIT_MAX = 32
-
-
-def _family(xp: Any) -> str:
-    return describe_namespace(xp)
-
-
-_KIND_FAST: dict[type, tuple[Any, bool]] = {}  # type -> (namespace, is NumPy: device "cpu")
 
 
 def _kind(x: Any) -> Kind:
-    """Namespace, dtype and device of array `x` (a fast path per type for NumPy and torch)."""
-    t = type(x)
-    fast = _KIND_FAST.get(t)
-    if fast is not None:
-        return Kind(fast[0], x.dtype, "cpu" if fast[1] else x.device)
-    xp = namespace(x)
-    fam = _family(xp)
-    if fam == "numpy" and t.__name__ == "ndarray" and t.__module__ == "numpy":
-        _KIND_FAST[t] = (xp, True)
-    elif fam == "torch" and t.__module__.startswith("torch") and t.__name__ in ("Tensor", "Parameter"):
-        _KIND_FAST[t] = (xp, False)
-    return Kind(xp, x.dtype, device_of(x))
-
-
-def _view_lines(fam: str, offsets: list[int], shapes: list[tuple[int, ...]], indent: str) -> list[str]:
-    """Statements ``v{k} = <view of p>`` for arrays with a ``reshape`` method (or ``RESHAPE`` function)."""
-    out = []
-    for k, (o, s) in enumerate(zip(offsets, shapes, strict=True)):
-        e = o + _size(s)
-        sl = f"p[{o}:{e}]"
-        if len(s) == 1:
-            expr = sl
-        elif fam == "func":
-            expr = f"RESHAPE({sl}, {s!r})"
-        else:
-            expr = f"{sl}.reshape({s!r})"
-        out.append(f"{indent}v{k} = {expr}")
-    return out
-
-
-def _torch_view_lines(offsets: list[int], shapes: list[tuple[int, ...]]) -> list[str]:
-    """Views of a torch ``p``: ``as_strided`` (cheapest) unless autograd/functorch is involved.
-
-    With ``requires_grad`` (or a functorch wrapper) the views come from one
-    ``split_with_sizes``, whose backward is a single concatenation; a slice or
-    ``as_strided`` per parameter would allocate a full-size gradient each.
-    """
-    lines = ["    if p.requires_grad or WRAPPED(p) or p.stride(0) != 1:", "        s = p.split_with_sizes(SIZES)"]
-    for k, s in enumerate(shapes):
-        lines.append(f"        v{k} = s[{k}]" + ("" if len(s) == 1 else f".view({s!r})"))
-    lines += ["    else:", "        b = p.storage_offset()"]
-    for k, (o, s) in enumerate(zip(offsets, shapes, strict=True)):
-        strides = _contiguous_strides(s)
-        lines.append(f"        v{k} = p.as_strided({s!r}, {strides!r}, b + {o})")
-    return lines
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out = []
-    acc = 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= max(d, 1)
-    return tuple(reversed(out))
+    """Namespace, dtype and device of array `x`."""
+    ad = adapter_of(x)
+    return Kind(ad.xp, x.dtype, ad.device(x))
 
 
 def _size(shape: tuple[int, ...]) -> int:
@@ -134,164 +70,33 @@ def _size(shape: tuple[int, ...]) -> int:
     return n
 
 
-# ============================================================== array helpers
-
-
-def _views(p: Any, xp: Any, offsets: list[int], shapes: list[tuple[int, ...]]) -> list[Any]:
-    """Views of 1-D `p` in the shapes of the parameters (any namespace; autograd-friendly on torch)."""
-    fam = _family(xp)
-    if fam == "torch":
-        chunks = p.split_with_sizes([_size(s) for s in shapes])
-        return [c if len(s) == 1 else c.view(s) for c, s in zip(chunks, shapes, strict=True)]
-    if fam == "jax" and len(shapes) <= _JAX_SPLIT_MAX:
-        chunks = xp.split(p, offsets[1:])
-        return [c if len(s) == 1 else c.reshape(s) for c, s in zip(chunks, shapes, strict=True)]
-    if hasattr(p, "reshape") and fam != "array_api_strict":
-        return [
-            p[o : o + _size(s)] if len(s) == 1 else p[o : o + _size(s)].reshape(s)
-            for o, s in zip(offsets, shapes, strict=True)
-        ]
-    return [xp.reshape(p[o : o + _size(s)], s) for o, s in zip(offsets, shapes, strict=True)]
-
-
-def _copy_array(x: Any, xp: Any) -> Any:
-    fam = _family(xp)
-    if fam == "torch":
-        return x.clone()
-    if fam in ("numpy", "cupy", "dask"):
-        return x.copy()
-    return xp.asarray(x, copy=True)
-
-
-def _to_device(x: Any, device: Any) -> Any:
-    return array_api_compat.to_device(x, device)
-
-
-def _to_namespace(x: Any, xp: Any, device: Any) -> Any:
-    """A copy of `x` in namespace `xp` on `device` (DLPack, else the array protocol via NumPy)."""
-    try:
-        y = xp.from_dlpack(x)
-    except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
-        try:
-            y = xp.asarray(x)
-        except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
-            import numpy as np
-
-            y = xp.asarray(np.asarray(x))
-    if device is not None and not same_device(device_of(y), device):
-        y = _to_device(y, device)
-    return _copy_array(y, xp)
-
-
 def _convert(v: Any, d: Decision, pk: Kind) -> Any:
     """Convert a view `v` of p (kind `pk`) as decision `d` says (model policy)."""
     target = d.result
     assert target is not None
     if d.real_part:
         v = pk.xp.real(v)
+    ad = adapter_for(target.xp)
     if d.to_namespace:
-        v = _to_namespace(v, target.xp, target.device)
+        v = ad.to_namespace(v, target.device)
     if d.to_dtype or (d.to_namespace and v.dtype != target.dtype):
         v = target.xp.astype(v, target.dtype)
-    if d.to_device and not same_device(device_of(v), target.device):
-        v = _to_device(v, target.device)
+    if d.to_device and not same_device(ad.device(v), target.device):
+        v = ad.to_device(v, target.device)
     return v
 
 
 def _default_float(xp: Any, device: Any) -> Any:
-    try:
-        return xp.__array_namespace_info__().default_dtypes(device=device)["real floating"]
-    except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
+    """The namespace's default real floating dtype (array API inspection, else a float literal's)."""
+    info = getattr(xp, "__array_namespace_info__", None)
+    if info is None:
         return xp.asarray(0.0).dtype
-
-
-def _torch_numpy(t: Any) -> Any:
-    """A NumPy view (no copy) of a plain CPU torch tensor, or None (other devices and dtypes,
-    conjugate/negative bits, subclasses, functorch wrappers)."""
-    import torch
-
-    if type(t) is not torch.Tensor:
-        return None
-    try:
-        return t.numpy()
-    except (RuntimeError, TypeError):
-        return None
-
-
-def _empty(kind: Kind, n: int) -> Any:
-    """A new, uninitialised 1-D array of `n` elements of `kind`.
-
-    CPU torch vectors of 1 MiB or more are allocated by NumPy and wrapped with
-    ``torch.from_numpy``: NumPy asks the kernel for transparent huge pages
-    (``madvise``), torch's CPU allocator does not, and first-touch page faults
-    made ``torch.empty`` + copy ~4x slower than the copy itself here.
-    """
-    xp, dtype, device = kind
-    fam = _family(xp)
-    if fam == "torch":
-        import numpy as np
-        import torch
-
-        dev = torch.device("cpu") if device is None else device
-        if dev.type == "cpu" and n * dtype.itemsize >= _NUMPY_ALLOC_MIN:
-            probe = _torch_numpy(torch.empty(0, dtype=dtype))
-            if probe is not None:
-                return torch.from_numpy(np.empty(n, dtype=probe.dtype))
-        return torch.empty(n, dtype=dtype, device=dev)
-    if device is None:
-        return xp.empty((n,), dtype=dtype)
-    return xp.empty((n,), dtype=dtype, device=device)
-
-
-def _fill(out: Any, kind: Kind, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> None:
-    """Copy each leaf into its slice of the 1-D mutable array `out` (casting and moving as needed)."""
-    fam = _family(kind.xp)
-    if fam == "numpy":
-        import numpy as np
-
-        for x, o, s in zip(leaves, offsets, shapes, strict=True):
-            np.copyto(out[o : o + _size(s)].reshape(s), x)
-        return
-    if fam == "torch":
-        import numpy as np
-        import torch
-
-        out_np = _torch_numpy(out.detach())
-        with torch.no_grad():
-            for x, o, s in zip(leaves, offsets, shapes, strict=True):
-                src = x.detach()
-                if out_np is not None:
-                    src_np = _torch_numpy(src)
-                    if src_np is not None:
-                        np.copyto(out_np[o : o + _size(s)].reshape(s), src_np)
-                        continue
-                out[o : o + _size(s)].view(s).copy_(src)
-        return
-    for x, o, s in zip(leaves, offsets, shapes, strict=True):
-        out[o : o + _size(s)] = _to_flat_piece(x, kind)
-
-
-def _to_flat_piece(x: Any, kind: Kind) -> Any:
-    """`x` raveled, of the flat dtype and on the flat device."""
-    xp = kind.xp
-    y = xp.reshape(x, (-1,))
-    if y.dtype != kind.dtype:
-        y = xp.astype(y, kind.dtype)
-    if kind.device is not None and not same_device(device_of(y), kind.device):
-        y = _to_device(y, kind.device)
-    return y
+    return info().default_dtypes(device=device)["real floating"]
 
 
 def _new_flat(kind: Kind, n: int, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> Any:
     """A new flat vector holding `leaves` (never aliasing them, never carrying autograd history)."""
-    fam = _family(kind.xp)
-    if fam in ("numpy", "torch"):
-        out = _empty(kind, n)
-        _fill(out, kind, leaves, offsets, shapes)
-        return out
-    if not leaves:
-        return _empty(kind, n)
-    return kind.xp.concat([_to_flat_piece(x, kind) for x in leaves])
+    return adapter_for(kind.xp).new_flat(kind.dtype, kind.device, n, leaves, offsets, shapes)
 
 
 # ============================================================== Restructure
@@ -322,8 +127,8 @@ class Restructure:
 
     __slots__ = (
         "__weakref__",
+        "_adapter",
         "_build",
-        "_fam",
         "_fast",
         "_flat_kind",
         "_flatten_ok",
@@ -345,7 +150,7 @@ class Restructure:
     )
 
     _build: Any
-    _fam: str
+    _adapter: ArrayAdapter
     _fast: Any
     _flat_kind: Kind
     _flatten_ok: dict[str, bool]
@@ -402,7 +207,7 @@ class Restructure:
         self._paths = None
         self._has_complex = any(is_complex(k) for k in kinds)
         self._uniform = len(kinds) == 1
-        self._fam = _family(flat_kind.xp)
+        self._adapter = adapter_for(flat_kind.xp)
         self._param_types = param_types
         self._flatten_ok = {}
         # the code is generated on first use: destructure itself stays cheap
@@ -447,62 +252,31 @@ class Restructure:
         body = build_source(td, exprs, glb)
         unpack = f"    {', '.join(f'v{k}' for k in range(nparams))}, = v"
         src = "\n".join(["def build(v):", unpack, *body])
-        fast_src = self._fast_source(body, glb)
-        if fast_src is not None:
-            src += "\n" + fast_src
+        src += "\n" + self._fast_source(body, glb)
         exec(compile_source(src), glb)
         self._build = glb["build"]
-        self._fast = glb.get("fast", self._fast_generic)
+        self._fast = glb["fast"]
 
-    def _fast_source(self, body: list[str], glb: dict[str, Any]) -> str | None:
-        fam = self._fam
+    def _fast_source(self, body: list[str], glb: dict[str, Any]) -> str:
+        """``fast(p)``: the adapter's exact-match check of ``p`` and its view lines, then `body`."""
+        ad = self._adapter
         kind = self._flat_kind
-        glb.update(T=self._ftype, S=(self._n,), D=kind.dtype, DEV=kind.device, MISS=_MISS)
-        if fam == "numpy":
-            check = "type(p) is not T or p.shape != S or (p.dtype is not D and p.dtype != D)"
-            views = _view_lines("method", self._offsets, self._shapes, "    ")
-        elif fam == "dask":
-            check = "type(p) is not T or p.shape != S or p.dtype != D"
-            views = _view_lines("method", self._offsets, self._shapes, "    ")
-        elif fam == "torch":
-            import torch
-
-            glb["WRAPPED"] = getattr(
-                getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: True
-            )
-            glb["SIZES"] = list(self._sizes)
-            check = "type(p) is not T or p.shape != S or p.dtype is not D or p.device != DEV"
-            views = _torch_view_lines(self._offsets, self._shapes)
-        elif fam in ("cupy", "array_api_strict"):
-            glb["RESHAPE"] = kind.xp.reshape
-            check = "type(p) is not T or p.shape != S or p.dtype != D or p.device != DEV"
-            views = _view_lines("func" if fam == "array_api_strict" else "method", self._offsets, self._shapes, "    ")
-        elif fam == "jax" and len(self._shapes) > _JAX_SPLIT_MAX:
-            glb.update(SAME=same_device, DEVICE_OF=device_of)
-            check = "type(p) is not T or p.shape != S or p.dtype != D or not SAME(DEVICE_OF(p), DEV)"
-            views = _view_lines("method", self._offsets, self._shapes, "    ")
-        elif fam == "jax":
-            glb.update(SAME=same_device, DEVICE_OF=device_of, SPLIT=kind.xp.split, IDX=self._offsets[1:])
-            check = "type(p) is not T or p.shape != S or p.dtype != D or not SAME(DEVICE_OF(p), DEV)"
-            views = ["    s = SPLIT(p, IDX)"]  # one dispatch for all slices (eager JAX pays per operation)
-            views += [
-                f"    v{k} = s[{k}]" + ("" if len(sh) == 1 else f".reshape({sh!r})")
-                for k, sh in enumerate(self._shapes)
-            ]
-        else:
-            return None
+        glb["MISS"] = _MISS
+        check = ad.check_source(self._ftype, self._n, kind.dtype, kind.device, glb)
+        views = ad.view_source(self._offsets, self._shapes, glb)
         return "\n".join(["def fast(p):", f"    if {check}:", "        return MISS", *views, *body])
 
     def _fast_generic(self, p: Any) -> Any:
         kind = self._flat_kind
+        ad = self._adapter
         if (
             type(p) is not self._ftype
             or p.shape != (self._n,)
             or p.dtype != kind.dtype
-            or not same_device(device_of(p), kind.device)
+            or not same_device(ad.device(p), kind.device)
         ):
             return _MISS
-        return self._build(_views(p, kind.xp, self._offsets, self._shapes))
+        return self._build(ad.views(p, self._offsets, self._shapes))
 
     # ---------------------------------------------------------------- facts
 
@@ -642,8 +416,8 @@ class Restructure:
             )
             raise ValueError(msg)
         if copy is True:
-            p = _copy_array(p, pk.xp)
-        views = _views(p, pk.xp, self._offsets, self._shapes)
+            p = adapter_for(pk.xp).copy(p)
+        views = adapter_for(pk.xp).views(p, self._offsets, self._shapes)
         if conv:
             for j, ki in enumerate(self._param_kind):
                 if ki in conv:
@@ -772,7 +546,7 @@ class Restructure:
         for j, x in enumerate(leaves):
             lk = _kind(x)
             for other, d in seen:  # noqa: B007 - d is used after the break
-                if other.xp is lk.xp and other.dtype == lk.dtype and _dev_equal(other.device, lk.device):
+                if other.xp is lk.xp and other.dtype == lk.dtype and same_device(other.device, lk.device):
                     break
             else:
                 d = decide_flatten(pol, lk, kind)
@@ -782,7 +556,7 @@ class Restructure:
         _check_readable([_kind(x) for x in leaves], list(range(len(leaves))), kind, lambda j: self.paths[j])
         if out is None:
             return _new_flat(kind, self._n, leaves, self._offsets, self._shapes)
-        _fill(out, kind, leaves, self._offsets, self._shapes)
+        self._adapter.fill(out, leaves, self._offsets, self._shapes)
         return out
 
     def _check_out(self, out: Any) -> None:
@@ -798,10 +572,10 @@ class Restructure:
                 f"{describe_namespace(kind.xp)}; pass an `out` of the flat vector's namespace."
             )
             raise TypeError(msg)
-        fam = _family(ok)
-        if fam in _IMMUTABLE:
+        ad = self._adapter
+        if not ad.mutable:
             msg = (
-                f"re.flatten: `out=` needs a mutable array, but {fam} arrays are immutable; "
+                f"re.flatten: `out=` needs a mutable array, but {describe_namespace(ok)} arrays are immutable; "
                 "call re.flatten(model) without `out` (it returns a new array)."
             )
             raise TypeError(msg)
@@ -814,14 +588,15 @@ class Restructure:
                 f"{describe_dtype(kind.dtype)}; pass an `out` of dtype re.dtype."
             )
             raise TypeError(msg)
-        if not same_device(device_of(out), kind.device):
+        if not same_device(ad.device(out), kind.device):
             msg = (
-                f"re.flatten: `out` is on {describe_device(device_of(out))} but the flat vector is on "
+                f"re.flatten: `out` is on {describe_device(ad.device(out))} but the flat vector is on "
                 f"{describe_device(kind.device)}; pass an `out` on re.device."
             )
             raise ValueError(msg)
-        if fam == "numpy" and not out.flags.writeable:
-            msg = "re.flatten: `out` is read-only; pass a writeable array."
+        problem = ad.out_problem(out)
+        if problem is not None:
+            msg = f"re.flatten: `out` cannot be written: {problem}; pass a writeable, contiguous 1-D array."
             raise ValueError(msg)
 
     def _match(self, model: Any) -> list[Any]:
@@ -894,19 +669,7 @@ def _describe_obj(c: Any) -> str:
 # ---------------------------------------------------------------- pickling helpers
 
 #: the namespaces a pickled Restructure may name (nothing else is imported when unpickling)
-_NAMESPACES = frozenset(
-    {
-        "numpy",
-        "array_api_compat.numpy",
-        "array_api_compat.torch",
-        "array_api_compat.cupy",
-        "array_api_compat.dask.array",
-        "jax.numpy",
-        "array_api_strict",
-        "cupy",
-        "torch",
-    }
-)
+_NAMESPACES = KNOWN_NAMESPACES
 
 
 def _portable_kind(k: Kind) -> tuple[str, Any, Any]:
@@ -941,18 +704,8 @@ def _restore_kind(t: Any) -> Kind:
         raise _bad_pickle(f"the namespace {name[:80]!r} is not one functorkit knows")
     xp = importlib.import_module(name)
     if type(dev) is tuple and len(dev) == 3 and dev[0] == "__device__":
-        dev = _find_device(dev[1], dev[2])
+        dev = adapter_for(xp).find_device(dev[1], dev[2])
     return Kind(xp, dtype, dev)
-
-
-def _find_device(platform: Any, ident: Any) -> Any:
-    jax = importlib.import_module("jax") if type(platform) is str else None
-    if jax is None:
-        return None
-    for d in jax.devices(platform):
-        if d.id == ident:
-            return d
-    return None
 
 
 def _int_list(v: Any, what: str) -> list[int]:
@@ -996,7 +749,7 @@ def _restore(state: Any) -> Restructure:
         raise _bad_pickle("`param_types` is not a list of classes")
     flat_kind = _restore_kind(state.get("flat_kind"))
     try:
-        ftype = type(_empty(flat_kind, 0))
+        ftype = type(adapter_for(flat_kind.xp).empty(flat_kind.dtype, flat_kind.device, 0))
     except (TypeError, ValueError, RuntimeError):
         ftype = type(None)
     return Restructure._make(
@@ -1072,7 +825,15 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
     pol = check_policy(policy, "fk.destructure")
     leaves, td = record(model)
     trainable = td.trainable
-    param_idx = [j for j, x in enumerate(leaves) if trainable[j] and is_inexact_array(x)]
+    param_idx: list[int] = []
+    j = 0
+    try:
+        for j, x in enumerate(leaves):  # noqa: B007 - j names the leaf in the note below
+            if trainable[j] and is_inexact_array(x):
+                param_idx.append(j)
+    except TypeError as e:  # a leaf functorkit refuses to classify (np.matrix): say where it is
+        add_note(e, f"(functorkit: raised while visiting {td.paths[j].display})")
+        raise
     params = [leaves[j] for j in param_idx]
     leaf_paths: tuple[KeyPath, ...] | None = None
 
@@ -1089,18 +850,17 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
     for j, x in enumerate(params):
         k = _kind(x)
         for i, other in enumerate(kinds):
-            if other.xp is k.xp and other.dtype == k.dtype and _dev_equal(other.device, k.device):
+            if other.xp is k.xp and other.dtype == k.dtype and same_device(other.device, k.device):
                 param_kind.append(i)
                 break
         else:
             if kinds:
                 first = kinds[0]
-                if first.xp is not k.xp:
+                if first.xp is not k.xp and decide_mixed(pol, "namespace"):
                     raise mixed_model_error(pol, "namespace", path_of(0), first, path_of(j), k)
-                if pol == "strict":
-                    what = "dtype" if first.dtype != k.dtype else "device"
-                    if what == "dtype" or not same_device(first.device, k.device):
-                        raise mixed_model_error(pol, what, path_of(0), first, path_of(j), k)
+                what = "dtype" if first.dtype != k.dtype else "device"
+                if decide_mixed(pol, what) and (what == "dtype" or not same_device(first.device, k.device)):
+                    raise mixed_model_error(pol, what, path_of(0), first, path_of(j), k)
             param_kind.append(len(kinds))
             kinds.append(k)
             param_types.append(type(x))
@@ -1113,14 +873,13 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
                 dtypes.append(k.dtype)
         dtype = dtypes[0] if len(dtypes) == 1 else xp.result_type(*dtypes)
         flat_kind = Kind(xp, dtype, kinds[0].device)
-        if pol == "strict" and len(kinds) > 1:
-            # devices that cannot be determined count as equal: one kind, strictly speaking
+        if len(kinds) > 1 and decide_mixed(pol, "dtype"):
+            # (only devices that cannot be determined differ here, and those count as equal: one kind)
             kinds = [kinds[0]]
             param_kind = [0] * len(params)
             param_types = param_types[:1]
-        if not _own_their_memory(params):
-            entries = ((cast(KeyPath, _Deferred(path_of, j)), x) for j, x in enumerate(params))
-            check_no_aliases(entries, "fk.destructure")
+        entries = ((cast(KeyPath, _Deferred(path_of, j)), x) for j, x in enumerate(params))
+        check_no_aliases(entries, "fk.destructure")
         _check_readable(kinds, param_kind, flat_kind, path_of)
     elif any(is_array(x) for x in leaves):
         first = next(x for x in leaves if is_array(x))
@@ -1153,43 +912,21 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
 
 
 def _check_readable(kinds: list[Kind], param_kind: list[int], flat_kind: Kind, path_of: Any) -> None:
-    """A torch ``meta`` parameter has no values: it can only fill a flat vector on ``meta``."""
-    if _family(flat_kind.xp) != "torch" or getattr(flat_kind.device, "type", None) == "meta":
+    """A parameter whose values cannot be read (a torch ``meta`` tensor) can only fill a flat vector
+    on such a device itself."""
+    ad = adapter_for(flat_kind.xp)
+    if not ad.readable(flat_kind.device):
         return
     for j, i in enumerate(param_kind):
-        if getattr(kinds[i].device, "type", None) == "meta":
+        if not adapter_for(kinds[i].xp).readable(kinds[i].device):
             msg = (
-                f"at {path_of(j).display}: the parameter is a `meta` tensor, which has no values, but the "
-                f"flat vector is on {describe_device(flat_kind.device)}. "
+                f"at {path_of(j).display}: the parameter is on {describe_device(kinds[i].device)}, which holds "
+                f"no values, but the flat vector is on {describe_device(flat_kind.device)}. "
                 "Expected parameters whose values can be read; fix: materialise the model first "
                 "(e.g. `module.to_empty(device=...)` and load weights), or destructure a model whose "
-                "parameters are all on `meta`."
+                "parameters are all on that device."
             )
             raise PolicyError(msg)
-
-
-def _own_their_memory(params: list[Any]) -> bool:
-    """True if every parameter is a NumPy array that owns its memory (``base is None``).
-
-    Such arrays are separate allocations, so no two of them can overlap and
-    the O(n log n) shared-memory check has nothing to find (it costs ~4 µs per
-    array; a ResNet-50 has 161).
-    """
-    t = type(params[0])
-    if t.__module__ != "numpy" or t.__name__ != "ndarray":
-        return False
-    return all(type(x) is t and x.base is None for x in params)
-
-
-def _dev_equal(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if a is None or b is None:
-        return False
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - fallback: the next path decides or reports
-        return False
 
 
 class _Deferred:

@@ -264,7 +264,7 @@ class _Recorder:
                 if cid in active:
                     raise _cycle(self.path(), c)
                 fast = nd.fast
-                if fast == LIST or fast == TUPLE:
+                if fast in (LIST, TUPLE):
                     ckeys = None
                     cvals = c
                     aux = _NO_AUX
@@ -893,7 +893,7 @@ class TreeDef:
                     raise fail(here(key), _describe_entry(e), describe_found(c))
                 fast = nd.fast
                 keys = e[_KEYS]
-                if fast == LIST or fast == TUPLE:
+                if fast in (LIST, TUPLE):
                     vals = c
                     if len(vals) != e[_N]:
                         raise fail(here(key), _describe_entry(e), describe_found(c))
@@ -925,7 +925,7 @@ class TreeDef:
                             if isinstance(xnd, NodeDef):
                                 k = j if keys is None else keys[j]
                                 del out[p0 + j :]
-                                raise leaf_vs(x, here(key) + (k,))
+                                raise leaf_vs(x, make_path((*here(key), k)))
                     extend(vals)
                 elif n:
                     if key is not _MISS:

@@ -158,10 +158,7 @@ def _call_memo(
             if type(first[p]) in scalars:
                 out.append(g(*args))
                 continue
-            if style == _TRACK:
-                key = (id(args[1]), *map(id, args[2]))
-            else:
-                key = tuple(map(id, args[lead:]))
+            key = (id(args[1]), *map(id, args[2])) if style == _TRACK else tuple(map(id, args[lead:]))
             r = memo.get(key, _MISS)
             if r is _MISS:
                 r = memo[key] = g(*args)

@@ -276,8 +276,6 @@ def test_python_dispatch_detection_fallback(monkeypatch: pytest.MonkeyPatch) -> 
 
 _FAMILY_NAMES = {"torch", "jax", "cupy", "dask", "numpy", "array_api_strict"}
 _CORE = sorted(p.name for p in ROOT.glob("_*.py") if p.name != "__init__.py")
-#: _flat.py is being rewritten on the one-engine branch; it still names families today
-_PENDING = {"_flat.py"}
 
 
 def _violations(path: pathlib.Path) -> list[str]:
@@ -317,13 +315,7 @@ def _violations(path: pathlib.Path) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(reason="rewritten on the one-engine branch")) if n in _PENDING else n
-        for n in _CORE
-    ],
-)
+@pytest.mark.parametrize("name", _CORE)
 def test_core_has_no_backend_code(name: str) -> None:
     assert _violations(ROOT / name) == []
 

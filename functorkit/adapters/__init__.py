@@ -6,9 +6,10 @@ array; see ``docs/adapters.md`` for the protocol and the table of families.
 """
 
 from ._base import FAMILIES as FAMILIES
+from ._base import KNOWN_NAMESPACES as KNOWN_NAMESPACES
 from ._base import ArrayAdapter as ArrayAdapter
 from ._base import Layout as Layout
 from ._base import adapter_for as adapter_for
 from ._base import adapter_of as adapter_of
 
-__all__ = ["FAMILIES", "ArrayAdapter", "Layout", "adapter_for", "adapter_of"]
+__all__ = ["FAMILIES", "KNOWN_NAMESPACES", "ArrayAdapter", "Layout", "adapter_for", "adapter_of"]

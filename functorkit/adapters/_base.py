@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import array_api_compat
 import numpy as np
 
-__all__ = ["FAMILIES", "ArrayAdapter", "Layout", "adapter_for", "adapter_of", "normalise_layout"]
+__all__ = ["FAMILIES", "KNOWN_NAMESPACES", "ArrayAdapter", "Layout", "adapter_for", "adapter_of", "normalise_layout"]
 
 #: namespace module name -> adapter module (anything else: the generic :class:`ArrayAdapter`)
 FAMILIES: dict[str, str] = {
@@ -42,6 +42,9 @@ FAMILIES: dict[str, str] = {
     "cupy": "functorkit.adapters.cupy",
     "array_api_compat.dask.array": "functorkit.adapters.dask",
 }
+
+#: every namespace module name functorkit knows (a pickled Restructure may name only these)
+KNOWN_NAMESPACES: frozenset[str] = frozenset(FAMILIES) | {"array_api_strict"}
 
 _BY_NAMESPACE: dict[Any, ArrayAdapter] = {}
 _BY_TYPE: dict[type, ArrayAdapter] = {}
@@ -190,6 +193,10 @@ class ArrayAdapter:
             return array_api_compat.device(x)
         except _UNSUPPORTED:
             return None
+
+    def find_device(self, platform: Any, ident: Any) -> Any:
+        """The device of this library named by a pickled ``(platform, id)`` pair, or None."""
+        return None
 
     def readable(self, device: Any) -> bool:
         """Whether the values of arrays on `device` can be read (False: torch ``meta``)."""

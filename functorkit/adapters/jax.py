@@ -19,6 +19,17 @@ class Adapter(ArrayAdapter):
     family = "jax"
     mutable = False
 
+    def find_device(self, platform: Any, ident: Any) -> Any:
+        """JAX devices do not pickle: a Restructure stores ``(platform, id)`` and finds it again here."""
+        import jax
+
+        if type(platform) is not str:
+            return None
+        for d in jax.devices(platform):
+            if d.id == ident:
+                return d
+        return None
+
     def device(self, x: Any) -> Any:
         """None for a tracer under ``jit`` (no concrete device); the only exceptions JAX raises
         there are TypeError subclasses (ConcretizationTypeError)."""
