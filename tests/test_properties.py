@@ -100,11 +100,20 @@ class Net:
         self.frozen, self.live = frozen, live
 
 
-fk.register(Box, children=lambda b: ({"u": b.u, "v": b.v}, b.tag),
-            rebuild=lambda tag, ch: Box(ch["u"], ch["v"], tag), replace=True)
+fk.register(
+    Box,
+    children=lambda b: ({"u": b.u, "v": b.v}, b.tag),
+    rebuild=lambda tag, ch: Box(ch["u"], ch["v"], tag),
+    replace=True,
+)
 fk.register(Row, children=lambda r: (list(r.items), None), rebuild=lambda aux, ch: Row(*ch), replace=True)
-fk.register(Net, children=lambda n: ({"frozen": n.frozen, "live": n.live}, None),
-            rebuild=lambda aux, ch: Net(ch["frozen"], ch["live"]), trainable=lambda n: ["live"], replace=True)
+fk.register(
+    Net,
+    children=lambda n: ({"frozen": n.frozen, "live": n.live}, None),
+    rebuild=lambda aux, ch: Net(ch["frozen"], ch["live"]),
+    trainable=lambda n: ["live"],
+    replace=True,
+)
 
 
 # ---------------------------------------------------------------------------
@@ -367,8 +376,22 @@ def tree_specs(draw: Any, *, modules: bool) -> Any:
     def node(depth: int) -> Any:
         if depth == 0 or draw(st.integers(0, 3)) == 0:
             return leaf()
-        kinds = ["dict", "list", "tuple", "nt", "dc", "box", "row", "net", "net", "diag", "transpose", "share",
-                 "share", "scalar_node"]
+        kinds = [
+            "dict",
+            "list",
+            "tuple",
+            "nt",
+            "dc",
+            "box",
+            "row",
+            "net",
+            "net",
+            "diag",
+            "transpose",
+            "share",
+            "share",
+            "scalar_node",
+        ]
         if modules:
             kinds += ["module", "module"]
         kind = draw(st.sampled_from(kinds))
@@ -390,8 +413,14 @@ def tree_specs(draw: Any, *, modules: bool) -> Any:
         else:
             kids = [node(depth - 1) for _ in range(draw(st.integers(0, 3)))]
             if kind == "dict":
-                keys = draw(st.lists(st.sampled_from(["k0", "k1", "k2", "x y", 7]), min_size=len(kids),
-                                     max_size=len(kids), unique=True))
+                keys = draw(
+                    st.lists(
+                        st.sampled_from(["k0", "k1", "k2", "x y", 7]),
+                        min_size=len(kids),
+                        max_size=len(kids),
+                        unique=True,
+                    )
+                )
                 out = NodeSpec("dict", list(zip(keys, kids, strict=True)))
             else:
                 out = NodeSpec(kind, kids)
@@ -526,9 +555,13 @@ def snapshot(tree: Any) -> list[Any]:
         if ch is None:
             if is_array(x):
                 v = np_value(x)
-                extra: Any = (str(v.dtype), v.shape, v.tobytes(),
-                              getattr(getattr(x, "flags", None), "writeable", None),
-                              getattr(x, "requires_grad", None))
+                extra: Any = (
+                    str(v.dtype),
+                    v.shape,
+                    v.tobytes(),
+                    getattr(getattr(x, "flags", None), "writeable", None),
+                    getattr(x, "requires_grad", None),
+                )
             else:
                 extra = (type(x), x if type(x) in SCALAR_TYPES else None)
             out.append((path, "leaf", id(x), extra))
@@ -562,8 +595,9 @@ def assert_same_value(got: Any, want: np.ndarray, dtype: Any, where: str) -> Non
     np.testing.assert_array_equal(g, want.astype(dtype), err_msg=where)
 
 
-def rebuilt_positions(inp: Any, out: Any, oracle: Oracle, structure: bool = False
-                      ) -> Iterator[tuple[tuple[Any, ...], Any, Any, bool]]:
+def rebuilt_positions(
+    inp: Any, out: Any, oracle: Oracle, structure: bool = False
+) -> Iterator[tuple[tuple[Any, ...], Any, Any, bool]]:
     """Zip input and output at every position (shared sub-trees at each occurrence).
 
     Checks node types, keys and static data on the way, and that every shared
@@ -581,10 +615,7 @@ def rebuilt_positions(inp: Any, out: Any, oracle: Oracle, structure: bool = Fals
             assert node_out.setdefault(id(x), id(y)) == id(y), f"shared sub-tree at {where} came back unshared"
         if structure:
             assert type(y) is structure_type(x), f"{where}: {type(y).__name__} for {type(x).__name__}"
-            if type(y) is dict:
-                out_kids = list(y.items())
-            else:
-                out_kids = list(enumerate(y))
+            out_kids = list(y.items()) if type(y) is dict else list(enumerate(y))
         else:
             assert type(y) is type(x), f"{where}: {type(y).__name__} for {type(x).__name__}"
             assert static(y) == static(x), f"{where}: static data changed"
@@ -793,8 +824,7 @@ def test_arithmetic_acts_on_exactly_the_parameters(xp: Any, backend: Backend, da
     tree, tree2, oracle = draw_trees(data, xp, backend)
     before, before2 = snapshot(tree), snapshot(tree2)
     inputs = [x for _, x, _ in oracle.positions if is_array(x)] + [x for x in fk.leaves(tree2) if is_array(x)]
-    second = dict(zip([id(x) for _, x, _ in oracle.positions],
-                      [x for _, x, _ in Oracle(tree2).positions], strict=True))
+    second = dict(zip([id(x) for _, x, _ in oracle.positions], [x for _, x, _ in Oracle(tree2).positions], strict=True))
     cases: list[tuple[str, Any, Callable[[Any], np.ndarray]]] = [
         ("scale", fk.scale(2, tree), lambda x: 2 * np_value(x)),
         ("add", fk.add(tree, tree2), lambda x: np_value(x) + np_value(second[id(x)])),
@@ -899,7 +929,7 @@ def test_interned_scalar_tuples_are_not_shared(xp: Any) -> None:
     forced = {"c1": {"k": k, "w": _arr(xp, 1.0)}, "c2": {"k": k}}
     for t, extra in ((tree, []), (forced, ["c1.w"])):
         seen: list[str] = []
-        out = fk.fmap_with_path(lambda p, x: seen.append(str(p)) or x, t)
+        out = fk.fmap_with_path(lambda p, x, seen=seen: seen.append(str(p)) or x, t)
         assert seen == ["c1.k[0]", "c1.k[1]", *extra, "c2.k[0]", "c2.k[1]"]
         assert out["c2"]["k"] == (3, 3)
         assert len(fk.leaves(t)) == 4 + len(extra)
