@@ -28,7 +28,9 @@ R4  Walk order = leaves order = destructure's flat order; ties counted once;
     a parameter's path is its first path in walk order.
 
 The number of examples per property is ``FUNCTORKIT_PROP_EXAMPLES`` (default
-25); examples are derandomized so that every run checks the same trees.
+25); examples are derandomized so that every run checks the same trees. A
+failure is reported unshrunk (the tree is printed) unless
+``FUNCTORKIT_PROP_SHRINK=1``.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Any, NamedTuple
 import array_api_compat
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
 import functorkit as fk
@@ -51,11 +53,14 @@ from conftest import Backend, to_numpy
 from helpers import path_str
 
 EXAMPLES = int(os.environ.get("FUNCTORKIT_PROP_EXAMPLES", "25"))
+# shrinking a failure re-runs every operation hundreds of times (minutes on JAX): off unless asked for
+SHRINK = os.environ.get("FUNCTORKIT_PROP_SHRINK", "") not in ("", "0")
 PROPS = settings(
     max_examples=EXAMPLES,
     deadline=None,
     database=None,
     derandomize=True,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, *([Phase.shrink] if SHRINK else [])],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
 )
 
