@@ -90,6 +90,9 @@ class Box:
     def __init__(self, u: Any, v: Any, tag: str = "box") -> None:
         self.u, self.v, self.tag = u, v, tag
 
+    def __repr__(self) -> str:
+        return f"Box({self.u!r}, {self.v!r}, tag={self.tag!r})"
+
 
 class Row:
     """Registered node with sequence children, all trainable."""
@@ -97,12 +100,18 @@ class Row:
     def __init__(self, *items: Any) -> None:
         self.items = list(items)
 
+    def __repr__(self) -> str:
+        return f"Row(*{self.items!r})"
+
 
 class Net:
     """Registered node whose ``frozen`` child is declared not trainable."""
 
     def __init__(self, frozen: Any, live: Any) -> None:
         self.frozen, self.live = frozen, live
+
+    def __repr__(self) -> str:
+        return f"Net(frozen={self.frozen!r}, live={self.live!r})"
 
 
 fk.register(
