@@ -354,7 +354,7 @@ CASES: list[Bad] = [
         "register",
         "a `trainable` function naming a key that is not a child",
         lambda c: fk.destructure({"slot": TrainableUnknownKey(c.arr(1.0))}),
-        ValueError,
+        fk.StructureError,
         "the class, the path, the unknown key and the real child keys",
         path="slot",
         names=("TrainableUnknownKey", "'weight'", "'w'"),
