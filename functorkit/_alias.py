@@ -54,7 +54,7 @@ from ._keypath import KeyPath
 from .adapters._base import _HOST, Layout, adapter_of, normalise_layout
 from .adapters._base import extent as _extent
 
-__all__ = ["Layout", "check_no_aliases", "memory_layout"]
+__all__ = ["Layout", "check_no_aliases", "layouts_overlap", "memory_layout"]
 
 #: above this many contiguous runs in one cluster, fall back to pairwise tests
 _RUN_LIMIT = 1 << 21
@@ -104,6 +104,13 @@ class _Standin:
             "data": (lay.lo, True),
             "version": 3,
         }
+
+
+def layouts_overlap(a: Layout, b: Layout) -> bool:
+    """True if two memory layouts share at least one byte (exact, not a bounding-box test)."""
+    if a.space != b.space or a.hi <= b.lo or b.hi <= a.lo:
+        return False
+    return _shares(a, b)
 
 
 def _shares(a: Layout, b: Layout) -> bool:

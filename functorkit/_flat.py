@@ -24,9 +24,10 @@ from __future__ import annotations
 import importlib
 import itertools
 import pickle
+from collections.abc import Mapping
 from typing import Any, cast
 
-from ._alias import check_no_aliases
+from ._alias import check_no_aliases, layouts_overlap, memory_layout
 from ._codegen import CODEGEN_MAX, build_source, compile_source
 from ._errors import PolicyError, StructureError
 from ._explain import ExplainRow, Explanation
@@ -39,6 +40,7 @@ from ._policy import (
     decide_flatten,
     decide_mixed,
     decide_rebuild,
+    decide_unknown_holder,
     describe_device,
     describe_dtype,
     describe_namespace,
@@ -48,6 +50,7 @@ from ._policy import (
     rebuild_error,
     same_device,
 )
+from ._registry import SCALAR_TYPES, registered_leaf
 from ._treedef import BUILD_SAME, TreeDef, add_note, record
 from ._xp import device_of, is_array, is_inexact_array, namespace
 from .adapters import KNOWN_NAMESPACES, ArrayAdapter, adapter_for, adapter_of
@@ -393,8 +396,8 @@ class Restructure:
     def _rebuild(self, p: Any, policy: str | None, copy: bool | None) -> Any:
         pol = self._policy if policy is None else check_policy(policy, "re(p)")
         if copy is not None and copy is not True and copy is not False:
-            msg = f"re(p): `copy` must be None, True or False, got {copy!r}."
-            raise ValueError(msg)
+            msg = f"re(p): `copy` must be None, True or False, got {type(copy).__name__} ({copy!r})."
+            raise TypeError(msg)
         pk = self._check_p(p, "re(p)")
         if not self._shapes:
             return self._build(())
@@ -541,6 +544,8 @@ class Restructure:
         if out is not None:
             self._check_out(out)
         leaves = self._match(model)
+        if out is not None:
+            self._check_out_apart(out, leaves)
         # policy: each parameter against the flat vector
         seen: list[tuple[Kind, Decision]] = []
         for j, x in enumerate(leaves):
@@ -598,6 +603,22 @@ class Restructure:
         if problem is not None:
             msg = f"re.flatten: `out` cannot be written: {problem}; pass a writeable, contiguous 1-D array."
             raise ValueError(msg)
+
+    def _check_out_apart(self, out: Any, leaves: list[Any]) -> None:
+        """`out` must not share memory with a parameter it is filled from (it would be read after
+        being overwritten)."""
+        lo = memory_layout(out)
+        if lo is None:
+            return
+        for k, x in enumerate(leaves):
+            lx = memory_layout(x)
+            if lx is not None and layouts_overlap(lo, lx):
+                msg = (
+                    f"at {self.paths[k].display}: re.flatten: `out` shares memory with this parameter of the "
+                    "model, so writing `out` would overwrite values not yet read. Expected an `out` apart from "
+                    "the model; fix: pass a fresh array (or call re.flatten(model) without `out`)."
+                )
+                raise ValueError(msg)
 
     def _match(self, model: Any) -> list[Any]:
         """The parameters of `model` at the plan's positions (StructureError where it differs)."""
@@ -828,13 +849,15 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
     param_idx: list[int] = []
     j = 0
     try:
-        for j, x in enumerate(leaves):  # noqa: B007 - j names the leaf in the note below
+        for j, x in enumerate(leaves):
             if trainable[j] and is_inexact_array(x):
                 param_idx.append(j)
     except TypeError as e:  # a leaf functorkit refuses to classify (np.matrix): say where it is
         add_note(e, f"(functorkit: raised while visiting {td.paths[j].display})")
         raise
     params = [leaves[j] for j in param_idx]
+    if decide_unknown_holder(pol):
+        _refuse_unknown_holders(leaves, param_idx, td)
     leaf_paths: tuple[KeyPath, ...] | None = None
 
     def path_of(k: int) -> KeyPath:
@@ -909,6 +932,39 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
         param_types=param_types,
     )
     return flat, re
+
+
+def _holds_arrays(x: Any) -> bool:
+    """True for an object no registry knows that holds arrays one level down (attributes, or the
+    items of a Mapping/Sequence subclass)."""
+    t = type(x)
+    if t in SCALAR_TYPES or registered_leaf(t) or callable(x) or is_array(x):
+        return False
+    if isinstance(x, Mapping):
+        vals: Any = x.values()
+    elif isinstance(x, (list, tuple)):
+        vals = x
+    else:
+        d = getattr(x, "__dict__", None)
+        if type(d) is not dict:
+            return False
+        vals = d.values()
+    return any(is_array(v) for v in vals)
+
+
+def _refuse_unknown_holders(leaves: list[Any], param_idx: list[int], td: TreeDef) -> None:
+    params = set(param_idx)
+    for j, x in enumerate(leaves):
+        if j not in params and _holds_arrays(x):
+            name = type(x).__qualname__
+            msg = (
+                f"at {td.paths[j].display}: fk.destructure found a {name} that holds arrays, but no registry "
+                f"knows {name}, so it would silently be a constant (its arrays not parameters). Expected "
+                f"registered nodes; fix: register it (fk.register({name}, children=..., rebuild=...), or "
+                f"@fk.register_dataclass), or fk.register_leaf({name}) to keep it a constant on purpose, or "
+                "pass policy='model'/'flat' to carry it unchanged."
+            )
+            raise StructureError(msg)
 
 
 def _check_readable(kinds: list[Kind], param_kind: list[int], flat_kind: Kind, path_of: Any) -> None:

@@ -43,6 +43,7 @@ __all__ = [
     "check_policy",
     "decide_flatten",
     "decide_mixed",
+    "decide_unknown_holder",
     "decide_rebuild",
     "describe_device",
     "describe_dtype",
@@ -62,11 +63,14 @@ TO_LEAF = "convert p's slice to the parameter's own"
 KEEP_P = "the parameter takes p's"
 REAL_IF_COMPLEX_MODEL = "take the real part if the model had complex parameters, else raise PolicyError"
 TO_FLAT = "convert the parameter to the flat vector's"
+REFUSE = "raise StructureError naming the path and how to register it"
+CONSTANT = "carry it unchanged as a constant"
 
 # ---- situations --------------------------------------------------------------
 MIXED_DTYPE = "destructure: parameters differ in dtype"
 MIXED_DEVICE = "destructure: parameters differ in device"
 MIXED_NAMESPACE = "destructure: parameters differ in namespace"
+UNKNOWN_HOLDER = "destructure: an object no registry knows holds arrays"
 P_DTYPE = "re(p): p's dtype differs from a parameter's"
 P_DEVICE = "re(p): p's device differs from a parameter's"
 P_NAMESPACE = "re(p): p's namespace differs from a parameter's"
@@ -81,6 +85,7 @@ RULES: dict[str, dict[str, str]] = {
     MIXED_DTYPE: {"strict": RAISE, "model": PROMOTE, "flat": PROMOTE},
     MIXED_DEVICE: {"strict": RAISE, "model": FIRST, "flat": FIRST},
     MIXED_NAMESPACE: {"strict": RAISE, "model": RAISE, "flat": RAISE},
+    UNKNOWN_HOLDER: {"strict": REFUSE, "model": CONSTANT, "flat": CONSTANT},
     P_DTYPE: {"strict": RAISE, "model": TO_LEAF, "flat": KEEP_P},
     P_DEVICE: {"strict": RAISE, "model": TO_LEAF, "flat": KEEP_P},
     P_NAMESPACE: {"strict": RAISE, "model": TO_LEAF, "flat": KEEP_P},
@@ -100,9 +105,12 @@ _FIX = {
 
 
 def check_policy(policy: Any, where: str) -> str:
-    """Return `policy` if it is one of :data:`POLICIES`, else raise ValueError."""
-    if policy in POLICIES and type(policy) is str:
-        return str(policy)
+    """Return `policy` if it is one of :data:`POLICIES`; TypeError for a non-str, else ValueError."""
+    if type(policy) is not str:
+        msg = f"{where}: `policy` must be a str, one of 'strict', 'model' or 'flat'; got {type(policy).__name__}."
+        raise TypeError(msg)
+    if policy in POLICIES:
+        return policy
     msg = f"{where}: unknown policy {policy!r}; expected one of 'strict', 'model' or 'flat'."
     raise ValueError(msg)
 
@@ -172,6 +180,12 @@ def decide_mixed(policy: str, what: str) -> bool:
     and lives on the first parameter's device)."""
     situation = {"dtype": MIXED_DTYPE, "device": MIXED_DEVICE, "namespace": MIXED_NAMESPACE}[what]
     return RULES[situation][policy] == RAISE
+
+
+def decide_unknown_holder(policy: str) -> bool:
+    """Whether ``destructure`` refuses an object that no registry knows but that holds arrays
+    (reads :data:`RULES`; otherwise it is a constant)."""
+    return RULES[UNKNOWN_HOLDER][policy] == REFUSE
 
 
 def decide_rebuild(policy: str, leaf: Kind, p: Kind, model_has_complex: bool) -> Decision:

@@ -29,6 +29,8 @@ __all__ = [
     "register",
     "register_dataclass",
     "register_leaf",
+    "registered_leaf",
+    "node_error",
     "resolve",
 ]
 
@@ -81,6 +83,14 @@ class NodeDef:
 
     def __repr__(self) -> str:
         return f"NodeDef({self.cls.__qualname__})"
+
+
+def node_error(msg: str) -> TypeError:
+    """A TypeError about a registered node's own functions; the walk prefixes the path where it met
+    the node (``at layers[0]: ...``), since these functions do not know it."""
+    e = TypeError(msg)
+    e.functorkit_needs_path = True  # type: ignore[attr-defined]
+    return e
 
 
 # ---------------------------------------------------------------- built-ins
@@ -192,7 +202,7 @@ def _user_def(
                 f"`(children, aux)` pair, got {got}; return "
                 "`(mapping_or_sequence, aux)`."
             )
-            raise TypeError(msg)
+            raise node_error(msg)
         ch, aux = out
         if isinstance(ch, Mapping):
             return list(ch.keys()), list(ch.values()), (aux, None), True
@@ -204,7 +214,7 @@ def _user_def(
             f"type {type(ch).__name__}; expected a mapping (keys become path entries), "
             "a list or a tuple."
         )
-        raise TypeError(msg)
+        raise node_error(msg)
 
     def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
         user_aux, seq_kind = aux
@@ -225,7 +235,7 @@ def _user_def(
                     f"the `trainable` function registered for {qual} must return an "
                     f"iterable of child keys, got {type(keys).__name__}."
                 )
-                raise TypeError(msg) from None
+                raise node_error(msg) from None
 
     return NodeDef(cls, flatten, unflatten, tfn)
 
@@ -318,7 +328,15 @@ def _check_class(cls: Any, what: str) -> None:
         raise ValueError(msg)
 
 
+def registered_leaf(cls: type) -> bool:
+    """True if `cls` was registered with :func:`register_leaf` (a leaf on purpose)."""
+    return _TABLE.get(cls) is _LEAF
+
+
 def _store(cls: type, entry: Any, replace: bool, what: str) -> None:
+    if type(replace) is not bool:
+        msg = f"`replace` must be True or False, got {type(replace).__name__} ({replace!r}) ({what})."
+        raise TypeError(msg)
     with _lock:
         if cls in _TABLE and not replace:
             kind = "a built-in node" if cls in _BUILTIN and _TABLE[cls] is _BUILTIN[cls] else "already registered"

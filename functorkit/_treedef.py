@@ -280,6 +280,8 @@ class _Recorder:
                         keep.append(cvals)
                 ctset = nd.trainable(c) if (tr and nd.trainable is not None and self.track) else None
                 n = len(cvals)
+                if ctset is not None and not ctset.issubset(range(n) if ckeys is None else ckeys):
+                    raise self._unknown_trainable(c, ctset, ckeys, n)
                 if is_leaf is None:
                     if leaf_types.issuperset(map(type, cvals)):
                         leafy = True
@@ -310,9 +312,26 @@ class _Recorder:
                 stack.append([cvals, ckeys, 0, tr, ctset, cid, self.ncached, (nd, ckeys, n, False, aux, named), c])
         except StructureError:
             raise
+        except TypeError as e:
+            if getattr(e, "functorkit_needs_path", False):  # a registered node's function broke its contract
+                raise TypeError(f"at {self.path().display}: {e}") from None
+            add_note(e, _visiting(self.path()))
+            raise
         except Exception as e:
             add_note(e, _visiting(self.path()))
             raise
+
+    def _unknown_trainable(self, c: Any, tset: frozenset[Any], keys: Any, n: int) -> StructureError:
+        children = list(range(n)) if keys is None else list(keys)
+        unknown = sorted((k for k in tset if k not in children), key=repr)
+        here = self.path()
+        msg = (
+            f"at {here.display}: the `trainable` function registered for {type(c).__qualname__} named "
+            f"{', '.join(repr(k) for k in unknown)}, which {'is' if len(unknown) == 1 else 'are'} not among its "
+            f"children {children!r}. Expected child keys; fix the `trainable` function (fk.register) to "
+            "return keys of the mapping or indices of the sequence `children` returns."
+        )
+        return StructureError(msg)
 
     def _mark_trainable(self, node: Any) -> None:
         """A shared sub-tree first met at a frozen position is met again at a trainable one: the

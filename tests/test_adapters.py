@@ -383,6 +383,7 @@ def test_every_policy_rule_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
     for pol in _policy.POLICIES:
         for what in ("dtype", "device", "namespace"):
             _policy.decide_mixed(pol, what)
+        _policy.decide_unknown_holder(pol)
         for k in kinds:
             _policy.decide_rebuild(pol, f64, k, False)
             _policy.decide_flatten(pol, k, f64)

@@ -89,6 +89,13 @@ class Bad:
 # unregistered and registered classes used by the cases
 
 
+def _cyclic() -> dict[str, Any]:
+    inner: list[Any] = []
+    tree = {"a": [inner]}
+    inner.append(tree)
+    return tree
+
+
 class Holder:
     """Not registered anywhere, holds an array."""
 
@@ -1068,6 +1075,52 @@ CASES: list[Bad] = [
 # cases without arrays (run once)
 
 PLAIN_CASES: list[Bad] = [
+    Bad(
+        "flatten-is_leaf-not-callable",
+        "flatten",
+        "`is_leaf` that is not callable",
+        lambda c: fk.flatten({"a": 1}, is_leaf=3),
+        TypeError,
+        "`is_leaf` must be a callable or None",
+        names=("is_leaf",),
+    ),
+    Bad(
+        "flatten-cycle",
+        "flatten",
+        "a tree that contains itself",
+        lambda c: fk.flatten(_cyclic()),
+        fk.StructureError,
+        "the path where the cycle closes; break it or stop the walk with `is_leaf`",
+        path="a[0]",
+        names=("cycle",),
+    ),
+    Bad(
+        "unflatten-not-a-treedef",
+        "unflatten",
+        "a `treedef` that is not a TreeDef",
+        lambda c: fk.unflatten({"a": 1}, [1]),
+        TypeError,
+        "`treedef` must be a TreeDef, the second result of fk.flatten",
+        names=("treedef", "TreeDef"),
+    ),
+    Bad(
+        "unflatten-wrong-count",
+        "unflatten",
+        "a list of leaves of the wrong length",
+        lambda c: fk.unflatten(fk.flatten({"a": 1, "b": 2})[1], [1]),
+        ValueError,
+        "expected N leaves, got M",
+        names=("expected 2 leaves", "got 1"),
+    ),
+    Bad(
+        "TreeDef-constructor",
+        "TreeDef",
+        "calling the class directly",
+        lambda c: fk.TreeDef(),
+        TypeError,
+        "TreeDef objects are made by fk.flatten",
+        names=("fk.flatten",),
+    ),
     Bad(
         "KeyPath-str",
         "KeyPath",

@@ -254,7 +254,7 @@ def test_copy_false_without_conversion_is_fine(xp: Any) -> None:
 
 def test_copy_must_be_none_true_false(xp: Any) -> None:
     flat, re = fk.destructure({"w": xp.asarray([1.0])})
-    with pytest.raises(ValueError, match="copy"):
+    with pytest.raises(TypeError, match="copy"):  # a wrong type: TypeError (the catalogue's rule)
         re(flat, copy="yes")  # type: ignore[arg-type]
 
 

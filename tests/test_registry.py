@@ -201,7 +201,7 @@ def test_children_returning_the_wrong_shape() -> None:
         with pytest.raises(TypeError, match=expected) as info:
             fk.leaves({"x": [Box(1, 2)]})
         assert "`children`" in str(info.value)
-        assert info.value.__notes__ == ["(functorkit: raised while visiting x[0])"]
+        assert str(info.value).startswith("at x[0]: ")  # the path is part of the message itself
 
 
 def test_eight_threads_racing_to_register_one_class() -> None:
