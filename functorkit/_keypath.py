@@ -2,20 +2,69 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-__all__ = ["KeyPath", "format_entry", "make_path"]
+__all__ = ["KeyPath", "format_entry", "make_path", "safe_repr"]
 
 _tuple_new = tuple.__new__
+_tuple_hash = tuple.__hash__
+_TAIL_DIGITS = 6
+_SHOWN_CHILDREN = 20
+
+
+def _short_int(key: int) -> str:
+    """A short stand-in for an integer too long for ``str()`` (CPython's digit limit).
+
+    Linear in the size of `key`: the digit count comes from a logarithm and
+    only the last few digits are converted.
+    """
+    n = -key if key < 0 else key
+    digits = math.floor(math.log10(n)) + 1
+    if n.bit_length() <= 100_000:  # exact near powers of ten where the float can round
+        digits += (n >= 10**digits) - (n < 10 ** (digits - 1))
+    tail = str(n % 10**_TAIL_DIGITS).zfill(_TAIL_DIGITS)
+    sign = "negative " if key < 0 else ""
+    return f"<{sign}int with {digits} digits, ending in …{tail}>"
+
+
+def safe_repr(obj: Any) -> str:
+    """``repr(obj)``, or a short stand-in where ``repr`` raises: messages never fail."""
+    try:
+        return repr(obj)
+    except Exception as e:  # noqa: BLE001 -- any failing __repr__ must still give a message
+        if isinstance(obj, int):
+            return _short_int(obj)
+        return f"<{type(obj).__qualname__} whose repr raised {type(e).__name__}>"
 
 
 def format_entry(key: Any, first: bool) -> str:
-    """Render one path entry: ``.name``, ``[0]`` or ``['some key']``."""
+    """Render one path entry: ``.name``, ``[0]`` or ``['some key']``; never raises."""
     if type(key) is str and key.isidentifier():
         return key if first else "." + key
     if type(key) is int:
-        return f"[{key}]"
-    return f"[{key!r}]"
+        try:
+            return f"[{key}]"
+        except ValueError:  # more digits than sys.get_int_max_str_digits()
+            return f"[{_short_int(key)}]"
+    return f"[{safe_repr(key)}]"
+
+
+def _same_key(a: Any, b: Any) -> bool:
+    """Whether child key `a` is path entry `b`: the same object, or equal and of one type.
+
+    Identity first, so a key unequal to itself (a NaN float) is still found;
+    the type check keeps ``True`` apart from ``1``; a comparison that raises
+    or gives no truth value (an array key) counts as a mismatch.
+    """
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 -- an odd key is not this entry; `get` then says so
+        return False
 
 
 class KeyPath(tuple[Any, ...]):
@@ -25,7 +74,9 @@ class KeyPath(tuple[Any, ...]):
     field names, sequence indices. ``str()`` renders identifier strings as
     ``.name`` (no dot at the start), integers as ``[i]`` and any other key
     as ``[repr(key)]``; the root path is ``""`` and shows as ``<root>`` in
-    messages.
+    messages. ``str()`` and ``repr()`` never raise: an integer longer than
+    Python's digit limit, or a key whose ``repr`` fails, shows as a short
+    ``<...>`` stand-in.
 
     Examples
     --------
@@ -57,7 +108,26 @@ class KeyPath(tuple[Any, ...]):
         return "".join([format_entry(k, i == 0) for i, k in enumerate(self)])
 
     def __repr__(self) -> str:
-        return f"KeyPath({tuple(self)!r})"
+        inner = ", ".join([safe_repr(k) for k in self])
+        return f"KeyPath(({inner},))" if len(self) == 1 else f"KeyPath(({inner}))"
+
+    def __hash__(self) -> int:
+        try:
+            return _tuple_hash(self)
+        except TypeError:
+            pass
+        for i, key in enumerate(self):
+            try:
+                hash(key)
+            except TypeError:
+                msg = (
+                    f"the path {self.display} cannot be hashed: its entry {i} is the unhashable "
+                    f"{type(key).__name__} {safe_repr(key)}; give the node hashable child keys "
+                    "(its `children` function returns a mapping whose keys become path entries), "
+                    "or keep such paths out of dicts and sets."
+                )
+                raise TypeError(msg) from None
+        raise AssertionError  # unreachable: tuple.__hash__ fails only on an entry  # pragma: no cover
 
     def __add__(self, other: Any) -> KeyPath:
         return _tuple_new(KeyPath, (*self, *other))
@@ -80,6 +150,11 @@ class KeyPath(tuple[Any, ...]):
     def get(self, tree: Any, /) -> Any:
         """Fetch the value at this path in `tree`.
 
+        Each entry is matched against the node's child keys by identity first
+        (so a NaN key from `fk.leaves_with_path` is found), then by equality
+        between keys of one type (``True`` is not ``1``). Linear in the
+        length of the path.
+
         Raises
         ------
         StructureError
@@ -92,34 +167,48 @@ class KeyPath(tuple[Any, ...]):
         >>> fk.KeyPath(("b", 0)).get({"a": 1, "b": [2, 3]})
         2
         """
-        from ._errors import StructureError
         from ._registry import child_items
 
         node = tree
         for depth, key in enumerate(self):
             items = child_items(node)
-            here = _tuple_new(KeyPath, tuple.__getitem__(self, slice(0, depth))).display
             if items is None:
-                msg = (
-                    f"at {here}: the path {self.display} goes through a leaf: expected a node "
-                    f"with a child {key!r}, found a leaf of type {type(node).__name__}; check "
-                    "the path against fk.leaves_with_path(tree)."
-                )
-                raise StructureError(msg)
+                raise self._get_error(depth, node, None)
             for k, v in items:
-                if type(k) is type(key) and k == key:
+                if k is key:
                     node = v
                     break
             else:
-                keys = [k for k, _ in items]
-                shown = repr(keys) if len(keys) <= 20 else f"{keys[:20]!r} and {len(keys) - 20} more"
-                msg = (
-                    f"at {here}: the path {self.display} does not exist: expected a child "
-                    f"{key!r} of this {type(node).__name__}, found the children {shown}; check "
-                    "the path against fk.leaves_with_path(tree)."
-                )
-                raise StructureError(msg)
+                for k, v in items:
+                    if _same_key(k, key):
+                        node = v
+                        break
+                else:
+                    raise self._get_error(depth, node, [k for k, _ in items])
         return node
+
+    def _get_error(self, depth: int, node: Any, keys: list[Any] | None) -> Exception:
+        """The StructureError of `get` stopping at entry `depth` (built only on failure)."""
+        from ._errors import StructureError
+
+        here = self[:depth].display
+        key = safe_repr(self[depth])
+        if keys is None:
+            msg = (
+                f"at {here}: the path {self.display} goes through a leaf: expected a node "
+                f"with a child {key}, found a leaf of type {type(node).__name__}; check "
+                "the path against fk.leaves_with_path(tree)."
+            )
+        else:
+            shown = "[" + ", ".join([safe_repr(k) for k in keys[:_SHOWN_CHILDREN]]) + "]"
+            if len(keys) > _SHOWN_CHILDREN:
+                shown += f" and {len(keys) - _SHOWN_CHILDREN} more"
+            msg = (
+                f"at {here}: the path {self.display} does not exist: expected a child "
+                f"{key} of this {type(node).__name__}, found the children {shown}; check "
+                "the path against fk.leaves_with_path(tree)."
+            )
+        return StructureError(msg)
 
 
 def make_path(entries: tuple[Any, ...]) -> KeyPath:

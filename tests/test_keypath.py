@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import collections.abc
 import copy
 import pathlib
 import pickle
 import sys
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -122,3 +125,160 @@ def test_get_errors_name_the_path() -> None:
     # keys match by type as well as value: True is not 1
     with pytest.raises(fk.StructureError):
         fk.KeyPath(("layers", True)).get(tree)
+
+
+def test_get_works_at_depth_100_000() -> None:
+    # get used to rebuild the message prefix at every level (quadratic: 34 s at 10,000)
+    depth = 100_000
+    leaf = object()
+    tree: Any = leaf
+    for i in range(depth):
+        tree = {"a": tree} if i % 2 else [tree]
+    path = fk.KeyPath(tuple("a" if i % 2 else 0 for i in reversed(range(depth))))
+    assert path.get(tree) is leaf
+    ((walked, found),) = fk.leaves_with_path(tree)
+    assert walked == path
+    assert found is leaf
+    with pytest.raises(fk.StructureError, match=r"goes through a leaf"):
+        fk.KeyPath((*path, 0)).get(tree)
+
+
+def test_a_huge_int_key_never_breaks_str_repr_or_messages() -> None:
+    big = 10**5000  # over CPython's default int->str digit limit
+    path = fk.KeyPath(("x", big, "w"))
+    assert str(path) == "x[<int with 5001 digits, ending in …000000>].w"
+    assert path.display == str(path)
+    assert "<int with 5001 digits" in repr(path)
+    neg = fk.KeyPath((-(10**5000) - 7,))
+    assert str(neg) == "[<negative int with 5001 digits, ending in …000007>]"
+    nested = fk.KeyPath(((big, 1),))  # repr of the tuple raises too
+    assert str(nested) == "[<tuple whose repr raised ValueError>]"
+    tree = {"x": {big: {"w": 1.0}}}
+    ((walked, leaf),) = fk.leaves_with_path(tree)
+    assert walked == path
+    assert walked.get(tree) == leaf
+    with pytest.raises(fk.StructureError, match=r"^at x: the path x\[<int with 5001 .*found the children \[<int"):
+        fk.KeyPath(("x", big + 1)).get(tree)
+    with pytest.raises(fk.StructureError, match=r"expected a child <int with 5001 digits, ending in …000001>"):
+        fk.KeyPath(("x", big + 1)).get(tree)
+    with pytest.raises(fk.StructureError, match=r"x\[<int with 5001 digits"):
+        fk.fmap(lambda a, b: a, tree, {"x": {big: {"v": 1.0}}})
+
+
+def test_a_huge_int_key_prints_exactly_when_the_limit_allows() -> None:
+    big = 10**5000 + 3
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        assert str(fk.KeyPath((big,))) == f"[{big}]"
+    finally:
+        sys.set_int_max_str_digits(old)
+
+
+@pytest.mark.parametrize("digits", [1, 9, 10, 11, 99, 100, 101, 4301, 9999, 10000, 10001])
+def test_the_short_form_counts_digits_exactly(digits: int) -> None:
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)  # the smallest limit CPython allows
+    try:
+        for n in (10 ** (digits - 1), 10**digits - 1, 10 ** (digits - 1) + 12345):
+            text = str(fk.KeyPath((n,)))
+            if digits <= 640:
+                assert text == f"[{n}]"
+            else:
+                assert text.startswith(f"[<int with {digits} digits, ending in …")
+    finally:
+        sys.set_int_max_str_digits(old)
+
+
+class _BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def test_a_key_whose_repr_raises_still_prints() -> None:
+    key = _BadRepr()
+    path = fk.KeyPath(("a", key))
+    assert str(path) == "a[<_BadRepr whose repr raised RuntimeError>]"
+    assert repr(path) == "KeyPath(('a', <_BadRepr whose repr raised RuntimeError>))"
+    tree = {"a": {key: 1.0}}
+    assert path.get(tree) == 1.0
+    with pytest.raises(fk.StructureError, match=r"found the children \[<_BadRepr whose repr raised"):
+        fk.KeyPath(("a", "b")).get(tree)
+
+
+def test_repr_matches_the_tuple_form() -> None:
+    assert repr(fk.KeyPath()) == "KeyPath(())"
+    assert repr(fk.KeyPath(("a",))) == "KeyPath(('a',))"
+    assert repr(fk.KeyPath(("a", 0, None))) == "KeyPath(('a', 0, None))"
+
+
+def test_nan_keys_from_leaves_with_path_are_found_by_get() -> None:
+    nan = float("nan")
+    inner = float("nan")
+    tree = {nan: [1.0, 2.0], "x": {inner: 3.0, 0.5: 4.0}}
+    for path, leaf in fk.leaves_with_path(tree):
+        assert path.get(tree) == leaf
+    assert fk.KeyPath(("x", inner)).get(tree) == 3.0
+    assert fk.KeyPath(("x", 0.5)).get(tree) == 4.0  # equal, not identical, keys still match
+    with pytest.raises(fk.StructureError, match=r"does not exist: expected a child nan"):
+        fk.KeyPath((float("nan"),)).get(tree)  # another NaN object is not that key
+
+
+class _PairMap(collections.abc.Mapping):  # type: ignore[type-arg]
+    """A Mapping node that allows unhashable keys (kept as a list of pairs)."""
+
+    def __init__(self, pairs: list[tuple[Any, Any]]) -> None:
+        self.pairs = pairs
+
+    def __getitem__(self, key: Any) -> Any:
+        for k, v in self.pairs:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (k for k, _ in self.pairs)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+
+fk.register(_PairMap, children=lambda m: (m, None), rebuild=lambda aux, ch: _PairMap(list(ch.items())), replace=True)
+
+
+def test_unhashable_keys_work_in_get_and_hashing_names_the_path() -> None:
+    w = np.ones(2)
+    tree = {"m": _PairMap([([1, 2], w), ("b", 0.5)])}
+    ((path, leaf), _) = fk.leaves_with_path(tree)
+    assert leaf is w
+    assert str(path) == "m[[1, 2]]"
+    assert path.get(tree) is w
+    assert fk.KeyPath(("m", [1, 2])).get(tree) is w  # equal, not identical
+    with pytest.raises(
+        TypeError, match=r"^the path m\[\[1, 2\]\] cannot be hashed: its entry 1 is the unhashable list"
+    ):
+        hash(path)
+    with pytest.raises(TypeError, match=r"m\[\[1, 2\]\]"):
+        dict(fk.leaves_with_path(tree))
+
+
+def _error_text(e: BaseException) -> str:
+    return " ".join([str(e), *getattr(e, "__notes__", [])])
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        pytest.param(lambda t: fk.fmap(lambda x: x, t), id="fmap"),
+        pytest.param(lambda t: fk.fmap_with_path(lambda p, x: x, t), id="fmap_with_path"),
+        pytest.param(lambda t: fk.copy(t), id="copy"),
+        pytest.param(lambda t: (lambda flat, re: re(flat))(*fk.destructure(t)), id="re"),
+    ],
+)
+def test_rebuilding_a_node_with_unhashable_keys_names_the_path(op: Any) -> None:
+    # a node's rebuild receives its children as a dict, so unhashable keys cannot be
+    # rebuilt; the error must say where, never a bare "unhashable type"
+    tree = {"outer": {"m": _PairMap([([1, 2], np.ones(2)), ("b", np.zeros(1))])}}
+    with pytest.raises(TypeError) as info:
+        op(tree)
+    assert "outer.m" in _error_text(info.value), _error_text(info.value)
