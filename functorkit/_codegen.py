@@ -19,7 +19,7 @@ from typing import Any
 from ._registry import DICT, LIST, TUPLE
 from ._treedef import TreeDef
 
-__all__ = ["CODEGEN_MAX", "build_source", "compile_source"]
+__all__ = ["CODEGEN_MAX", "build_source", "compile_source", "entry_of_error"]
 
 #: programs longer than this are run by the tree definition's interpreter instead
 CODEGEN_MAX = 4000
@@ -27,18 +27,18 @@ _CODE_CACHE: dict[str, tuple[CodeType, str]] = {}
 _CODE_CACHE_MAX = 256
 
 
-def compile_source(src: str) -> CodeType:
-    """``compile(src)``, cached by source text and registered with linecache for tracebacks."""
+def compile_source(src: str) -> tuple[CodeType, str]:
+    """``compile(src)`` and its file name, cached by source text and registered with linecache."""
     hit = _CODE_CACHE.get(src)
     if hit is not None:
-        return hit[0]
+        return hit
     if len(_CODE_CACHE) >= _CODE_CACHE_MAX:
         _CODE_CACHE.clear()
     filename = f"<functorkit generated {len(src)}:{hash(src) & 0xFFFFFFFF:08x}>"
     code = compile(src, filename, "exec")
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     _CODE_CACHE[src] = (code, filename)
-    return code
+    return code, filename
 
 
 def _literal_key(k: Any) -> str | None:
@@ -48,10 +48,12 @@ def _literal_key(k: Any) -> str | None:
     return None
 
 
-def build_source(td: TreeDef, leaf_expr: list[str], glb: dict[str, Any]) -> list[str]:
+def build_source(td: TreeDef, leaf_expr: list[str], glb: dict[str, Any], entries: list[int]) -> list[str]:
     """Statements (indented 4) building the tree of `td`; ``leaf_expr[j]`` is the expression of leaf `j`.
 
-    Ends in ``return``. Every name a statement needs that is not a literal goes into `glb`.
+    Ends in ``return``. Every name a statement needs that is not a literal goes into `glb`;
+    ``entries[i]`` receives the program entry of line ``i`` (-1 for none), so an error raised
+    by a line can name its node's path.
     """
     prog = td._prog
     pos_leaf = td._pos_leaf
@@ -95,6 +97,19 @@ def build_source(td: TreeDef, leaf_expr: list[str], glb: dict[str, Any]) -> list
             glb[f"A{idx}"] = aux
             glb[f"K{idx}"] = keys
             lines.append(f"    {name} = U{idx}(A{idx}, list(K{idx}), [{', '.join(exprs)}])")
+        entries.append(idx)
         stack.append(name)
     lines.append(f"    return {stack[0]}")
+    entries.append(-1)
     return lines
+
+
+def entry_of_error(e: BaseException, filename: str, line_entry: dict[int, int]) -> int | None:
+    """The program entry whose generated line (in `filename`) raised `e`, or None."""
+    tb = e.__traceback__
+    found = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            found = line_entry.get(tb.tb_lineno)
+        tb = tb.tb_next
+    return found

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from ._alias import check_no_aliases, layouts_overlap, memory_layout
-from ._codegen import CODEGEN_MAX, build_source, compile_source
+from ._codegen import CODEGEN_MAX, build_source, compile_source, entry_of_error
 from ._errors import PolicyError, StructureError
 from ._explain import ExplainRow, Explanation
 from ._keypath import KeyPath
@@ -52,6 +52,7 @@ from ._policy import (
 )
 from ._registry import SCALAR_TYPES, registered_leaf
 from ._treedef import BUILD_SAME, TreeDef, add_note, record
+from ._treedef import _restore_treedef as restore_treedef
 from ._xp import device_of, is_array, is_inexact_array, namespace
 from .adapters import KNOWN_NAMESPACES, ArrayAdapter, adapter_for, adapter_of
 
@@ -136,6 +137,7 @@ class Restructure:
         "_flat_kind",
         "_flatten_ok",
         "_ftype",
+        "_gen",
         "_has_complex",
         "_kinds",
         "_n",
@@ -158,6 +160,7 @@ class Restructure:
     _flat_kind: Kind
     _flatten_ok: dict[str, bool]
     _ftype: Any
+    _gen: tuple[str, dict[int, int]] | None
     _has_complex: bool
     _kinds: list[Kind]
     _n: int
@@ -216,6 +219,7 @@ class Restructure:
         # the code is generated on first use: destructure itself stays cheap
         self._build = self._build_first
         self._fast = self._fast_first
+        self._gen = None
         return self
 
     def _build_first(self, views: Any) -> Any:
@@ -252,22 +256,39 @@ class Restructure:
             else:
                 exprs.append(f"c{j}")
                 glb[f"c{j}"] = c
-        body = build_source(td, exprs, glb)
+        body_entries: list[int] = []
+        body = build_source(td, exprs, glb, body_entries)
         unpack = f"    {', '.join(f'v{k}' for k in range(nparams))}, = v"
-        src = "\n".join(["def build(v):", unpack, *body])
-        src += "\n" + self._fast_source(body, glb)
-        exec(compile_source(src), glb)
+        head = ["def build(v):", unpack]
+        fast_head = self._fast_head(glb)
+        src = "\n".join([*head, *body, *fast_head, *body])
+        line_entry: dict[int, int] = {}
+        for start in (len(head), len(head) + len(body) + len(fast_head)):
+            for i, idx in enumerate(body_entries):
+                if idx >= 0:
+                    line_entry[start + i + 1] = idx  # line numbers count from 1
+        code, filename = compile_source(src)
+        exec(code, glb)
+        self._gen = (filename, line_entry)
         self._build = glb["build"]
         self._fast = glb["fast"]
 
-    def _fast_source(self, body: list[str], glb: dict[str, Any]) -> str:
-        """``fast(p)``: the adapter's exact-match check of ``p`` and its view lines, then `body`."""
+    def _note_generated(self, e: BaseException) -> None:
+        """An error raised inside the generated code: a note naming the node whose line raised it."""
+        if self._gen is None:
+            return
+        idx = entry_of_error(e, *self._gen)
+        if idx is not None:
+            add_note(e, f"(functorkit: raised while visiting {self._td.entry_path(idx).display})")
+
+    def _fast_head(self, glb: dict[str, Any]) -> list[str]:
+        """The start of ``fast(p)``: the adapter's exact-match check of ``p`` and its view lines."""
         ad = self._adapter
         kind = self._flat_kind
         glb["MISS"] = _MISS
         check = ad.check_source(self._ftype, self._n, kind.dtype, kind.device, glb)
         views = ad.view_source(self._offsets, self._shapes, glb)
-        return "\n".join(["def fast(p):", f"    if {check}:", "        return MISS", *views, *body])
+        return ["def fast(p):", f"    if {check}:", "        return MISS", *views]
 
     def _fast_generic(self, p: Any) -> Any:
         kind = self._flat_kind
@@ -352,15 +373,19 @@ class Restructure:
         PolicyError
             If the policy forbids a conversion that `p` needs.
         """
-        if (
-            copy is None
-            and (policy is None or policy in POLICIES)
-            and (self._uniform or (policy or self._policy) == "flat")
-        ):
-            out = self._fast(p)
-            if out is not _MISS:
-                return out
-        return self._rebuild(p, policy, copy)
+        try:
+            if (
+                copy is None
+                and (policy is None or policy in POLICIES)
+                and (self._uniform or (policy or self._policy) == "flat")
+            ):
+                out = self._fast(p)
+                if out is not _MISS:
+                    return out
+            return self._rebuild(p, policy, copy)
+        except Exception as e:
+            self._note_generated(e)  # a rebuild function that raised: name its node's path
+            raise
 
     def _check_p(self, p: Any, where: str) -> Kind:
         n = self._n
@@ -659,7 +684,7 @@ class Restructure:
     def __reduce__(self) -> tuple[Any, ...]:
         state = {
             "version": 2,
-            "treedef": self._td,
+            "treedef": self._td.__reduce__()[1][0],  # its plain, validated state (not an object)
             "template": self._template,
             "param_idx": self._param_idx,
             "shapes": self._shapes,
@@ -739,9 +764,7 @@ def _restore(state: Any) -> Restructure:
     """Unpickle a Restructure: every field is type-checked before anything is generated from it."""
     if type(state) is not dict or state.get("version") != 2:
         raise _bad_pickle("the state is not a version-2 Restructure state")
-    td = state.get("treedef")
-    if not isinstance(td, TreeDef):
-        raise _bad_pickle("`treedef` is not a TreeDef")
+    td = restore_treedef(state.get("treedef"))
     template = state.get("template")
     if type(template) is not list or len(template) != td.num_leaves:
         raise _bad_pickle("`template` does not match the tree definition")

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._errors import StructureError
-from ._keypath import KeyPath, make_path
+from ._keypath import KeyPath, make_path, safe_repr
 from ._registry import _DISPATCH, DICT, KNOWN_TYPES, LEAF_TYPES, LIST, SCALAR_TYPES, TUPLE, NodeDef, resolve
 
 __all__ = [
@@ -98,7 +98,7 @@ def describe_found(x: Any) -> str:
     if isinstance(nd, NodeDef):
         keys, vals, _aux, named = nd.flatten(x)
         if named:
-            return f"{type(x).__name__} keys {{{', '.join(repr(k) for k in keys)}}}"
+            return f"{type(x).__name__} keys {{{', '.join(safe_repr(k) for k in keys)}}}"
         return f"{type(x).__name__} of length {len(vals)}"
     return f"leaf ({type(x).__name__})"
 
@@ -107,7 +107,7 @@ def _describe_entry(e: tuple[Any, ...]) -> str:
     nd = e[_ND]
     name = nd.cls.__name__
     if e[_NAMED]:
-        return f"{name} keys {{{', '.join(repr(k) for k in e[_KEYS])}}}"
+        return f"{name} keys {{{', '.join(safe_repr(k) for k in e[_KEYS])}}}"
     return f"{name} of length {e[_N]}"
 
 
@@ -327,8 +327,9 @@ class _Recorder:
         here = self.path()
         msg = (
             f"at {here.display}: the `trainable` function registered for {type(c).__qualname__} named "
-            f"{', '.join(repr(k) for k in unknown)}, which {'is' if len(unknown) == 1 else 'are'} not among its "
-            f"children {children!r}. Expected child keys; fix the `trainable` function (fk.register) to "
+            f"{', '.join(safe_repr(k) for k in unknown)}, which {'is' if len(unknown) == 1 else 'are'} not among "
+            f"its children [{', '.join(safe_repr(k) for k in children)}]. Expected child keys; "
+            "fix the `trainable` function (fk.register) to "
             "return keys of the mapping or indices of the sequence `children` returns."
         )
         return StructureError(msg)
@@ -710,6 +711,7 @@ class TreeDef:
                     del stack[-n:]
                 else:
                     ch = []
+                out: Any
                 if mode == BUILD_SAME:
                     fast = nd.fast
                     if fast == DICT:
@@ -819,6 +821,7 @@ class TreeDef:
                 "`treedef.expanded()` to match without sharing."
             )
             raise StructureError(msg)
+        assert type(out) is list
         return out
 
     def _preorder(self) -> list[int]:
