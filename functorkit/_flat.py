@@ -25,9 +25,9 @@ import importlib
 import itertools
 import pickle
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
-from ._alias import check_no_aliases, layouts_overlap, memory_layout
+from ._alias import check_no_aliases, layouts_overlap, memory_layout, separate_allocations
 from ._codegen import CODEGEN_MAX, build_source, compile_source, entry_of_error
 from ._errors import PolicyError, StructureError
 from ._explain import ExplainRow, Explanation
@@ -241,7 +241,7 @@ class Restructure:
         """Make ``_build(views)`` and ``_fast(p)`` (generated code, or the interpreter for huge programs)."""
         td = self._td
         nparams = len(self._shapes)
-        if len(td._prog) > CODEGEN_MAX or not self._shapes:
+        if len(td._prog) + len(self._shapes) > CODEGEN_MAX or not self._shapes:
             self._build = self._interpret
             self._fast = self._fast_generic
             return
@@ -573,8 +573,17 @@ class Restructure:
             self._check_out_apart(out, leaves)
         # policy: each parameter against the flat vector
         seen: list[tuple[Kind, Decision]] = []
+        kinds: list[Kind] = []  # the distinct kinds met, for the readability check
+        which: list[int] = []  # each parameter's index into `kinds`
+        last: tuple[Any, Any, Any, int] | None = None
         for j, x in enumerate(leaves):
-            lk = _kind(x)
+            t, dt = type(x), x.dtype
+            ad = adapter_of(x)
+            dev = ad.device(x)
+            if last is not None and t is last[0] and (dt is last[1] or dt == last[1]) and dev == last[2]:
+                which.append(last[3])  # the kind of the previous parameter: decided already
+                continue
+            lk = Kind(ad.xp, dt, dev)
             for other, d in seen:  # noqa: B007 - d is used after the break
                 if other.xp is lk.xp and other.dtype == lk.dtype and same_device(other.device, lk.device):
                     break
@@ -583,7 +592,10 @@ class Restructure:
                 seen.append((lk, d))
             if d.error is not None:
                 raise flatten_error(pol, self.paths[j], lk, kind, d.error)
-        _check_readable([_kind(x) for x in leaves], list(range(len(leaves))), kind, lambda j: self.paths[j])
+            which.append(len(kinds))
+            kinds.append(lk)
+            last = (t, dt, dev, which[-1])
+        _check_readable(kinds, which, kind, lambda j: self.paths[j])
         if out is None:
             return _new_flat(kind, self._n, leaves, self._offsets, self._shapes)
         self._adapter.fill(out, leaves, self._offsets, self._shapes)
@@ -633,7 +645,7 @@ class Restructure:
         """`out` must not share memory with a parameter it is filled from (it would be read after
         being overwritten)."""
         lo = memory_layout(out)
-        if lo is None:
+        if lo is None or separate_allocations([out, *leaves]):
             return
         for k, x in enumerate(leaves):
             lx = memory_layout(x)
@@ -893,8 +905,18 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
     param_kind: list[int] = []
     param_types: list[type] = []
     shapes: list[tuple[int, ...]] = []
+    last: tuple[Any, Any, Any, int] | None = None  # (type, dtype, device, kind index) of the previous parameter
     for j, x in enumerate(params):
-        k = _kind(x)
+        t = type(x)
+        ad = adapter_of(x)
+        dt = x.dtype
+        dev = ad.device(x)
+        s = x.shape
+        shapes.append(s if type(s) is tuple else tuple(map(int, s)))
+        if last is not None and t is last[0] and (dt is last[1] or dt == last[1]) and dev == last[2]:
+            param_kind.append(last[3])  # the common case: one kind after another
+            continue
+        k = Kind(ad.xp, dt, dev)
         for i, other in enumerate(kinds):
             if other.xp is k.xp and other.dtype == k.dtype and same_device(other.device, k.device):
                 param_kind.append(i)
@@ -909,8 +931,8 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
                     raise mixed_model_error(pol, what, path_of(0), first, path_of(j), k)
             param_kind.append(len(kinds))
             kinds.append(k)
-            param_types.append(type(x))
-        shapes.append(tuple(map(int, x.shape)))
+            param_types.append(t)
+        last = (t, dt, dev, param_kind[-1])
     if kinds:
         xp = kinds[0].xp
         dtypes: list[Any] = []
@@ -924,8 +946,7 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
             kinds = [kinds[0]]
             param_kind = [0] * len(params)
             param_types = param_types[:1]
-        entries = ((cast(KeyPath, _Deferred(path_of, j)), x) for j, x in enumerate(params))
-        check_no_aliases(entries, "fk.destructure")
+        check_no_aliases(_LazyPaths(path_of, params), "fk.destructure")
         _check_readable(kinds, param_kind, flat_kind, path_of)
     elif any(is_array(x) for x in leaves):
         first = next(x for x in leaves if is_array(x))
@@ -994,7 +1015,7 @@ def _check_readable(kinds: list[Kind], param_kind: list[int], flat_kind: Kind, p
     """A parameter whose values cannot be read (a torch ``meta`` tensor) can only fill a flat vector
     on such a device itself."""
     ad = adapter_for(flat_kind.xp)
-    if not ad.readable(flat_kind.device):
+    if not ad.readable(flat_kind.device) or all(adapter_for(k.xp).readable(k.device) for k in kinds):
         return
     for j, i in enumerate(param_kind):
         if not adapter_for(kinds[i].xp).readable(kinds[i].device):
@@ -1006,6 +1027,22 @@ def _check_readable(kinds: list[Kind], param_kind: list[int], flat_kind: Kind, p
                 "parameters are all on that device."
             )
             raise PolicyError(msg)
+
+
+class _LazyPaths:
+    """``(path, parameter)`` pairs whose paths are computed only when a message shows one."""
+
+    __slots__ = ("_f", "_params")
+
+    def __init__(self, f: Any, params: list[Any]) -> None:
+        self._f = f
+        self._params = params
+
+    def __iter__(self) -> Any:
+        return zip(map(_Deferred, itertools.repeat(self._f), range(len(self._params))), self._params)
+
+    def arrays(self) -> list[Any]:
+        return self._params
 
 
 class _Deferred:

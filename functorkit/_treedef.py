@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterable
+from operator import length_hint
 from typing import Any
 
 from ._errors import StructureError
@@ -148,55 +149,47 @@ def record(
     need trainability skip that work, and a lazy torch module can still be listed);
     the definition then counts every leaf as trainable."""
     rec = _Recorder(is_leaf, track)
-    rec.run(tree)
-    return rec.finish()
+    return rec.finish(rec.run(tree))
 
 
 class _Recorder:
-    """The single walk. Frames: ``[children, keys, next index, trainable, trainable keys, node id,
-    cached-leaf count at entry, entry parts]``."""
+    """The single walk: an explicit stack of iterators over children (C-level iteration per node;
+    depth bounded by memory). Trainability is not computed during the walk: the nodes' trainable
+    key sets are kept by program entry and resolved afterwards, over the program (:func:`_trainable`),
+    only when some node declared one."""
 
-    __slots__ = (
-        "active",
-        "extra_trainable",
-        "flat",
-        "forced",
-        "frozen",
-        "is_leaf",
-        "keep",
-        "ncached",
-        "prog",
-        "shared",
-        "stack",
-        "track",
-    )
+    __slots__ = ("forced", "is_leaf", "its", "keep", "opens", "prog", "refs", "track", "tsets")
 
     def __init__(self, is_leaf: Callable[[Any], bool] | None, track: bool) -> None:
         self.is_leaf = is_leaf
         self.track = track
-        self.flat: list[Any] = []
         self.prog: list[Any] = []
-        self.frozen: list[int] = []  # positions that are not trainable
         self.forced: set[int] = set()  # positions made leaves by is_leaf
         self.keep: list[Any] = []  # children lists of nodes that do not own them (ids stay unique)
-        self.shared: dict[int, list[Any]] = {}  # id(node) -> [entry index, trainable at first visit, node]
-        self.active: set[int] = set()
-        self.ncached = 0  # increases whenever an identity-cached leaf (or a shared sub-tree) is met
-        self.extra_trainable: set[int] = set()  # ids of leaves made trainable through a shared sub-tree
-        self.stack: list[list[Any]] = []
+        self.refs: list[int] = []  # program indices of the entries a shared sub-tree refers back to
+        self.tsets: dict[int, frozenset[Any]] = {}  # id(node entry) -> its trainable child keys
+        self.its: list[Any] = []  # one iterator over children per open node (the first: the root)
+        self.opens: list[list[Any]] = []  # per open node: [id, cached count at entry, entry, children]
 
     def path(self) -> KeyPath:
-        """The path of the child the walk is at."""
-        return make_path(tuple(fr[1][fr[2] - 1] if fr[1] is not None else fr[2] - 1 for fr in self.stack[1:]))
+        """The path of the child the walk is at (read off the iterators' remaining lengths)."""
+        keys = []
+        for fr, it in zip(self.opens, self.its[1:]):
+            vals, ckeys = fr[3], fr[2][_KEYS]
+            i = len(vals) - length_hint(it) - 1
+            keys.append(i if ckeys is None else ckeys[i])
+        return make_path(tuple(keys))
 
-    def run(self, tree: Any) -> None:
+    def run(self, tree: Any) -> list[Any]:
+        """Walk `tree`; returns the object at every leaf position, in order."""
         is_leaf = self.is_leaf
-        flat = self.flat
+        track = self.track
+        flat: list[Any] = []
         prog = self.prog
-        frozen = self.frozen
         keep = self.keep
-        shared = self.shared
-        active = self.active
+        tsets = self.tsets
+        shared: dict[int, int] = {}  # id(node) -> program index (completed nodes holding a cached leaf)
+        active: set[int] = set()  # ids of the open nodes (cycle check)
         disp = _DISPATCH
         leaf_types = LEAF_TYPES
         known_types = KNOWN_TYPES
@@ -204,112 +197,102 @@ class _Recorder:
         flat_append = flat.append
         flat_extend = flat.extend
         prog_append = prog.append
-        # the root's pseudo-frame
-        stack = self.stack
-        stack.append([[tree], None, 0, True, None, None, 0, None])
+        its = self.its
+        opens = self.opens
+        its.append(iter((tree,)))
+        ncached = 0  # grows whenever an identity-cached leaf (or a shared sub-tree) is met
         try:
-            while True:
-                fr = stack[-1]
-                vals = fr[0]
-                i = fr[2]
-                if i == len(vals):
-                    stack.pop()
-                    if not stack:
-                        break
-                    cid = fr[5]
-                    active.discard(cid)
-                    idx = len(prog)
-                    prog_append(fr[7])
-                    if self.ncached > fr[6]:
-                        shared[cid] = [idx, fr[3], fr[8]]
-                    continue
-                fr[2] = i + 1
-                c = vals[i]
-                t = type(c)
-                tset = fr[4]
-                tr = fr[3] if tset is None else (fr[3] and (fr[1][i] if fr[1] is not None else i) in tset)
-                if is_leaf is not None and is_leaf(c):
-                    if t not in scalar_types:
-                        self.ncached += 1
-                    if not tr:
-                        frozen.append(len(flat))
-                    self.forced.add(len(flat))
-                    flat_append(c)
-                    prog_append(None)
-                    continue
-                if t in leaf_types:
-                    nd = None
-                else:
-                    nd = disp.get(t, _MISS)
-                    if nd is _MISS:
-                        nd = resolve(t)
-                if not isinstance(nd, NodeDef):
-                    if nd is None:
-                        self.ncached += 1
-                    if not tr:
-                        frozen.append(len(flat))
-                    flat_append(c)
-                    prog_append(None)
-                    continue
-                # ---- a node
-                cid = id(c)
-                sh = shared.get(cid)
-                if sh is not None:
-                    self.ncached += 1
-                    if tr and not sh[1]:
-                        sh[1] = True
-                        self._mark_trainable(c)
-                    prog_append(sh[0])
-                    continue
-                if cid in active:
-                    raise _cycle(self.path(), c)
-                fast = nd.fast
-                if fast in (LIST, TUPLE):
-                    ckeys = None
-                    cvals = c
-                    aux = _NO_AUX
-                    named = False
-                elif fast == DICT:
-                    ckeys = list(c)
-                    cvals = list(c.values())
-                    aux = _NO_AUX
-                    named = True
-                else:
-                    ckeys, cvals, aux, named = nd.flatten(c)
-                    if not nd.owns:
-                        keep.append(cvals)
-                ctset = nd.trainable(c) if (tr and nd.trainable is not None and self.track) else None
-                n = len(cvals)
-                if ctset is not None and not ctset.issubset(range(n) if ckeys is None else ckeys):
-                    raise self._unknown_trainable(c, ctset, ckeys, n)
-                if is_leaf is None:
-                    if leaf_types.issuperset(map(type, cvals)):
-                        leafy = True
-                    elif known_types.issuperset(map(type, cvals)):
+            while its:
+                for c in its[-1]:
+                    t = type(c)
+                    if is_leaf is not None and is_leaf(c):
+                        if t not in scalar_types:
+                            ncached += 1
+                        self.forced.add(len(flat))
+                        flat_append(c)
+                        prog_append(None)
+                        continue
+                    if t in leaf_types:
+                        nd = None
+                    else:
+                        nd = disp.get(t, _MISS)
+                        if nd is _MISS:
+                            nd = resolve(t)
+                    if not isinstance(nd, NodeDef):
+                        if t not in scalar_types:
+                            ncached += 1
+                        flat_append(c)
+                        prog_append(None)
+                        continue
+                    # ---- a node
+                    cid = id(c)
+                    k = shared.get(cid)
+                    if k is not None:
+                        ncached += 1
+                        self.refs.append(k)
+                        prog_append(k)
+                        continue
+                    if cid in active:
+                        raise _cycle(self.path(), c)
+                    fast = nd.fast
+                    if fast in (LIST, TUPLE):
+                        ckeys = None
+                        cvals = c
+                        aux = _NO_AUX
+                        named = False
+                    elif fast == DICT:
+                        ckeys = list(c)
+                        cvals = list(c.values())
+                        aux = _NO_AUX
+                        named = True
+                    else:
+                        ckeys, cvals, aux, named = nd.flatten(c)
+                        if not nd.owns:
+                            keep.append(cvals)
+                    n = len(cvals)
+                    tset = None
+                    if track and nd.trainable is not None:
+                        tset = nd.trainable(c)
+                        if tset is not None and not tset.issubset(range(n) if ckeys is None else ckeys):
+                            raise self._unknown_trainable(c, tset, ckeys, n)
+                    if is_leaf is None:
+                        if leaf_types.issuperset(map(type, cvals)):
+                            leafy = True
+                        elif known_types.issuperset(map(type, cvals)):
+                            leafy = False
+                        else:  # types never met: resolve them first
+                            ts = set(map(type, cvals))
+                            for ct in ts:
+                                if ct not in disp:
+                                    resolve(ct)
+                            leafy = ts <= leaf_types
+                    else:
                         leafy = False
-                    else:  # types never met: resolve them first
-                        ts = set(map(type, cvals))
-                        for ct in ts:
-                            if ct not in disp:
-                                resolve(ct)
-                        leafy = ts <= leaf_types
+                    if leafy:
+                        entry = (nd, ckeys, n, True, aux, named)
+                        if tset is not None:
+                            tsets[id(entry)] = tset
+                        if not scalar_types.issuperset(map(type, cvals)):
+                            ncached += 1
+                            shared[cid] = len(prog)
+                        flat_extend(cvals)
+                        prog_append(entry)
+                        continue
+                    entry = (nd, ckeys, n, False, aux, named)
+                    if tset is not None:
+                        tsets[id(entry)] = tset
+                    active.add(cid)
+                    opens.append([cid, ncached, entry, cvals])
+                    its.append(iter(cvals))
+                    break
                 else:
-                    leafy = False
-                if leafy:
-                    p0 = len(flat)
-                    if not tr:
-                        frozen.extend(range(p0, p0 + n))
-                    elif ctset is not None:
-                        ks = range(n) if ckeys is None else ckeys
-                        frozen.extend([p0 + j for j, k in enumerate(ks) if k not in ctset])
-                    flat_extend(cvals)
-                    if not scalar_types.issuperset(map(type, cvals)):
-                        self.ncached += 1
-                        shared[cid] = [len(prog), tr, c]
-                    prog_append((nd, ckeys, n, True, aux, named))
-                    continue
-                active.add(cid)
-                stack.append([cvals, ckeys, 0, tr, ctset, cid, self.ncached, (nd, ckeys, n, False, aux, named), c])
+                    its.pop()
+                    if opens:
+                        fr = opens.pop()
+                        active.discard(fr[0])
+                        if ncached > fr[1]:
+                            shared[fr[0]] = len(prog)
+                        prog_append(fr[2])
         except StructureError:
             raise
         except TypeError as e:
@@ -320,49 +303,21 @@ class _Recorder:
         except Exception as e:
             add_note(e, _visiting(self.path()))
             raise
+        return flat
 
     def _unknown_trainable(self, c: Any, tset: frozenset[Any], keys: Any, n: int) -> StructureError:
         children = list(range(n)) if keys is None else list(keys)
         unknown = sorted((k for k in tset if k not in children), key=repr)
-        here = self.path()
         msg = (
-            f"at {here.display}: the `trainable` function registered for {type(c).__qualname__} named "
+            f"at {self.path().display}: the `trainable` function registered for {type(c).__qualname__} named "
             f"{', '.join(safe_repr(k) for k in unknown)}, which {'is' if len(unknown) == 1 else 'are'} not among "
             f"its children [{', '.join(safe_repr(k) for k in children)}]. Expected child keys; "
-            "fix the `trainable` function (fk.register) to "
-            "return keys of the mapping or indices of the sequence `children` returns."
+            "fix the `trainable` function (fk.register) to return keys of the mapping or indices of the "
+            "sequence `children` returns."
         )
         return StructureError(msg)
 
-    def _mark_trainable(self, node: Any) -> None:
-        """A shared sub-tree first met at a frozen position is met again at a trainable one: the
-        leaves it reaches through trainable children become trainable (rule: any trainable position)."""
-        is_leaf = self.is_leaf
-        stack: list[tuple[Any, bool]] = [(node, True)]
-        seen: set[int] = set()
-        while stack:
-            c, tr = stack.pop()
-            if is_leaf is not None and is_leaf(c):
-                nd: Any = None
-            else:
-                nd = _DISPATCH.get(type(c), _MISS)
-                if nd is _MISS:
-                    nd = resolve(type(c))
-            if not isinstance(nd, NodeDef):
-                if tr and nd is None:
-                    self.extra_trainable.add(id(c))
-                continue
-            if id(c) in seen:
-                continue
-            seen.add(id(c))
-            keys, vals, _aux, _named = nd.flatten(c)
-            self.keep.append(vals)
-            tset = nd.trainable(c) if (tr and nd.trainable is not None) else None
-            for j, v in enumerate(vals):
-                stack.append((v, tr and (tset is None or keys[j] in tset)))
-
-    def finish(self) -> tuple[list[Any], TreeDef]:
-        flat = self.flat
+    def finish(self, flat: list[Any]) -> tuple[list[Any], TreeDef]:
         npos = len(flat)
         pos_leaf: tuple[int, ...] | None = None
         if len(set(map(id, flat))) == npos:
@@ -384,23 +339,64 @@ class _Recorder:
                 pl.append(j)
             if len(leaves) != npos:
                 pos_leaf = tuple(pl)
-        trainable: tuple[bool, ...] | None = None
-        if self.frozen:
-            ltr = [False] * len(leaves)
-            fz = set(self.frozen)
-            for p in range(npos):
-                if p not in fz:
-                    ltr[p if pos_leaf is None else pos_leaf[p]] = True
-            if self.extra_trainable:
-                extra = self.extra_trainable
-                for j, x in enumerate(leaves):
-                    if id(x) in extra:
-                        ltr[j] = True
-            if not all(ltr):
-                trainable = tuple(ltr)
-        refs = frozenset(e for e in self.prog if type(e) is int)
-        td = TreeDef._make(self.prog, npos, len(leaves), pos_leaf, trainable, refs, frozenset(self.forced))
+        refs = frozenset(self.refs) if self.refs else _NO_REFS
+        forced = frozenset(self.forced) if self.forced else _NO_REFS
+        td = TreeDef._make(self.prog, npos, len(leaves), pos_leaf, None, refs, forced)
+        if self.tsets:
+            td._trainable = _trainable(td, self.tsets)
         return leaves, td
+
+
+_NO_REFS: frozenset[int] = frozenset()
+
+
+def _trainable(td: TreeDef, tsets: dict[int, frozenset[Any]]) -> tuple[bool, ...] | None:
+    """Each distinct leaf: trainable when at least one of its positions is (every node above it
+    declares that child trainable). Runs over the expanded program, so every position of a shared
+    sub-tree counts, from the root (right to left); None when every leaf is trainable."""
+    ex = td.expanded()
+    prog = ex._prog
+    pos_tr = [True] * ex._npos
+    pos = ex._npos
+    stack: list[list[Any]] = []  # [keys, remaining, trainable, trainable keys or None]
+    for idx in range(len(prog) - 1, -1, -1):
+        while stack and stack[-1][1] == 0:
+            stack.pop()
+        if stack:
+            fr = stack[-1]
+            fr[1] -= 1
+            tset = fr[3]
+            if tset is None:
+                tr = fr[2]
+            else:
+                keys = fr[0]
+                tr = fr[2] and (fr[1] if keys is None else keys[fr[1]]) in tset
+        else:
+            tr = True
+        e = prog[idx]
+        if e is None:
+            pos -= 1
+            pos_tr[pos] = tr
+        elif type(e) is tuple:
+            n = e[_N]
+            ctset = tsets.get(id(e)) if tr else None
+            if e[_LEAFY]:
+                pos -= n
+                if not tr:
+                    pos_tr[pos : pos + n] = [False] * n
+                elif ctset is not None:
+                    keys = e[_KEYS]
+                    pos_tr[pos : pos + n] = [(j if keys is None else keys[j]) in ctset for j in range(n)]
+            elif n:
+                stack.append([e[_KEYS], n, tr, ctset])
+    if all(pos_tr):
+        return None
+    ltr = [False] * td._nleaves
+    pl = ex._pos_leaf
+    for p, ok in enumerate(pos_tr):
+        if ok:
+            ltr[p if pl is None else pl[p]] = True
+    return tuple(ltr)
 
 
 # ============================================================== TreeDef

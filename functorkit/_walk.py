@@ -11,6 +11,7 @@ from the recording.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any
 
 from ._errors import PolicyError, StructureError
@@ -86,7 +87,8 @@ def _map(
         trainable = tuple(td.position_values(list(trainable)))
     if style == _TRACK:
         tr = trainable if trainable is not None else (True,) * len(first)
-        cols: list[Sequence[Any]] = [paths(), first, list(zip(*others)) if multi else [()] * len(first), tr]
+        lazy = list(map(_PathAt, repeat(td), range(len(first))))
+        cols: list[Sequence[Any]] = [lazy, first, list(zip(*others)) if multi else [()] * len(first), tr]
         g = f
     else:
         g = f
@@ -118,6 +120,31 @@ def _map(
     if per_leaf:
         res = td.position_values(res)
     return td.build(res, build)
+
+
+class _PathAt:
+    """The path of a leaf position, computed only when shown (the arithmetic and loading name paths
+    only in their messages; a million positions should not build a million KeyPaths)."""
+
+    __slots__ = ("_p", "_td")
+
+    def __init__(self, td: TreeDef, p: int) -> None:
+        self._td = td
+        self._p = p
+
+    @property
+    def path(self) -> KeyPath:
+        return self._td.position_paths()[self._p]
+
+    @property
+    def display(self) -> str:
+        return self.path.display
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return repr(self.path)
 
 
 def _expect(matched: list[Any] | int) -> list[Any]:
@@ -209,6 +236,13 @@ def _check_flag(value: Any, arg: str, name: str) -> None:
 
 
 def _check_options(f: Any, is_leaf: Any, trainable_only: Any, cache: Any, name: str) -> None:
+    if (
+        callable(f)
+        and (is_leaf is None or callable(is_leaf))
+        and type(trainable_only) is bool
+        and type(cache) is bool
+    ):
+        return
     _check_fn(f, name)
     _check_is_leaf(is_leaf, name)
     _check_flag(trainable_only, "trainable_only", name)
@@ -270,6 +304,9 @@ def fmap(
     [11, 22]
     """
     _check_options(f, is_leaf, trainable_only, cache, "fmap")
+    if not trees and cache and not trainable_only:  # the common case, without _map's branches
+        leaves, td = record(tree, is_leaf, track=False)
+        return td.build(td.position_values(_call_all(f, (leaves,), lambda: td.paths)), BUILD_SAME)
     return _map((tree, *trees), f, is_leaf=is_leaf, cache=cache, trainable_only=trainable_only)
 
 

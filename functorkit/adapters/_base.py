@@ -181,6 +181,7 @@ class ArrayAdapter:
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp
+        self._complex: dict[Any, bool] = {}
 
     def __repr__(self) -> str:
         return f"<functorkit {self.family} adapter for {getattr(self.xp, '__name__', self.xp)}>"
@@ -432,4 +433,12 @@ class ArrayAdapter:
         xp = self.xp
         xf = xp.reshape(x, (-1,))
         s = xp.vecdot(xf, xf)
-        return xp.real(s) if xp.isdtype(x.dtype, "complex floating") else s
+        return xp.real(s) if self._is_complex(x.dtype) else s
+
+    def _is_complex(self, dtype: Any) -> bool:
+        """``isdtype(dtype, "complex floating")``, remembered per dtype (it costs µs per call)."""
+        known = self._complex
+        hit = known.get(dtype)
+        if hit is None:
+            hit = known[dtype] = bool(self.xp.isdtype(dtype, "complex floating"))
+        return hit
