@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from ._keypath import KeyPath
-from ._policy import describe_device, describe_dtype
+from ._policy import Decision, Kind, describe_device, describe_dtype, rebuild_error
 
-__all__ = ["ExplainRow", "Explanation"]
+__all__ = ["ExplainRow", "Explanation", "explain_rows"]
 
 
 class ExplainRow(NamedTuple):
@@ -82,3 +82,48 @@ class Explanation:
         for key, number in notes.items():
             lines.append(f"[{number}] {shown[key]}")
         return "\n".join(lines)
+
+
+def explain_rows(
+    pol: str,
+    pk: Kind,
+    copy: bool | None,
+    decisions: list[Decision],
+    param_kind: list[int],
+    kinds: list[Kind],
+    paths: tuple[KeyPath, ...],
+    shapes: list[tuple[int, ...]],
+) -> list[ExplainRow]:
+    """One row per parameter: what ``re(p)`` does with it under `pol`, or the error it would raise."""
+    rows = []
+    for j, ki in enumerate(param_kind):
+        d = decisions[ki]
+        leaf = kinds[ki]
+        path = paths[j]
+        shape = shapes[j]
+        err: Exception | None = None
+        if d.error is not None:
+            err = rebuild_error(pol, path, leaf, pk, d.error)
+            how = "error"
+        elif copy is False and d.convert:
+            err = ValueError(
+                f"at {path.display}: re(p, copy=False) cannot give a view of p here ({d.rule}); pass copy=None."
+            )
+            how = "error"
+        else:
+            how = "copy" if (d.convert or copy is True) else "view"
+        res = d.result
+        rows.append(
+            ExplainRow(
+                path,
+                shape,
+                leaf.dtype,
+                leaf.device,
+                None if res is None or err is not None else res.dtype,
+                None if res is None or err is not None else res.device,
+                how,
+                d.rule + (" (copy=True)" if copy is True and not d.convert and err is None else ""),
+                err,
+            )
+        )
+    return rows

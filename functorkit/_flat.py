@@ -1,7 +1,7 @@
 """destructure and Restructure: flatten a model's parameters to one vector, rebuild it fast.
 
 The plan is made once, in :func:`destructure`, on the model's recorded tree
-definition (:func:`functorkit._treedef.record`): its distinct leaves in
+definition (:func:`functorkit._record.record`): its distinct leaves in
 walk order, of which the trainable floating and complex arrays are the
 parameters (the rules of ties, shared sub-trees and trainable positions are
 the tree definition's), and a table of the parameters' offsets, shapes and
@@ -21,16 +21,13 @@ in ``_policy.py``.
 
 from __future__ import annotations
 
-import importlib
 import itertools
-import pickle
-from collections.abc import Mapping
 from typing import Any
 
-from ._alias import check_no_aliases, layouts_overlap, memory_layout, separate_allocations
+from ._alias import layouts_overlap, memory_layout, separate_allocations
 from ._codegen import CODEGEN_MAX, build_source, compile_source, entry_of_error
 from ._errors import PolicyError, StructureError
-from ._explain import ExplainRow, Explanation
+from ._explain import ExplainRow, Explanation, explain_rows
 from ._keypath import KeyPath
 from ._policy import (
     POLICIES,
@@ -38,25 +35,20 @@ from ._policy import (
     Kind,
     check_policy,
     decide_flatten,
-    decide_mixed,
     decide_rebuild,
-    decide_unknown_holder,
     describe_device,
     describe_dtype,
     describe_namespace,
     flatten_error,
     is_complex,
-    mixed_model_error,
     rebuild_error,
     same_device,
 )
-from ._registry import SCALAR_TYPES, registered_leaf
-from ._treedef import BUILD_SAME, TreeDef, add_note, record
-from ._treedef import _restore_treedef as restore_treedef
-from ._xp import device_of, is_array, is_inexact_array, namespace
-from .adapters import KNOWN_NAMESPACES, ArrayAdapter, adapter_for, adapter_of
+from ._treedef import BUILD_SAME, TreeDef, add_note
+from ._xp import is_array, is_inexact_array, namespace
+from .adapters import ArrayAdapter, adapter_for, adapter_of
 
-__all__ = ["ExplainRow", "Explanation", "Restructure", "destructure"]
+__all__ = ["ExplainRow", "Explanation", "Restructure"]
 
 _MISS = object()
 
@@ -135,7 +127,6 @@ class Restructure:
         "_build",
         "_fast",
         "_flat_kind",
-        "_flatten_ok",
         "_ftype",
         "_gen",
         "_has_complex",
@@ -158,7 +149,6 @@ class Restructure:
     _adapter: ArrayAdapter
     _fast: Any
     _flat_kind: Kind
-    _flatten_ok: dict[str, bool]
     _ftype: Any
     _gen: tuple[str, dict[int, int]] | None
     _has_complex: bool
@@ -215,7 +205,6 @@ class Restructure:
         self._uniform = len(kinds) == 1
         self._adapter = adapter_for(flat_kind.xp)
         self._param_types = param_types
-        self._flatten_ok = {}
         # the code is generated on first use: destructure itself stays cheap
         self._build = self._build_first
         self._fast = self._fast_first
@@ -489,38 +478,9 @@ class Restructure:
             f"p: {describe_dtype(pk.dtype)} on {describe_device(pk.device)} ({describe_namespace(pk.xp)}), "
             f"length {self._n}; policy {pol!r}, copy={copy!r}"
         )
-        decisions = self._decide(pol, pk)
-        rows = []
-        for j, ki in enumerate(self._param_kind):
-            d = decisions[ki]
-            leaf = self._kinds[ki]
-            path = self.paths[j]
-            shape = self._shapes[j]
-            err: Exception | None = None
-            if d.error is not None:
-                err = rebuild_error(pol, path, leaf, pk, d.error)
-                how = "error"
-            elif copy is False and d.convert:
-                err = ValueError(
-                    f"at {path.display}: re(p, copy=False) cannot give a view of p here ({d.rule}); pass copy=None."
-                )
-                how = "error"
-            else:
-                how = "copy" if (d.convert or copy is True) else "view"
-            res = d.result
-            rows.append(
-                ExplainRow(
-                    path,
-                    shape,
-                    leaf.dtype,
-                    leaf.device,
-                    None if res is None or err is not None else res.dtype,
-                    None if res is None or err is not None else res.device,
-                    how,
-                    d.rule + (" (copy=True)" if copy is True and not d.convert and err is None else ""),
-                    err,
-                )
-            )
+        rows = explain_rows(
+            pol, pk, copy, self._decide(pol, pk), self._param_kind, self._kinds, self.paths, self._shapes
+        )
         return Explanation(header, rows)
 
     # ---------------------------------------------------------------- flatten
@@ -694,19 +654,21 @@ class Restructure:
     # ---------------------------------------------------------------- pickling
 
     def __reduce__(self) -> tuple[Any, ...]:
+        from ._persist import portable_kind, portable_type, restore
+
         state = {
             "version": 2,
             "treedef": self._td.__reduce__()[1][0],  # its plain, validated state (not an object)
             "template": self._template,
             "param_idx": self._param_idx,
             "shapes": self._shapes,
-            "kinds": [_portable_kind(k) for k in self._kinds],
+            "kinds": [portable_kind(k) for k in self._kinds],
             "param_kind": self._param_kind,
-            "flat_kind": _portable_kind(self._flat_kind),
+            "flat_kind": portable_kind(self._flat_kind),
             "policy": self._policy,
-            "param_types": [_portable_type(t) for t in self._param_types],
+            "param_types": [portable_type(t) for t in self._param_types],
         }
-        return (_restore, (state,))
+        return (restore, (state,))
 
 
 def _flatten_mismatch(path: KeyPath, expected: str, found: str) -> StructureError:
@@ -722,293 +684,6 @@ def _describe_obj(c: Any) -> str:
     if is_array(c):
         return f"{type(c).__name__} of dtype {describe_dtype(c.dtype)} and shape {tuple(c.shape)}"
     return f"leaf ({type(c).__name__})"
-
-
-# ---------------------------------------------------------------- pickling helpers
-
-#: the namespaces a pickled Restructure may name (nothing else is imported when unpickling)
-_NAMESPACES = KNOWN_NAMESPACES
-
-
-def _portable_kind(k: Kind) -> tuple[str, Any, Any]:
-    dev = k.device
-    try:
-        pickle.dumps(dev)
-    except (TypeError, AttributeError, pickle.PicklingError):
-        dev = ("__device__", getattr(dev, "platform", None), getattr(dev, "id", None))
-    return (k.xp.__name__, k.dtype, dev)
-
-
-def _portable_type(t: type) -> type:
-    try:
-        pickle.dumps(t)
-    except (TypeError, AttributeError, pickle.PicklingError):
-        return type(None)  # never matches: re.flatten takes the general path
-    return t
-
-
-def _bad_pickle(what: str) -> pickle.UnpicklingError:
-    return pickle.UnpicklingError(
-        f"unpickling a Restructure: {what}. Pickles run code when loaded: load only pickles you trust; "
-        "for data-only storage keep the model's structure in code and store the flat vector."
-    )
-
-
-def _restore_kind(t: Any) -> Kind:
-    if type(t) is not tuple or len(t) != 3 or type(t[0]) is not str:
-        raise _bad_pickle("a parameter kind is malformed")
-    name, dtype, dev = t
-    if name not in _NAMESPACES:
-        raise _bad_pickle(f"the namespace {name[:80]!r} is not one functorkit knows")
-    xp = importlib.import_module(name)
-    if type(dev) is tuple and len(dev) == 3 and dev[0] == "__device__":
-        dev = adapter_for(xp).find_device(dev[1], dev[2])
-    return Kind(xp, dtype, dev)
-
-
-def _int_list(v: Any, what: str) -> list[int]:
-    if type(v) is not list or any(type(i) is not int or i < 0 for i in v):
-        raise _bad_pickle(f"`{what}` is not a list of non-negative ints")
-    return v
-
-
-def _restore(state: Any) -> Restructure:
-    """Unpickle a Restructure: every field is type-checked before anything is generated from it."""
-    if type(state) is not dict or state.get("version") != 2:
-        raise _bad_pickle("the state is not a version-2 Restructure state")
-    td = restore_treedef(state.get("treedef"))
-    template = state.get("template")
-    if type(template) is not list or len(template) != td.num_leaves:
-        raise _bad_pickle("`template` does not match the tree definition")
-    param_idx = _int_list(state.get("param_idx"), "param_idx")
-    param_kind = _int_list(state.get("param_kind"), "param_kind")
-    shapes = state.get("shapes")
-    if (
-        type(shapes) is not list
-        or len(shapes) != len(param_idx)
-        or any(type(s) is not tuple or any(type(d) is not int or d < 0 for d in s) for s in shapes)
-    ):
-        raise _bad_pickle("`shapes` is not a list of tuples of non-negative ints, one per parameter")
-    if any(j >= td.num_leaves for j in param_idx) or len(param_kind) != len(param_idx):
-        raise _bad_pickle("`param_idx`/`param_kind` do not match the tree definition")
-    kinds_in = state.get("kinds")
-    if type(kinds_in) is not list:
-        raise _bad_pickle("`kinds` is not a list")
-    kinds = [_restore_kind(k) for k in kinds_in]
-    if any(i >= len(kinds) for i in param_kind):
-        raise _bad_pickle("`param_kind` points past `kinds`")
-    policy = state.get("policy")
-    if policy not in POLICIES:
-        raise _bad_pickle("`policy` is not one of the policies")
-    param_types = state.get("param_types")
-    if type(param_types) is not list or any(not isinstance(t, type) for t in param_types):
-        raise _bad_pickle("`param_types` is not a list of classes")
-    flat_kind = _restore_kind(state.get("flat_kind"))
-    try:
-        ftype = type(adapter_for(flat_kind.xp).empty(flat_kind.dtype, flat_kind.device, 0))
-    except (TypeError, ValueError, RuntimeError):
-        ftype = type(None)
-    return Restructure._make(
-        td=td,
-        template=template,
-        param_idx=param_idx,
-        shapes=shapes,
-        kinds=kinds,
-        param_kind=param_kind,
-        flat_kind=flat_kind,
-        ftype=ftype,
-        policy=policy,
-        param_types=param_types,
-    )
-
-
-# ============================================================== destructure
-
-
-def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restructure]:
-    """Flatten a model's parameters into one new 1-D array; return it and a rebuilder.
-
-    Parameters are the floating and complex arrays reached through trainable
-    children (``nn.Module`` buffers and frozen parameters are not); each
-    distinct array counts once (ties), in walk order. Everything else is a
-    constant that ``re(p)`` carries unchanged.
-
-    Parameters
-    ----------
-    model
-        Any tree functorkit walks (dicts, lists, dataclasses, registered
-        nodes, ``nn.Module``...), up to any depth.
-    policy
-        ``"strict"`` (default): no conversion anywhere; parameters that differ
-        in dtype or device raise :class:`PolicyError` here, and ``re(p)``
-        requires `p` to match. ``"model"``: ``re(p)`` casts/moves each slice
-        to its parameter's own dtype/device. ``"flat"``: every rebuilt
-        parameter takes `p`'s dtype/device. Parameters of two namespaces
-        raise under every policy.
-
-    Returns
-    -------
-    flat
-        A new 1-D array (never aliasing the model, never carrying autograd
-        history) of dtype ``result_type`` of the parameters, on the first
-        parameter's device. A model without parameters gives an empty array
-        of the namespace and device of its first array leaf and that
-        namespace's default floating dtype (NumPy float64 if it has no arrays).
-    re : Restructure
-        ``re(p)`` rebuilds the model from a flat vector ``p``.
-
-    Raises
-    ------
-    PolicyError
-        Under ``"strict"``, for parameters of different dtypes or devices;
-        under every policy, for parameters of different namespaces.
-    StructureError
-        For a cycle, or two different parameters that share memory.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> import functorkit as fk
-    >>> w = np.ones((2, 3))
-    >>> model = {"enc": w, "dec": w, "b": np.zeros(2), "steps": np.array([3])}
-    >>> flat, re = fk.destructure(model)
-    >>> flat.shape, len(re)
-    ((8,), 8)
-    >>> new = re(flat * 2)
-    >>> new["enc"] is new["dec"], new["steps"] is model["steps"]
-    (True, True)
-    """
-    pol = check_policy(policy, "fk.destructure")
-    leaves, td = record(model)
-    trainable = td.trainable
-    param_idx: list[int] = []
-    j = 0
-    try:
-        for j, x in enumerate(leaves):
-            if trainable[j] and is_inexact_array(x):
-                param_idx.append(j)
-    except TypeError as e:  # a leaf functorkit refuses to classify (np.matrix): say where it is
-        add_note(e, f"(functorkit: raised while visiting {td.paths[j].display})")
-        raise
-    params = [leaves[j] for j in param_idx]
-    if decide_unknown_holder(pol):
-        _refuse_unknown_holders(leaves, param_idx, td)
-    leaf_paths: tuple[KeyPath, ...] | None = None
-
-    def path_of(k: int) -> KeyPath:
-        nonlocal leaf_paths
-        if leaf_paths is None:
-            leaf_paths = td.paths
-        return leaf_paths[param_idx[k]]
-
-    kinds: list[Kind] = []
-    param_kind: list[int] = []
-    param_types: list[type] = []
-    shapes: list[tuple[int, ...]] = []
-    last: tuple[Any, Any, Any, int] | None = None  # (type, dtype, device, kind index) of the previous parameter
-    for j, x in enumerate(params):
-        t = type(x)
-        ad = adapter_of(x)
-        dt = x.dtype
-        dev = ad.device(x)
-        s = x.shape
-        shapes.append(s if type(s) is tuple else tuple(map(int, s)))
-        if last is not None and t is last[0] and (dt is last[1] or dt == last[1]) and dev == last[2]:
-            param_kind.append(last[3])  # the common case: one kind after another
-            continue
-        k = Kind(ad.xp, dt, dev)
-        for i, other in enumerate(kinds):
-            if other.xp is k.xp and other.dtype == k.dtype and same_device(other.device, k.device):
-                param_kind.append(i)
-                break
-        else:
-            if kinds:
-                first = kinds[0]
-                if first.xp is not k.xp and decide_mixed(pol, "namespace"):
-                    raise mixed_model_error(pol, "namespace", path_of(0), first, path_of(j), k)
-                what = "dtype" if first.dtype != k.dtype else "device"
-                if decide_mixed(pol, what) and (what == "dtype" or not same_device(first.device, k.device)):
-                    raise mixed_model_error(pol, what, path_of(0), first, path_of(j), k)
-            param_kind.append(len(kinds))
-            kinds.append(k)
-            param_types.append(t)
-        last = (t, dt, dev, param_kind[-1])
-    if kinds:
-        xp = kinds[0].xp
-        dtypes: list[Any] = []
-        for k in kinds:
-            if not any(k.dtype == d for d in dtypes):
-                dtypes.append(k.dtype)
-        dtype = dtypes[0] if len(dtypes) == 1 else xp.result_type(*dtypes)
-        flat_kind = Kind(xp, dtype, kinds[0].device)
-        if len(kinds) > 1 and decide_mixed(pol, "dtype"):
-            # (only devices that cannot be determined differ here, and those count as equal: one kind)
-            kinds = [kinds[0]]
-            param_kind = [0] * len(params)
-            param_types = param_types[:1]
-        check_no_aliases(_LazyPaths(path_of, params), "fk.destructure")
-        _check_readable(kinds, param_kind, flat_kind, path_of)
-    elif any(is_array(x) for x in leaves):
-        first = next(x for x in leaves if is_array(x))
-        xp = namespace(first)
-        dev = device_of(first)
-        flat_kind = Kind(xp, _default_float(xp, dev), dev)
-    else:
-        import array_api_compat.numpy as npx
-
-        flat_kind = Kind(npx, npx.float64, "cpu")  # type: ignore[attr-defined]
-    sizes = [_size(s) for s in shapes]
-    offsets = list(itertools.accumulate(sizes, initial=0))[:-1]
-    flat = _new_flat(flat_kind, sum(sizes), params, offsets, shapes)
-    template = list(leaves)
-    for j in param_idx:
-        template[j] = None  # the parameters come from p; the template keeps only the constants
-    re = Restructure._make(
-        td=td,
-        template=template,
-        param_idx=param_idx,
-        shapes=shapes,
-        kinds=kinds,
-        param_kind=param_kind,
-        flat_kind=flat_kind,
-        ftype=type(flat),
-        policy=pol,
-        param_types=param_types,
-    )
-    return flat, re
-
-
-def _holds_arrays(x: Any) -> bool:
-    """True for an object no registry knows that holds arrays one level down (attributes, or the
-    items of a Mapping/Sequence subclass)."""
-    t = type(x)
-    if t in SCALAR_TYPES or registered_leaf(t) or callable(x) or is_array(x):
-        return False
-    if isinstance(x, Mapping):
-        vals: Any = x.values()
-    elif isinstance(x, (list, tuple)):
-        vals = x
-    else:
-        d = getattr(x, "__dict__", None)
-        if type(d) is not dict:
-            return False
-        vals = d.values()
-    return any(is_array(v) for v in vals)
-
-
-def _refuse_unknown_holders(leaves: list[Any], param_idx: list[int], td: TreeDef) -> None:
-    params = set(param_idx)
-    for j, x in enumerate(leaves):
-        if j not in params and _holds_arrays(x):
-            name = type(x).__qualname__
-            msg = (
-                f"at {td.paths[j].display}: fk.destructure found a {name} that holds arrays, but no registry "
-                f"knows {name}, so it would silently be a constant (its arrays not parameters). Expected "
-                f"registered nodes; fix: register it (fk.register({name}, children=..., rebuild=...), or "
-                f"@fk.register_dataclass), or fk.register_leaf({name}) to keep it a constant on purpose, or "
-                "pass policy='model'/'flat' to carry it unchanged."
-            )
-            raise StructureError(msg)
 
 
 def _check_readable(kinds: list[Kind], param_kind: list[int], flat_kind: Kind, path_of: Any) -> None:
@@ -1027,33 +702,3 @@ def _check_readable(kinds: list[Kind], param_kind: list[int], flat_kind: Kind, p
                 "parameters are all on that device."
             )
             raise PolicyError(msg)
-
-
-class _LazyPaths:
-    """``(path, parameter)`` pairs whose paths are computed only when a message shows one."""
-
-    __slots__ = ("_f", "_params")
-
-    def __init__(self, f: Any, params: list[Any]) -> None:
-        self._f = f
-        self._params = params
-
-    def __iter__(self) -> Any:
-        return zip(map(_Deferred, itertools.repeat(self._f), range(len(self._params))), self._params)
-
-    def arrays(self) -> list[Any]:
-        return self._params
-
-
-class _Deferred:
-    """A path computed only when displayed (for the alias check's message)."""
-
-    __slots__ = ("_f", "_j")
-
-    def __init__(self, f: Any, j: int) -> None:
-        self._f = f
-        self._j = j
-
-    @property
-    def display(self) -> str:
-        return str(self._f(self._j).display)

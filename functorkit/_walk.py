@@ -16,8 +16,9 @@ from typing import Any
 
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
+from ._record import record
 from ._registry import SCALAR_TYPES
-from ._treedef import BUILD_SAME, BUILD_STRUCTURE, TreeDef, add_note, record
+from ._treedef import BUILD_SAME, BUILD_STRUCTURE, TreeDef, add_note
 from ._xp import is_inexact_array
 
 __all__ = [

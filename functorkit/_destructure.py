@@ -1,0 +1,251 @@
+"""destructure: plan a model's flat vector on its tree definition, fill it, return the rebuilder.
+
+The parameters are the trainable floating and complex arrays among the
+model's distinct leaves (the tree definition's rules: ties once, shared
+sub-trees once, a leaf trainable when one of its positions is). Their kinds
+(namespace, dtype, device) are checked against the policy table, their memory
+against aliasing, and the flat vector is filled by the adapter of its
+namespace. :class:`Restructure` (``_flat.py``) is the rebuilding half.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+from ._alias import check_no_aliases
+from ._errors import StructureError
+from ._flat import Restructure, _check_readable, _default_float, _new_flat, _size
+from ._keypath import KeyPath
+from ._policy import (
+    Kind,
+    check_policy,
+    decide_mixed,
+    decide_unknown_holder,
+    mixed_model_error,
+    same_device,
+)
+from ._record import record
+from ._registry import SCALAR_TYPES, registered_leaf
+from ._treedef import TreeDef, add_note
+from ._xp import device_of, is_array, is_inexact_array, namespace
+from .adapters import adapter_of
+
+__all__ = ["destructure"]
+
+
+def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restructure]:
+    """Flatten a model's parameters into one new 1-D array; return it and a rebuilder.
+
+    Parameters are the floating and complex arrays reached through trainable
+    children (``nn.Module`` buffers and frozen parameters are not); each
+    distinct array counts once (ties), in walk order. Everything else is a
+    constant that ``re(p)`` carries unchanged.
+
+    Parameters
+    ----------
+    model
+        Any tree functorkit walks (dicts, lists, dataclasses, registered
+        nodes, ``nn.Module``...), up to any depth.
+    policy
+        ``"strict"`` (default): no conversion anywhere; parameters that differ
+        in dtype or device raise :class:`PolicyError` here, and ``re(p)``
+        requires `p` to match. ``"model"``: ``re(p)`` casts/moves each slice
+        to its parameter's own dtype/device. ``"flat"``: every rebuilt
+        parameter takes `p`'s dtype/device. Parameters of two namespaces
+        raise under every policy.
+
+    Returns
+    -------
+    flat
+        A new 1-D array (never aliasing the model, never carrying autograd
+        history) of dtype ``result_type`` of the parameters, on the first
+        parameter's device. A model without parameters gives an empty array
+        of the namespace and device of its first array leaf and that
+        namespace's default floating dtype (NumPy float64 if it has no arrays).
+    re : Restructure
+        ``re(p)`` rebuilds the model from a flat vector ``p``.
+
+    Raises
+    ------
+    PolicyError
+        Under ``"strict"``, for parameters of different dtypes or devices;
+        under every policy, for parameters of different namespaces.
+    StructureError
+        For a cycle, or two different parameters that share memory.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> w = np.ones((2, 3))
+    >>> model = {"enc": w, "dec": w, "b": np.zeros(2), "steps": np.array([3])}
+    >>> flat, re = fk.destructure(model)
+    >>> flat.shape, len(re)
+    ((8,), 8)
+    >>> new = re(flat * 2)
+    >>> new["enc"] is new["dec"], new["steps"] is model["steps"]
+    (True, True)
+    """
+    pol = check_policy(policy, "fk.destructure")
+    leaves, td = record(model)
+    trainable = td.trainable
+    param_idx: list[int] = []
+    j = 0
+    try:
+        for j, x in enumerate(leaves):
+            if trainable[j] and is_inexact_array(x):
+                param_idx.append(j)
+    except TypeError as e:  # a leaf functorkit refuses to classify (np.matrix): say where it is
+        add_note(e, f"(functorkit: raised while visiting {td.paths[j].display})")
+        raise
+    params = [leaves[j] for j in param_idx]
+    if decide_unknown_holder(pol):
+        _refuse_unknown_holders(leaves, param_idx, td)
+    leaf_paths: tuple[KeyPath, ...] | None = None
+
+    def path_of(k: int) -> KeyPath:
+        nonlocal leaf_paths
+        if leaf_paths is None:
+            leaf_paths = td.paths
+        return leaf_paths[param_idx[k]]
+
+    kinds: list[Kind] = []
+    param_kind: list[int] = []
+    param_types: list[type] = []
+    shapes: list[tuple[int, ...]] = []
+    last: tuple[Any, Any, Any, int] | None = None  # (type, dtype, device, kind index) of the previous parameter
+    for j, x in enumerate(params):
+        t = type(x)
+        ad = adapter_of(x)
+        dt = x.dtype
+        dev = ad.device(x)
+        s = x.shape
+        shapes.append(s if type(s) is tuple else tuple(map(int, s)))
+        if last is not None and t is last[0] and (dt is last[1] or dt == last[1]) and dev == last[2]:
+            param_kind.append(last[3])  # the common case: one kind after another
+            continue
+        k = Kind(ad.xp, dt, dev)
+        for i, other in enumerate(kinds):
+            if other.xp is k.xp and other.dtype == k.dtype and same_device(other.device, k.device):
+                param_kind.append(i)
+                break
+        else:
+            if kinds:
+                first = kinds[0]
+                if first.xp is not k.xp and decide_mixed(pol, "namespace"):
+                    raise mixed_model_error(pol, "namespace", path_of(0), first, path_of(j), k)
+                what = "dtype" if first.dtype != k.dtype else "device"
+                if decide_mixed(pol, what) and (what == "dtype" or not same_device(first.device, k.device)):
+                    raise mixed_model_error(pol, what, path_of(0), first, path_of(j), k)
+            param_kind.append(len(kinds))
+            kinds.append(k)
+            param_types.append(t)
+        last = (t, dt, dev, param_kind[-1])
+    if kinds:
+        xp = kinds[0].xp
+        dtypes: list[Any] = []
+        for k in kinds:
+            if not any(k.dtype == d for d in dtypes):
+                dtypes.append(k.dtype)
+        dtype = dtypes[0] if len(dtypes) == 1 else xp.result_type(*dtypes)
+        flat_kind = Kind(xp, dtype, kinds[0].device)
+        if len(kinds) > 1 and decide_mixed(pol, "dtype"):
+            # (only devices that cannot be determined differ here, and those count as equal: one kind)
+            kinds = [kinds[0]]
+            param_kind = [0] * len(params)
+            param_types = param_types[:1]
+        check_no_aliases(_LazyPaths(path_of, params), "fk.destructure")
+        _check_readable(kinds, param_kind, flat_kind, path_of)
+    elif any(is_array(x) for x in leaves):
+        first = next(x for x in leaves if is_array(x))
+        xp = namespace(first)
+        dev = device_of(first)
+        flat_kind = Kind(xp, _default_float(xp, dev), dev)
+    else:
+        import array_api_compat.numpy as npx
+
+        flat_kind = Kind(npx, npx.float64, "cpu")  # type: ignore[attr-defined]
+    sizes = [_size(s) for s in shapes]
+    offsets = list(itertools.accumulate(sizes, initial=0))[:-1]
+    flat = _new_flat(flat_kind, sum(sizes), params, offsets, shapes)
+    template = list(leaves)
+    for j in param_idx:
+        template[j] = None  # the parameters come from p; the template keeps only the constants
+    re = Restructure._make(
+        td=td,
+        template=template,
+        param_idx=param_idx,
+        shapes=shapes,
+        kinds=kinds,
+        param_kind=param_kind,
+        flat_kind=flat_kind,
+        ftype=type(flat),
+        policy=pol,
+        param_types=param_types,
+    )
+    return flat, re
+
+
+def _holds_arrays(x: Any) -> bool:
+    """True for an object no registry knows that holds arrays one level down (attributes, or the
+    items of a Mapping/Sequence subclass)."""
+    t = type(x)
+    if t in SCALAR_TYPES or registered_leaf(t) or callable(x) or is_array(x):
+        return False
+    if isinstance(x, Mapping):
+        vals: Any = x.values()
+    elif isinstance(x, (list, tuple)):
+        vals = x
+    else:
+        d = getattr(x, "__dict__", None)
+        if type(d) is not dict:
+            return False
+        vals = d.values()
+    return any(is_array(v) for v in vals)
+
+
+def _refuse_unknown_holders(leaves: list[Any], param_idx: list[int], td: TreeDef) -> None:
+    params = set(param_idx)
+    for j, x in enumerate(leaves):
+        if j not in params and _holds_arrays(x):
+            name = type(x).__qualname__
+            msg = (
+                f"at {td.paths[j].display}: fk.destructure found a {name} that holds arrays, but no registry "
+                f"knows {name}, so it would silently be a constant (its arrays not parameters). Expected "
+                f"registered nodes; fix: register it (fk.register({name}, children=..., rebuild=...), or "
+                f"@fk.register_dataclass), or fk.register_leaf({name}) to keep it a constant on purpose, or "
+                "pass policy='model'/'flat' to carry it unchanged."
+            )
+            raise StructureError(msg)
+
+
+class _LazyPaths:
+    """``(path, parameter)`` pairs whose paths are computed only when a message shows one."""
+
+    __slots__ = ("_f", "_params")
+
+    def __init__(self, f: Any, params: list[Any]) -> None:
+        self._f = f
+        self._params = params
+
+    def __iter__(self) -> Any:
+        return zip(map(_Deferred, itertools.repeat(self._f), range(len(self._params))), self._params)
+
+    def arrays(self) -> list[Any]:
+        return self._params
+
+
+class _Deferred:
+    """A path computed only when displayed (for the alias check's message)."""
+
+    __slots__ = ("_f", "_j")
+
+    def __init__(self, f: Any, j: int) -> None:
+        self._f = f
+        self._j = j
+
+    @property
+    def display(self) -> str:
+        return str(self._f(self._j).display)

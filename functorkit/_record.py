@@ -1,0 +1,342 @@
+"""The one walk: :func:`record` a tree into its distinct leaves and a :class:`TreeDef`.
+
+The rules it applies (ties, shared sub-trees, trainable leaves, cycles) are
+stated in ``_treedef.py``'s module docstring and in ``docs/treedef.md``.
+``fk.flatten``/``fk.unflatten`` are the public face of this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from operator import length_hint
+from typing import Any
+
+from ._errors import StructureError
+from ._keypath import KeyPath, make_path, safe_repr
+from ._registry import _DISPATCH, DICT, KNOWN_TYPES, LEAF_TYPES, LIST, SCALAR_TYPES, TUPLE, NodeDef, resolve
+from ._treedef import _KEYS, _LEAFY, _MISS, _N, _NO_AUX, TreeDef, _cycle, _visiting, add_note
+
+__all__ = ["flatten", "record", "unflatten"]
+
+
+# ============================================================== record
+
+
+def record(
+    tree: Any, is_leaf: Callable[[Any], bool] | None = None, *, track: bool = True
+) -> tuple[list[Any], TreeDef]:
+    """Walk `tree` once: its distinct leaves in walk order and its :class:`TreeDef`.
+
+    With ``track=False`` no node's ``trainable`` function is called (maps that do not
+    need trainability skip that work, and a lazy torch module can still be listed);
+    the definition then counts every leaf as trainable."""
+    rec = _Recorder(is_leaf, track)
+    return rec.finish(rec.run(tree))
+
+
+class _Recorder:
+    """The single walk: an explicit stack of iterators over children (C-level iteration per node;
+    depth bounded by memory). Trainability is not computed during the walk: the nodes' trainable
+    key sets are kept by program entry and resolved afterwards, over the program (:func:`_trainable`),
+    only when some node declared one."""
+
+    __slots__ = ("forced", "is_leaf", "its", "keep", "opens", "prog", "refs", "track", "tsets")
+
+    def __init__(self, is_leaf: Callable[[Any], bool] | None, track: bool) -> None:
+        self.is_leaf = is_leaf
+        self.track = track
+        self.prog: list[Any] = []
+        self.forced: set[int] = set()  # positions made leaves by is_leaf
+        self.keep: list[Any] = []  # children lists of nodes that do not own them (ids stay unique)
+        self.refs: list[int] = []  # program indices of the entries a shared sub-tree refers back to
+        self.tsets: dict[int, frozenset[Any]] = {}  # id(node entry) -> its trainable child keys
+        self.its: list[Any] = []  # one iterator over children per open node (the first: the root)
+        self.opens: list[list[Any]] = []  # per open node: [id, cached count at entry, entry, children]
+
+    def path(self) -> KeyPath:
+        """The path of the child the walk is at (read off the iterators' remaining lengths)."""
+        keys = []
+        for fr, it in zip(self.opens, self.its[1:]):
+            vals, ckeys = fr[3], fr[2][_KEYS]
+            i = len(vals) - length_hint(it) - 1
+            keys.append(i if ckeys is None else ckeys[i])
+        return make_path(tuple(keys))
+
+    def run(self, tree: Any) -> list[Any]:
+        """Walk `tree`; returns the object at every leaf position, in order."""
+        is_leaf = self.is_leaf
+        track = self.track
+        flat: list[Any] = []
+        prog = self.prog
+        keep = self.keep
+        tsets = self.tsets
+        shared: dict[int, int] = {}  # id(node) -> program index (completed nodes holding a cached leaf)
+        active: set[int] = set()  # ids of the open nodes (cycle check)
+        disp = _DISPATCH
+        leaf_types = LEAF_TYPES
+        known_types = KNOWN_TYPES
+        scalar_types = SCALAR_TYPES
+        flat_append = flat.append
+        flat_extend = flat.extend
+        prog_append = prog.append
+        its = self.its
+        opens = self.opens
+        its.append(iter((tree,)))
+        ncached = 0  # grows whenever an identity-cached leaf (or a shared sub-tree) is met
+        try:
+            while its:
+                for c in its[-1]:
+                    t = type(c)
+                    if is_leaf is not None and is_leaf(c):
+                        if t not in scalar_types:
+                            ncached += 1
+                        self.forced.add(len(flat))
+                        flat_append(c)
+                        prog_append(None)
+                        continue
+                    if t in leaf_types:
+                        nd = None
+                    else:
+                        nd = disp.get(t, _MISS)
+                        if nd is _MISS:
+                            nd = resolve(t)
+                    if not isinstance(nd, NodeDef):
+                        if t not in scalar_types:
+                            ncached += 1
+                        flat_append(c)
+                        prog_append(None)
+                        continue
+                    # ---- a node
+                    cid = id(c)
+                    k = shared.get(cid)
+                    if k is not None:
+                        ncached += 1
+                        self.refs.append(k)
+                        prog_append(k)
+                        continue
+                    if cid in active:
+                        raise _cycle(self.path(), c)
+                    fast = nd.fast
+                    if fast in (LIST, TUPLE):
+                        ckeys = None
+                        cvals = c
+                        aux = _NO_AUX
+                        named = False
+                    elif fast == DICT:
+                        ckeys = list(c)
+                        cvals = list(c.values())
+                        aux = _NO_AUX
+                        named = True
+                    else:
+                        ckeys, cvals, aux, named = nd.flatten(c)
+                        if not nd.owns:
+                            keep.append(cvals)
+                    n = len(cvals)
+                    tset = None
+                    if track and nd.trainable is not None:
+                        tset = nd.trainable(c)
+                        if tset is not None and not tset.issubset(range(n) if ckeys is None else ckeys):
+                            raise self._unknown_trainable(c, tset, ckeys, n)
+                    if is_leaf is None:
+                        if leaf_types.issuperset(map(type, cvals)):
+                            leafy = True
+                        elif known_types.issuperset(map(type, cvals)):
+                            leafy = False
+                        else:  # types never met: resolve them first
+                            ts = set(map(type, cvals))
+                            for ct in ts:
+                                if ct not in disp:
+                                    resolve(ct)
+                            leafy = ts <= leaf_types
+                    else:
+                        leafy = False
+                    if leafy:
+                        entry = (nd, ckeys, n, True, aux, named)
+                        if tset is not None:
+                            tsets[id(entry)] = tset
+                        if not scalar_types.issuperset(map(type, cvals)):
+                            ncached += 1
+                            shared[cid] = len(prog)
+                        flat_extend(cvals)
+                        prog_append(entry)
+                        continue
+                    entry = (nd, ckeys, n, False, aux, named)
+                    if tset is not None:
+                        tsets[id(entry)] = tset
+                    active.add(cid)
+                    opens.append([cid, ncached, entry, cvals])
+                    its.append(iter(cvals))
+                    break
+                else:
+                    its.pop()
+                    if opens:
+                        fr = opens.pop()
+                        active.discard(fr[0])
+                        if ncached > fr[1]:
+                            shared[fr[0]] = len(prog)
+                        prog_append(fr[2])
+        except StructureError:
+            raise
+        except TypeError as e:
+            if getattr(e, "functorkit_needs_path", False):  # a registered node's function broke its contract
+                raise TypeError(f"at {self.path().display}: {e}") from None
+            add_note(e, _visiting(self.path()))
+            raise
+        except Exception as e:
+            add_note(e, _visiting(self.path()))
+            raise
+        return flat
+
+    def _unknown_trainable(self, c: Any, tset: frozenset[Any], keys: Any, n: int) -> StructureError:
+        children = list(range(n)) if keys is None else list(keys)
+        unknown = sorted((k for k in tset if k not in children), key=repr)
+        msg = (
+            f"at {self.path().display}: the `trainable` function registered for {type(c).__qualname__} named "
+            f"{', '.join(safe_repr(k) for k in unknown)}, which {'is' if len(unknown) == 1 else 'are'} not among "
+            f"its children [{', '.join(safe_repr(k) for k in children)}]. Expected child keys; "
+            "fix the `trainable` function (fk.register) to return keys of the mapping or indices of the "
+            "sequence `children` returns."
+        )
+        return StructureError(msg)
+
+    def finish(self, flat: list[Any]) -> tuple[list[Any], TreeDef]:
+        npos = len(flat)
+        pos_leaf: tuple[int, ...] | None = None
+        if len(set(map(id, flat))) == npos:
+            leaves = flat
+        else:
+            leaves = []
+            first: dict[int, int] = {}
+            pl: list[int] = []
+            scalars = SCALAR_TYPES
+            for x in flat:
+                if type(x) in scalars:
+                    pl.append(len(leaves))
+                    leaves.append(x)
+                    continue
+                j = first.get(id(x))
+                if j is None:
+                    j = first[id(x)] = len(leaves)
+                    leaves.append(x)
+                pl.append(j)
+            if len(leaves) != npos:
+                pos_leaf = tuple(pl)
+        refs = frozenset(self.refs) if self.refs else _NO_REFS
+        forced = frozenset(self.forced) if self.forced else _NO_REFS
+        td = TreeDef._make(self.prog, npos, len(leaves), pos_leaf, None, refs, forced)
+        if self.tsets:
+            td._trainable = _trainable(td, self.tsets)
+        return leaves, td
+
+
+_NO_REFS: frozenset[int] = frozenset()
+
+
+def _trainable(td: TreeDef, tsets: dict[int, frozenset[Any]]) -> tuple[bool, ...] | None:
+    """Each distinct leaf: trainable when at least one of its positions is (every node above it
+    declares that child trainable). Runs over the expanded program, so every position of a shared
+    sub-tree counts, from the root (right to left); None when every leaf is trainable."""
+    ex = td.expanded()
+    prog = ex._prog
+    pos_tr = [True] * ex._npos
+    pos = ex._npos
+    stack: list[list[Any]] = []  # [keys, remaining, trainable, trainable keys or None]
+    for idx in range(len(prog) - 1, -1, -1):
+        while stack and stack[-1][1] == 0:
+            stack.pop()
+        if stack:
+            fr = stack[-1]
+            fr[1] -= 1
+            tset = fr[3]
+            if tset is None:
+                tr = fr[2]
+            else:
+                keys = fr[0]
+                tr = fr[2] and (fr[1] if keys is None else keys[fr[1]]) in tset
+        else:
+            tr = True
+        e = prog[idx]
+        if e is None:
+            pos -= 1
+            pos_tr[pos] = tr
+        elif type(e) is tuple:
+            n = e[_N]
+            ctset = tsets.get(id(e)) if tr else None
+            if e[_LEAFY]:
+                pos -= n
+                if not tr:
+                    pos_tr[pos : pos + n] = [False] * n
+                elif ctset is not None:
+                    keys = e[_KEYS]
+                    pos_tr[pos : pos + n] = [(j if keys is None else keys[j]) in ctset for j in range(n)]
+            elif n:
+                stack.append([e[_KEYS], n, tr, ctset])
+    if all(pos_tr):
+        return None
+    ltr = [False] * td._nleaves
+    pl = ex._pos_leaf
+    for p, ok in enumerate(pos_tr):
+        if ok:
+            ltr[p if pl is None else pl[p]] = True
+    return tuple(ltr)
+
+
+def flatten(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None) -> tuple[list[Any], TreeDef]:
+    """The distinct leaves of `tree` in walk order, and its :class:`TreeDef`.
+
+    Each identity-cached leaf (anything but a Python scalar, string, bytes
+    or None) is listed once, at its first position; scalars at every
+    position. ``fk.unflatten(treedef, leaves)`` rebuilds the tree.
+
+    Parameters
+    ----------
+    tree
+        Any tree functorkit walks.
+    is_leaf
+        ``is_leaf(x) -> bool``: stop the walk at ``x`` and take it whole.
+
+    Returns
+    -------
+    leaves : list
+        The distinct leaves, in walk order.
+    treedef : TreeDef
+        The structure: node types, keys, aux data, ties, shared sub-trees,
+        trainable leaves.
+
+    Raises
+    ------
+    StructureError
+        If `tree` contains a cycle.
+
+    Examples
+    --------
+    >>> import functorkit as fk
+    >>> leaves, td = fk.flatten({"a": 1, "b": (2, 3)})
+    >>> leaves
+    [1, 2, 3]
+    >>> fk.unflatten(td, [10, 20, 30])
+    {'a': 10, 'b': (20, 30)}
+    """
+    if is_leaf is not None and not callable(is_leaf):
+        msg = f"`is_leaf` must be a callable `x -> bool` or None, got {type(is_leaf).__name__} (fk.flatten)."
+        raise TypeError(msg)
+    return record(tree, is_leaf)
+
+
+def unflatten(treedef: TreeDef, leaves: Iterable[Any], /) -> Any:
+    """Rebuild a tree from its :class:`TreeDef` and one value per distinct leaf (``treedef.unflatten``).
+
+    Examples
+    --------
+    >>> import functorkit as fk
+    >>> _, td = fk.flatten([1, {"x": 2}])
+    >>> fk.unflatten(td, ["a", "b"])
+    ['a', {'x': 'b'}]
+    """
+    if not isinstance(treedef, TreeDef):
+        msg = (
+            f"`treedef` must be a TreeDef (the second result of fk.flatten), got {type(treedef).__name__}; "
+            "call as fk.unflatten(treedef, leaves)."
+        )
+        raise TypeError(msg)
+    return treedef.unflatten(leaves)
