@@ -55,6 +55,10 @@ class NodeDef:
     ``unflatten(aux, keys, values) -> obj`` rebuilds; ``trainable(obj)``
     returns the set of trainable child keys, or ``None`` for all.
 
+    ``kind`` says which classes count as the same node type when two trees
+    are matched (default: the class itself); torch's parametrized modules
+    (one class made per instance) share the kind of their original class.
+
     ``owns`` is true when the node object itself holds a strong reference to
     every child ``flatten`` returns (a container, a namedtuple, a plain
     dataclass), so the walk need not keep the ``values`` list alive to keep
@@ -62,7 +66,7 @@ class NodeDef:
     containers the walk handles inline.
     """
 
-    __slots__ = ("cls", "fast", "flatten", "owns", "trainable", "unflatten")
+    __slots__ = ("cls", "fast", "flatten", "kind", "owns", "trainable", "unflatten")
 
     def __init__(
         self,
@@ -73,8 +77,10 @@ class NodeDef:
         fast: int = GENERIC,
         *,
         owns: bool = False,
+        kind: Any = None,
     ) -> None:
         self.cls = cls
+        self.kind = cls if kind is None else kind
         self.flatten = flatten
         self.unflatten = unflatten
         self.trainable = trainable

@@ -359,7 +359,7 @@ class TreeDef:
             parts: list[Any] = [self._npos, self._nleaves, self._pos_leaf, self._trainable]
             for e in self._prog:
                 if type(e) is tuple:
-                    parts.append((e[_ND].cls, _keys_hash(e[_KEYS]), e[_N], e[_LEAFY]))
+                    parts.append((e[_ND].kind, _keys_hash(e[_KEYS]), e[_N], e[_LEAFY]))
                 else:
                     parts.append(e)
             h = self._hash = hash(tuple(parts))
@@ -384,7 +384,7 @@ class TreeDef:
                 if a != b:
                     return False
                 continue
-            if a[_ND].cls is not b[_ND].cls or a[_N] != b[_N] or a[_LEAFY] != b[_LEAFY]:
+            if a[_ND].kind != b[_ND].kind or a[_N] != b[_N] or a[_LEAFY] != b[_LEAFY]:
                 return False
             if not _aux_equal(a[_KEYS], b[_KEYS]) or not _aux_equal(a[_AUX], b[_AUX]):
                 return False
@@ -643,7 +643,12 @@ class TreeDef:
             else:
                 nd = e[_ND]
                 if type(c) is not nd.cls:
-                    raise fail(here(key), _describe_entry(e), describe_found(c))
+                    other = disp.get(type(c), _MISS)
+                    if other is _MISS:
+                        other = resolve(type(c))
+                    if not isinstance(other, NodeDef) or other.kind != nd.kind:
+                        raise fail(here(key), _describe_entry(e), describe_found(c))
+                    nd = other  # another class of the same kind (a torch parametrized module)
                 fast = nd.fast
                 keys = e[_KEYS]
                 if fast in (LIST, TUPLE):

@@ -756,3 +756,46 @@ def test_deepcopy_of_a_rebuilt_module_is_an_ordinary_module() -> None:
     c = stdcopy.deepcopy(fk.copy(rebuilt))
     img, idx = realistic_inputs()
     torch.testing.assert_close(c(img, idx), m(img, idx))
+
+
+# --------------------------------------------------------------------------- parametrized modules
+
+
+@pytest.mark.parametrize("how", ["weight_norm", "spectral_norm", "register_parametrization"])
+def test_independently_parametrized_modules_combine(how: str) -> None:
+    # torch makes one class per parametrized instance (ParametrizedLinear); two models built
+    # independently are still the same kind of node, as torch's load_state_dict treats them
+    from torch.nn.utils import parametrizations, parametrize
+
+    class Doubled(nn.Module):
+        def forward(self, w: torch.Tensor) -> torch.Tensor:
+            return 2 * w
+
+    def make(seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        lin = nn.Linear(3, 2)
+        if how == "weight_norm":
+            lin = parametrizations.weight_norm(lin)
+        elif how == "spectral_norm":
+            lin = parametrizations.spectral_norm(lin)
+        else:
+            parametrize.register_parametrization(lin, "weight", Doubled())
+        return nn.Sequential(lin, nn.Tanh())
+
+    a, b = make(0), make(1)
+    assert type(a[0]) is not type(b[0])
+    flat_b, _ = fk.destructure(b)
+    _, re = fk.destructure(a)
+    torch.testing.assert_close(re.flatten(b), flat_b)
+    s = fk.add(a, b)
+    assert type(s[0]) is type(a[0])
+    pa = dict(a.named_parameters())
+    for name, p in b.named_parameters():
+        torch.testing.assert_close(dict(s.named_parameters())[name], pa[name] + p)
+    fk.load_into(a, b)
+    for name, p in b.named_parameters():
+        torch.testing.assert_close(dict(a.named_parameters())[name], p)
+    out = fk.fmap(lambda x, y: x - y, a, b, trainable_only=True)  # a now equals b: every difference is 0
+    diff, _ = fk.destructure(out)
+    assert diff.numel() == flat_b.numel()
+    assert float(diff.abs().max()) == 0.0

@@ -447,6 +447,21 @@ def _trainable(m: Any) -> frozenset[Any]:
     return frozenset(out)
 
 
+def _kind_of(cls: type) -> Any:
+    """The node kind two trees are matched by. ``torch.nn.utils.parametrize`` gives every
+    parametrized module a class of its own (``ParametrizedLinear``, made per instance, subclassing
+    the original); two such modules of one original class are the same kind of node, as torch's
+    ``load_state_dict`` treats them."""
+    bases = cls.__bases__
+    if (
+        cls.__module__ == "torch.nn.utils.parametrize"
+        and len(bases) == 1
+        and cls.__name__ == f"Parametrized{bases[0].__name__}"
+    ):
+        return ("parametrized", bases[0])
+    return cls
+
+
 def node_for(cls: type) -> NodeDef | None:
     """The NodeDef for an ``nn.Module`` subclass, or None for any other type."""
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
@@ -462,5 +477,7 @@ def node_for(cls: type) -> NodeDef | None:
             fixup = _refresh_rnn
         elif _is_compiled_module(cls):
             fixup = _refresh_compiled
-        nd = _DEFS[cls] = NodeDef(cls, _flatten, _make_unflatten(copied, fixup), _trainable, owns=True)
+        nd = _DEFS[cls] = NodeDef(
+            cls, _flatten, _make_unflatten(copied, fixup), _trainable, owns=True, kind=_kind_of(cls)
+        )
     return nd
