@@ -43,7 +43,7 @@ def compile_source(src: str) -> tuple[CodeType, str]:
 
 def _literal_key(k: Any) -> str | None:
     """A safe source literal for a dict key (exact ``str`` or ``int`` only), else None."""
-    if type(k) is str or type(k) is int:
+    if type(k) is str or (type(k) is int and -(10**18) < k < 10**18):
         return repr(k)
     return None
 

@@ -11,12 +11,24 @@ from collections.abc import Callable, Iterable
 from operator import length_hint
 from typing import Any
 
+from ._codegen import build_source, compile_source
 from ._errors import StructureError
 from ._keypath import KeyPath, make_path, safe_repr
-from ._registry import _DISPATCH, DICT, KNOWN_TYPES, LEAF_TYPES, LIST, SCALAR_TYPES, TUPLE, NodeDef, resolve
+from ._registry import (
+    _DISPATCH,
+    DICT,
+    GENERATION,
+    KNOWN_TYPES,
+    LEAF_TYPES,
+    LIST,
+    SCALAR_TYPES,
+    TUPLE,
+    NodeDef,
+    resolve,
+)
 from ._treedef import _KEYS, _LEAFY, _MISS, _N, _NO_AUX, TreeDef, _cycle, _visiting, add_note
 
-__all__ = ["flatten", "record", "unflatten"]
+__all__ = ["flatten", "record", "record_plain", "unflatten"]
 
 
 # ============================================================== record
@@ -340,3 +352,129 @@ def unflatten(treedef: TreeDef, leaves: Iterable[Any], /) -> Any:
         )
         raise TypeError(msg)
     return treedef.unflatten(leaves)
+
+
+# ============================================================== small trees, again and again
+#
+# A model called in a loop (a small MLP mapped every step) pays the walk's fixed cost each time.
+# For small trees made only of dicts, lists and tuples (no aux data, so a recorded definition
+# rebuilds any tree of that shape exactly), the second recording of one structure generates a
+# straight-line matcher: it checks the tree has that structure (types, lengths, keys in order,
+# leaves where leaves were, no two positions holding one object) and returns its leaves, or MISS.
+# Anything else (other node types, ties, shared sub-trees, is_leaf, trainability) is recorded
+# as usual. bench_walk's "(b) A small model" rows measure it; tests/test_walk.py turns it off to
+# see the difference.
+
+#: trees with more positions or program entries than this are not planned (the walk's own cost
+#: per leaf dominates there, and comparing definitions would cost as much as recording)
+PLAN_MAX = 64
+_PLANS: dict[tuple[type, int], list[Any]] = {}  # (root type, root length) -> [TreeDef, matcher, seen, gen]
+_PLANS_MAX = 256
+_PLAIN = (DICT, LIST, TUPLE)
+
+
+def record_plain(tree: Any) -> tuple[list[Any], TreeDef]:
+    """``record(tree, track=False)``, through a generated matcher for small container trees
+    met before."""
+    t = type(tree)
+    if t is dict or t is list or t is tuple:
+        key = (t, len(tree))
+        plan = _PLANS.get(key)
+        if plan is not None and plan[1] is not None and plan[3] == GENERATION[0]:
+            leaves = plan[1](tree)
+            if leaves is not _MISS:
+                return leaves, plan[0]
+        leaves, td = record(tree, None, track=False)
+        if len(td._prog) + td._npos <= PLAN_MAX and _plain(td):
+            _remember(key, plan, td)
+        return leaves, td
+    return record(tree, None, track=False)
+
+
+def _plain(td: TreeDef) -> bool:
+    return (
+        td._pos_leaf is None
+        and not td._refs
+        and not td._forced
+        and all(e is None or (type(e) is tuple and e[0].fast in _PLAIN) for e in td._prog)
+    )
+
+
+def _remember(key: tuple[type, int], plan: list[Any] | None, td: TreeDef) -> None:
+    gen = GENERATION[0]
+    if plan is None or plan[3] != gen or plan[0] != td:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = [td, None, 1, gen]
+        return
+    plan[2] += 1
+    if plan[1] is None and plan[2] >= 2:
+        plan[1] = first = _matcher(td)
+        known = plan[0]
+        known._fast_match = first
+        known._fast_build = _builder(known)
+
+
+def _builder(td: TreeDef) -> Any:
+    """A generated ``build(values) -> tree`` (the compiled form of `td`'s program)."""
+    glb: dict[str, Any] = {}
+    entries: list[int] = []
+    body = build_source(td, [f"v{p}" for p in range(td._npos)], glb, entries)
+    head = ["def build(v):"]
+    if td._npos:
+        head.append(f"    {', '.join(f'v{p}' for p in range(td._npos))}, = v")
+    code, _ = compile_source("\n".join([*head, *body]))
+    exec(code, glb)
+    return glb["build"]
+
+
+def _matcher(td: TreeDef) -> Any:
+    """A generated ``match(tree) -> leaves or MISS`` for trees of `td`'s structure."""
+    prog = td._prog
+    glb: dict[str, Any] = {"MISS": _MISS, "LEAVES": LEAF_TYPES}
+    lines = ["def match(t):", "    out = []"]
+    names: dict[int, str] = {}
+    # the access expression of each entry, from its parent (pre-order: a parent before its children)
+    children: dict[int, list[int]] = {}
+    roots: list[int] = []
+    for idx, e in enumerate(prog):
+        if type(e) is tuple and not e[_LEAFY] and e[_N]:
+            n = e[_N]
+            children[idx] = roots[-n:]
+            del roots[-n:]
+        roots.append(idx)
+    access = {len(prog) - 1: "t"}
+    for idx in td._preorder():
+        e = prog[idx]
+        x = access[idx]
+        if e is None:
+            lines += [f"    if type({x}) not in LEAVES:", "        return MISS", f"    out.append({x})"]
+            continue
+        name = f"x{idx}"
+        names[idx] = name
+        nd, keys, n, leafy, _aux, _named = e
+        t = {DICT: "dict", LIST: "list", TUPLE: "tuple"}[nd.fast]
+        check = f"type({name}) is not {t} or len({name}) != {int(n)}"
+        if nd.fast == DICT:
+            glb[f"K{idx}"] = list(keys)
+            check += f" or list({name}) != K{idx}"
+        lines += [f"    {name} = {x}", f"    if {check}:", "        return MISS"]
+        if leafy:
+            vals = f"list({name}.values())" if nd.fast == DICT else name
+            lines += [
+                f"    v = {vals}",
+                "    if not LEAVES.issuperset(map(type, v)):",
+                "        return MISS",
+                "    out.extend(v)",
+            ]
+            continue
+        for j, c in enumerate(children.get(idx, [])):
+            if nd.fast == DICT:
+                glb[f"k{idx}_{j}"] = keys[j]
+                access[c] = f"{name}[k{idx}_{j}]"
+            else:
+                access[c] = f"{name}[{j}]"
+    lines += [f"    if len(set(map(id, out))) != {int(td._npos)}:", "        return MISS", "    return out"]
+    code, _ = compile_source("\n".join(lines))
+    exec(code, glb)
+    return glb["match"]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 __all__ = [
+    "GENERATION",
     "KNOWN_TYPES",
     "LEAF_TYPES",
     "SCALAR",
@@ -264,6 +265,8 @@ _DISPATCH: dict[type, Any] = {}
 LEAF_TYPES: set[type] = set()
 #: every resolved type (leaves and nodes)
 KNOWN_TYPES: set[type] = set()
+#: bumped by every registration: plans cached against the table are stale once it changes
+GENERATION: list[int] = [0]
 
 # module name -> adapter module, imported the first time an object of that
 # library is met (only possible once the library itself is imported).
@@ -355,6 +358,7 @@ def _store(cls: type, entry: Any, replace: bool, what: str) -> None:
         _DISPATCH.clear()
         LEAF_TYPES.clear()
         KNOWN_TYPES.clear()
+        GENERATION[0] += 1
 
 
 def register(

@@ -188,6 +188,8 @@ class TreeDef:
     __slots__ = (
         "__weakref__",
         "_expanded",
+        "_fast_build",
+        "_fast_match",
         "_forced",
         "_hash",
         "_leaf_pos",
@@ -213,6 +215,8 @@ class TreeDef:
     _leaf_pos: list[int] | None
     _expanded: TreeDef | None
     _pre: list[int] | None
+    _fast_build: Any
+    _fast_match: Any
 
     def __init__(self) -> None:
         msg = "TreeDef objects are made by fk.flatten(tree); call that instead."
@@ -242,6 +246,8 @@ class TreeDef:
         self._leaf_pos = None
         self._expanded = None if refs else self
         self._pre = None
+        self._fast_build = None  # generated code for small container trees (see _record.record_plain)
+        self._fast_match = None
         return self
 
     # ---------------------------------------------------------------- facts
@@ -416,6 +422,8 @@ class TreeDef:
 
     def build(self, vals: list[Any], mode: int = BUILD_SAME) -> Any:
         """Run the program over `vals` (one value per position): the tree (or plain structure)."""
+        if self._fast_build is not None and mode == BUILD_SAME:
+            return self._fast_build(vals)
         prog = self._prog
         refs = self._refs
         memo: dict[int, Any] = {}

@@ -16,8 +16,9 @@ from typing import Any
 
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
-from ._record import record
+from ._record import record, record_plain
 from ._registry import SCALAR_TYPES
+from ._treedef import _MISS as MISS
 from ._treedef import BUILD_SAME, BUILD_STRUCTURE, TreeDef, add_note
 from ._xp import is_inexact_array
 
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 BUILD_NONE = 0
-_MISS = object()
+_MISS = MISS  # the sentinel of the generated matchers too
 # how `f` is called
 _PLAIN, _PATH, _TRACK = 0, 1, 2
 
@@ -66,14 +67,18 @@ def _map(
     names: tuple[str, ...] | None = None,
 ) -> Any:
     """The one map: record `trees[0]`, match the others, call `f` per leaf, rebuild."""
-    leaves, td = record(trees[0], is_leaf, track=trainable_only or style == _TRACK)
+    track = trainable_only or style == _TRACK
+    leaves, td = record_plain(trees[0]) if (is_leaf is None and not track) else record(trees[0], is_leaf, track=track)
     multi = len(trees) > 1
     if not cache:
         td = td.expanded()
     others: list[list[Any]] = []
     firsts = td.position_values(leaves) if multi else None
     for j, t in enumerate(trees[1:], start=1):
-        o = td._match(t, j, names, firsts)
+        fm = td._fast_match
+        o = fm(t) if fm is not None else _MISS
+        if o is _MISS:
+            o = td._match(t, j, names, firsts)
         if type(o) is int:  # a sub-tree shared in the first tree is not shared in this one: no sharing at all
             td = td.expanded()
             firsts = td.position_values(leaves)
@@ -306,7 +311,7 @@ def fmap(
     """
     _check_options(f, is_leaf, trainable_only, cache, "fmap")
     if not trees and cache and not trainable_only:  # the common case, without _map's branches
-        leaves, td = record(tree, is_leaf, track=False)
+        leaves, td = record(tree, is_leaf, track=False) if is_leaf is not None else record_plain(tree)
         return td.build(td.position_values(_call_all(f, (leaves,), lambda: td.paths)), BUILD_SAME)
     return _map((tree, *trees), f, is_leaf=is_leaf, cache=cache, trainable_only=trainable_only)
 
@@ -375,7 +380,7 @@ def leaves(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None) -> lis
     ['ndarray', 'int', 'int']
     """
     _check_is_leaf(is_leaf, "leaves")
-    return record(tree, is_leaf, track=False)[0]
+    return (record(tree, is_leaf, track=False) if is_leaf is not None else record_plain(tree))[0]
 
 
 def leaves_with_path(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[KeyPath, Any]]:

@@ -1001,3 +1001,53 @@ def _recorder() -> tuple[list[Any], Any]:
     return calls, f
 
 
+
+
+# --------------------------------------------------------------------------- small trees, planned
+
+
+def test_small_container_trees_take_the_planned_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench_walk's "(b) A small model" rows: a dict/list/tuple tree met before is matched by
+    # generated code, not walked; forcing that off must show here
+    from functorkit import _record
+
+    def tree() -> dict[str, Any]:
+        return {"l1": {"w": np.ones((2, 2)), "b": np.zeros(2)}, "l2": [np.ones(1), (np.ones(1), 3)]}
+
+    walks: list[int] = []
+
+    class Counting(_record._Recorder):
+        def run(self, t: Any) -> list[Any]:
+            walks.append(1)
+            return super().run(t)
+
+    monkeypatch.setattr(_record, "_Recorder", Counting)
+    monkeypatch.setattr(_record, "_PLANS", {})
+    for _ in range(3):
+        fk.fmap(lambda x: x, tree())
+    n = len(walks)
+    t = tree()
+    out = fk.fmap(lambda x: x * 2 if isinstance(x, np.ndarray) else x, t)
+    assert len(walks) == n  # no walk: the plan matched
+    np.testing.assert_array_equal(out["l1"]["w"], 2 * t["l1"]["w"])
+    assert type(out["l2"][1]) is tuple and out["l2"][1][1] == 3
+    assert fk.leaves(t)[0] is t["l1"]["w"] and len(walks) == n
+    # same root, other content: walked (and right)
+    w = np.ones(2)
+    tied = {"l1": {"w": w, "b": w}, "l2": [np.ones(1), (np.ones(1), 3)]}
+    out = fk.fmap(lambda x: x + 1, tied)
+    assert out["l1"]["w"] is out["l1"]["b"]  # the tie, which the plan cannot express
+    assert len(walks) == n + 1
+    swapped = {"l1": {"b": np.zeros(2), "w": np.ones((2, 2))}, "l2": [np.ones(1), (np.ones(1), 3)]}
+    assert list(fk.fmap(lambda x: x, swapped)["l1"]) == ["b", "w"]  # key order is structure
+    # a registration makes every plan stale
+    fk.register_leaf(type("Fresh", (), {}))
+    fk.fmap(lambda x: x, tree())
+    assert len(walks) == n + 3
+    # forced off: every call walks
+    monkeypatch.setattr(_record, "PLAN_MAX", 0)
+    monkeypatch.setattr(_record, "_PLANS", {})
+    before = len(walks)
+    for _ in range(4):
+        fk.fmap(lambda x: x, tree())
+    assert len(walks) == before + 4
