@@ -465,9 +465,12 @@ advance: the cost of the calls to `f` alone, with no structure. Ratios divide a 
 peer's time for the same operation (below 1x is faster than the peer). Leaves are 0-d NumPy
 arrays, distinct objects, so functorkit's identity cache (which keeps ties tied, and which the
 peers do not have) is paid in full. Two-tree maps zip `t` with `u`, an equal but distinct copy
-(as when zipping two models). No leaf of `t` is referenced from outside the tree; functorkit's
-cheapest tie check relies on that, and the row marked `h` shows the cost when every leaf is
-also held elsewhere (e.g. by an optimiser). All contenders interleaved in one process, best of
+(as when zipping two models). The row marked `h` maps a copy whose every leaf is also held
+elsewhere (e.g. by an optimiser): functorkit's tie check (one set of identities per walk) costs
+the same either way, and the row shows it. In (b), a small model mapped again and again, the
+second call on one structure generates a matcher and a builder for it (see docs/treedef.md),
+so the rows measure the steady state of a training loop. All contenders interleaved in one
+process, best of
 {rounds} rounds each.
 
 ### (a) A wide tree: {n_wide:,} leaves, dicts of lists of tuples, 3 levels

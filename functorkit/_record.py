@@ -150,12 +150,12 @@ class _Recorder:
                         if tset is not None and not tset.issubset(range(n) if ckeys is None else ckeys):
                             raise self._unknown_trainable(c, tset, ckeys, n)
                     if is_leaf is None:
-                        if leaf_types.issuperset(map(type, cvals)):
+                        ts = set(map(type, cvals))  # one pass over the children; the tests below are on types
+                        if ts <= leaf_types:
                             leafy = True
-                        elif known_types.issuperset(map(type, cvals)):
+                        elif ts <= known_types:
                             leafy = False
                         else:  # types never met: resolve them first
-                            ts = set(map(type, cvals))
                             for ct in ts:
                                 if ct not in disp:
                                     resolve(ct)
@@ -166,7 +166,7 @@ class _Recorder:
                         entry = (nd, ckeys, n, True, aux, named)
                         if tset is not None:
                             tsets[id(entry)] = tset
-                        if not scalar_types.issuperset(map(type, cvals)):
+                        if not ts <= scalar_types:
                             ncached += 1
                             shared[cid] = len(prog)
                         flat_extend(cvals)
@@ -435,14 +435,7 @@ def _matcher(td: TreeDef) -> Any:
     lines = ["def match(t):", "    out = []"]
     names: dict[int, str] = {}
     # the access expression of each entry, from its parent (pre-order: a parent before its children)
-    children: dict[int, list[int]] = {}
-    roots: list[int] = []
-    for idx, e in enumerate(prog):
-        if type(e) is tuple and not e[_LEAFY] and e[_N]:
-            n = e[_N]
-            children[idx] = roots[-n:]
-            del roots[-n:]
-        roots.append(idx)
+    children = td.children()
     access = {len(prog) - 1: "t"}
     for idx in td._preorder():
         e = prog[idx]

@@ -563,19 +563,24 @@ class TreeDef:
         assert type(out) is list
         return out
 
+    def children(self) -> dict[int, list[int]]:
+        """For each node entry with node children: the program indices of its children, in order."""
+        children: dict[int, list[int]] = {}
+        roots: list[int] = []
+        for idx, e in enumerate(self._prog):
+            if type(e) is tuple and not e[_LEAFY] and e[_N]:
+                n = e[_N]
+                children[idx] = roots[-n:]
+                del roots[-n:]
+            roots.append(idx)
+        return children
+
     def _preorder(self) -> list[int]:
         """The program's entry indices in pre-order (a node before its children, left to right)."""
         pre = self._pre
         if pre is None:
             prog = self._prog
-            children: dict[int, list[int]] = {}
-            roots: list[int] = []
-            for idx, e in enumerate(prog):
-                if type(e) is tuple and not e[_LEAFY] and e[_N]:
-                    n = e[_N]
-                    children[idx] = roots[-n:]
-                    del roots[-n:]
-                roots.append(idx)
+            children = self.children()
             pre = []
             todo = [len(prog) - 1] if prog else []
             while todo:
