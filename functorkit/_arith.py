@@ -296,18 +296,22 @@ def _reduce_params(
 ) -> tuple[Any, list[Any]]:
     """``(xp, [fn(xp, x, others) per distinct parameter])``; all parameters in one namespace and device."""
     parts: list[Any] = []
-    first: list[Any] = []  # [path, x] of the first parameter
+    first: list[Any] = []  # [path, x, type, adapter, device, namespace] of the first parameter
 
     def visit(path: KeyPath, x: Any, others: list[Any], trainable: bool) -> None:
         if not (trainable and is_inexact_array(x)):
             return
         if others:
             _check_same(fname, names, path, x, others)
+        if first and type(x) is first[2] and first[3].device(x) == first[4]:
+            parts.append(fn(first[5], x, others))  # the first parameter's type, namespace and device
+            return
         xp = namespace(x)
         if not first:
-            first.extend((path, x))
+            ad = adapter_of(x)
+            first.extend((path, x, type(x), ad, ad.device(x), xp))
         else:
-            p0, x0 = first
+            p0, x0 = first[0], first[1]
             if namespace(x0) is not xp or not _same_device(x0, x):
                 msg = (
                     f"at {p0.display} and {path.display}: fk.{fname} reduces over every parameter, but "
@@ -662,6 +666,40 @@ def norm(a: Any, /, *, ord: float = 2) -> Any:
     return _norm(a, o, "norm")
 
 
+#: small arrays are concatenated into chunks of about this many elements for one dot product each
+_CHUNK = 1 << 16
+
+
+def _sums_of_squares(ad: Any, arrays: list[Any]) -> list[Any]:
+    """``sum(|x|**2)`` of every array, as a few 0-d partial sums: arrays of at least ``_CHUNK``
+    elements one dot product each; smaller ones concatenated into chunks first (a million tiny
+    arrays cost a million dot products otherwise: bench_scale's ``fk.norm`` row)."""
+    xp = ad.xp
+    out: list[Any] = []
+    chunk: list[Any] = []
+    size = 0
+    for x in arrays:
+        n = _numel(x)
+        if n >= _CHUNK:
+            out.append(ad.sum_squares(x))
+            continue
+        chunk.append(xp.reshape(x, (-1,)))
+        size += n
+        if size >= _CHUNK:
+            out.append(ad.sum_squares(xp.concat(chunk) if len(chunk) > 1 else chunk[0]))
+            chunk, size = [], 0
+    if chunk:
+        out.append(ad.sum_squares(xp.concat(chunk) if len(chunk) > 1 else chunk[0]))
+    return out
+
+
+def _numel(x: Any) -> int:
+    n = 1
+    for d in x.shape:
+        n *= int(d)
+    return n
+
+
 def _norm(a: Any, o: float, fname: str) -> Any:
     sumsq: list[bool] = []
 
@@ -671,12 +709,13 @@ def _norm(a: Any, o: float, fname: str) -> Any:
             # e.g. NumPy's vector_norm squares into a temporary; a dot product does not
             if not sumsq:
                 sumsq.append(True)
-            return ad.sum_squares(x)
+            return x  # reduced below, many small arrays at once
         return _vector_norm(xp, x, ord=o)
 
     xp, parts = _reduce_params(fname, ("a",), (a,), leaf)
     if sumsq:
-        total = parts[0] if len(parts) == 1 else xp.sum(xp.stack(parts))
+        sq = _sums_of_squares(adapter_of(parts[0]), parts)
+        total = sq[0] if len(sq) == 1 else xp.sum(xp.stack(sq))
         return _as_array(xp.sqrt(total))
     if len(parts) == 1:
         return _as_array(parts[0])
