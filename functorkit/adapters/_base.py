@@ -178,6 +178,9 @@ class ArrayAdapter:
     mutable: bool = True
     #: whether ``norm(ord=2)`` sums squares per leaf (``sum_squares``) instead of stacking norms
     fast_sum_squares: bool = False
+    #: every array of this library lives on one device (then device checks between two of its
+    #: arrays can be skipped: bench_scale's ``fk.add`` row)
+    one_device: bool = False
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp

@@ -19,6 +19,7 @@ _MANY = 256
 class Adapter(ArrayAdapter):
     family = "numpy"
     fast_sum_squares = True
+    one_device = True  # host memory only
 
     def device(self, x: Any) -> Any:
         """Always ``"cpu"``, without asking array_api_compat (bench_flat ``re(p)`` rows: per-call cost)."""
