@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._base import ArrayAdapter, Layout, extent, normalise_layout
+from ._base import Layout, MethodSlices, extent, normalise_layout
 
 __all__ = ["Adapter"]
 
@@ -16,25 +16,11 @@ def _size(shape: tuple[int, ...]) -> int:
     return n
 
 
-class Adapter(ArrayAdapter):
+class Adapter(MethodSlices):
     family = "cupy"
 
     def device(self, x: Any) -> Any:
         return x.device
-
-    def views(self, p: Any, offsets: list[int], shapes: list[tuple[int, ...]]) -> list[Any]:
-        """Method slices (no namespace wrapper call per view, as for NumPy)."""
-        return [
-            p[o : o + _size(s)] if len(s) == 1 else p[o : o + _size(s)].reshape(s)
-            for o, s in zip(offsets, shapes, strict=True)
-        ]
-
-    def view_source(self, offsets: list[int], shapes: list[tuple[int, ...]], glb: dict[str, Any]) -> list[str]:
-        out = []
-        for k, (o, s) in enumerate(zip(offsets, shapes, strict=True)):
-            sl = f"p[{o}:{o + _size(s)}]"
-            out.append(f"    v{k} = {sl if len(s) == 1 else f'{sl}.reshape({s!r})'}")
-        return out
 
     def check_source(self, ftype: type, n: int, dtype: Any, device: Any, glb: dict[str, Any]) -> str:
         """``p.device`` is always concrete on CuPy (no undeterminable device to allow for)."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import array_api_compat
 
-from ._base import ArrayAdapter
+from ._base import ArrayAdapter, method_view_source, method_views
 
 __all__ = ["Adapter"]
 
@@ -44,10 +44,7 @@ class Adapter(ArrayAdapter):
         if len(shapes) <= SPLIT_MAX:
             chunks = self.xp.split(p, offsets[1:])
             return [c if len(s) == 1 else c.reshape(s) for c, s in zip(chunks, shapes, strict=True)]
-        return [
-            p[o : o + _n(s)] if len(s) == 1 else p[o : o + _n(s)].reshape(s)
-            for o, s in zip(offsets, shapes, strict=True)
-        ]
+        return method_views(p, offsets, shapes)
 
     def view_source(self, offsets: list[int], shapes: list[tuple[int, ...]], glb: dict[str, Any]) -> list[str]:
         """The generated form of :meth:`views`."""
@@ -57,19 +54,8 @@ class Adapter(ArrayAdapter):
             for k, sh in enumerate(shapes):
                 lines.append(f"    v{k} = s[{k}]" + ("" if len(sh) == 1 else f".reshape({sh!r})"))
             return lines
-        out = []
-        for k, (o, s) in enumerate(zip(offsets, shapes, strict=True)):
-            sl = f"p[{o}:{o + _n(s)}]"
-            out.append(f"    v{k} = {sl if len(s) == 1 else f'{sl}.reshape({s!r})'}")
-        return out
+        return method_view_source(offsets, shapes)
 
     def copy(self, x: Any) -> Any:
         """Immutable: ``x.copy()`` gives a new buffer (same values)."""
         return x.copy()
-
-
-def _n(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

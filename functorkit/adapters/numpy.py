@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import _HOST, ArrayAdapter, Layout, _size, extent, normalise_layout
+from ._base import _HOST, Layout, MethodSlices, _size, extent, normalise_layout
 
 __all__ = ["Adapter"]
 
@@ -16,7 +16,7 @@ __all__ = ["Adapter"]
 _MANY = 256
 
 
-class Adapter(ArrayAdapter):
+class Adapter(MethodSlices):
     family = "numpy"
     fast_sum_squares = True
     one_device = True  # host memory only
@@ -24,21 +24,6 @@ class Adapter(ArrayAdapter):
     def device(self, x: Any) -> Any:
         """Always ``"cpu"``, without asking array_api_compat (bench_flat ``re(p)`` rows: per-call cost)."""
         return "cpu"
-
-    def views(self, p: Any, offsets: list[int], shapes: list[tuple[int, ...]]) -> list[Any]:
-        """Slices and ``.reshape`` methods (bench_flat ``re(p)`` interpreter rows: no namespace call)."""
-        return [
-            p[o : o + _size(s)] if len(s) == 1 else p[o : o + _size(s)].reshape(s)
-            for o, s in zip(offsets, shapes, strict=True)
-        ]
-
-    def view_source(self, offsets: list[int], shapes: list[tuple[int, ...]], glb: dict[str, Any]) -> list[str]:
-        """``p[a:b].reshape(s)`` (bench_flat ``re(p)`` rows: a method call, no global lookup)."""
-        out = []
-        for k, (o, s) in enumerate(zip(offsets, shapes, strict=True)):
-            sl = f"p[{o}:{o + _size(s)}]"
-            out.append(f"    v{k} = {sl if len(s) == 1 else f'{sl}.reshape({s!r})'}")
-        return out
 
     def check_source(self, ftype: type, n: int, dtype: Any, device: Any, glb: dict[str, Any]) -> str:
         """No device test (NumPy has one device) and an identity test of the dtype first
