@@ -24,9 +24,11 @@ nox.options.error_on_missing_interpreters = False
 # the default list is the full CI matrix; `bench` is deliberately not in it
 nox.options.sessions = ["tests", "lint", "types", "docs", "demo"]
 
-# Pinned everywhere: the CPU build this project's machines carry on disk. Any
-# other version (or a bare "torch") pulls a multi-GB CUDA build there.
-TORCH = "torch==2.13.0"
+# Exact versions live in constraints.txt (torch: the CPU build this project's machines carry on
+# disk; any other version pulls a multi-GB CUDA build there); every install passes it with -c,
+# so pyproject.toml's extras keep ranges.
+CONSTRAINTS = "constraints.txt"
+TORCH = "torch"
 
 # backend -> packages installed besides functorkit[test]
 BACKENDS: dict[str, list[str]] = {
@@ -65,6 +67,10 @@ BACKEND_FREE = (
 PYTEST = ["pytest", "-p", "no:cacheprovider"]
 
 
+def _install(session: nox.Session, *args: str) -> None:
+    session.install("-c", CONSTRAINTS, *args)
+
+
 def _has_gpu() -> bool:
     nvidia_smi = shutil.which("nvidia-smi")
     if nvidia_smi is None:
@@ -85,12 +91,12 @@ def tests(session: nox.Session, backend: str) -> None:
     env = {"FUNCTORKIT_BACKENDS": SELECT[backend], "FUNCTORKIT_TEST_SESSION": backend}
     if backend == "lite":
         # what `pip install .` gives a user: a real wheel, not the source tree
-        session.install(".[test]")
-        session.install("--no-deps", "--force-reinstall", ".")
+        _install(session, ".[test]")
+        _install(session, "--no-deps", "--force-reinstall", ".")
         session.run("python", "-I", "-c", BACKEND_FREE)
         session.run(*PYTEST, *session.posargs, env=env)
         return
-    session.install("-e", ".[test]", *BACKENDS[backend])
+    _install(session, "-e", ".[test]", *BACKENDS[backend])
     session.run("python", "-I", "-c", BACKEND_FREE)
     targets = ["tests"]
     if backend == "numpy" and not session.posargs:
@@ -102,33 +108,33 @@ def tests(session: nox.Session, backend: str) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check over the package, tests, examples, benchmarks and this file."""
-    session.install("ruff>=0.6")
+    _install(session, "ruff>=0.6")
     session.run("ruff", "check", "functorkit", "tests", "benchmarks", "examples", "conformance", "noxfile.py")
 
 
 @nox.session
 def types(session: nox.Session) -> None:
     """mypy --strict on functorkit/ (configured in pyproject.toml)."""
-    session.install("mypy>=1.10", "-e", ".")
+    _install(session, "mypy>=1.10", "-e", ".")
     session.run("mypy", "functorkit")
 
 
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the mkdocs site with --strict (broken links and bad references fail)."""
-    session.install("-e", ".[docs]")
+    _install(session, "-e", ".[docs]")
     session.run("mkdocs", "build", "--strict", "--site-dir", session.create_tmp() + "/site")
 
 
 @nox.session
 def demo(session: nox.Session) -> None:
     """The demo: a tour of what functorkit sees in a small torch model."""
-    session.install("-e", ".[demo]")
+    _install(session, "-e", ".[demo]")
     session.run("python", "examples/demo.py", *session.posargs)
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks against the peers and the physical limits -> docs/benchmarks.md (`-- --quick` for a smoke run)."""
-    session.install("-e", ".", TORCH, "jax>=0.4.30", "optree>=0.12", "dm-tree>=0.1.8", "array-api-strict>=2.2")
+    _install(session, "-e", ".", TORCH, "jax>=0.4.30", "optree>=0.12", "dm-tree>=0.1.8", "array-api-strict>=2.2")
     session.run("python", "benchmarks/run.py", *session.posargs)
