@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import math
 from typing import Any
 
@@ -142,6 +143,55 @@ class KeyPath(tuple[Any, ...]):
     def __reduce__(self) -> tuple[Any, ...]:
         return (KeyPath, (tuple(self),))
 
+    @classmethod
+    def parse(cls, text: str, /) -> KeyPath:
+        """Read a path from its ``str()`` form or from the dotted state-dict form.
+
+        ``layers[1].bias``, ``layers.1.bias`` and ``['layers'][1]['bias']``
+        give the same path. Between dots a run of digits is an integer index
+        and anything else is a string key; inside brackets the entry is a
+        Python literal (``[0]``, ``['a key']``, ``[1.5]``, ``[None]``), read
+        with :func:`ast.literal_eval`, never evaluated. ``""`` and
+        ``"<root>"`` are the root path. ``KeyPath.parse(str(path)) == path``
+        for every path whose keys are strings, integers or other literals.
+
+        Raises
+        ------
+        ValueError
+            If `text` is not such a path; the message shows where it stops.
+
+        Examples
+        --------
+        >>> import functorkit as fk
+        >>> fk.KeyPath.parse("layers[1].bias") == fk.KeyPath.parse("layers.1.bias")
+        True
+        >>> fk.KeyPath.parse("blocks.0['attn'].w")
+        KeyPath(('blocks', 0, 'attn', 'w'))
+        """
+        if not isinstance(text, str):
+            msg = f"KeyPath.parse takes a str, got {type(text).__name__}; pass str(path) or a KeyPath."
+            raise TypeError(msg)
+        if text in ("", "<root>"):
+            return _tuple_new(cls, ())
+        return _tuple_new(cls, _parse_entries(text))
+
+    @property
+    def dotted(self) -> str:
+        """The path in the dotted form of state-dict keys: ``layers.1.bias``.
+
+        Integer indices and string keys are joined with ``.`` as
+        ``torch.nn.Module.state_dict()`` does; any other key shows as its
+        ``repr``. :meth:`parse` reads it back when no string key holds a dot
+        or a bracket, or is a run of digits.
+
+        Examples
+        --------
+        >>> import functorkit as fk
+        >>> fk.KeyPath(("layers", 1, "bias")).dotted
+        'layers.1.bias'
+        """
+        return ".".join([_dotted_entry(k) for k in self])
+
     @property
     def display(self) -> str:
         """``str(self)``, or ``<root>`` for the empty path (used in messages)."""
@@ -209,6 +259,81 @@ class KeyPath(tuple[Any, ...]):
                 "the path against fk.leaves_with_path(tree)."
             )
         return StructureError(msg)
+
+
+def _dotted_entry(key: Any) -> str:
+    """One entry of `KeyPath.dotted`: a string as is, an integer's digits, else its repr."""
+    if type(key) is str:
+        return key
+    if type(key) is int:
+        return format_entry(key, True)[1:-1]  # the digits, or the stand-in for a huge int
+    return safe_repr(key)
+
+
+def _parse_error(text: str, at: int, what: str) -> ValueError:
+    return ValueError(
+        f"cannot read the path {text!r}: {what} at character {at} ({text[:at]!r} was read); "
+        "write entries as name, .name, [0], ['key'] or the dotted form layers.0.weight."
+    )
+
+
+def _bracket_end(text: str, start: int) -> int:
+    """Index of the ``]`` closing the bracket opened at `start` (quotes respected)."""
+    i = start + 1
+    quote = text[i] if i < len(text) and text[i] in "'\"" else None
+    if quote is None:
+        end = text.find("]", i)
+        if end < 0:
+            raise _parse_error(text, start, "an unclosed '['")
+        return end
+    i += 1
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+            continue
+        if text[i] == quote:
+            if i + 1 < len(text) and text[i + 1] == "]":
+                return i + 1
+            raise _parse_error(text, i + 1, "expected ']' after the quoted key")
+        i += 1
+    raise _parse_error(text, start, "an unclosed quoted key")
+
+
+def _parse_entries(text: str) -> list[Any]:
+    """The entries of a path in ``str()`` or dotted form (see `KeyPath.parse`)."""
+    out: list[Any] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "[":
+            end = _bracket_end(text, i)
+            inner = text[i + 1 : end]
+            try:
+                key = ast.literal_eval(inner)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                raise _parse_error(text, i + 1, f"{inner!r} is not a literal key") from None
+            try:
+                hash(key)
+            except TypeError:
+                raise _parse_error(text, i + 1, f"the key {inner} is unhashable") from None
+            out.append(key)
+            i = end + 1
+            continue
+        if c == ".":
+            if i == 0 or i + 1 >= n or text[i + 1] in ".[":
+                raise _parse_error(text, i, "an empty name around '.'")
+            i += 1
+        elif out:
+            raise _parse_error(text, i, "expected '.' or '[' between entries")
+        j = i
+        while j < n and text[j] not in ".[":
+            j += 1
+        name = text[i:j]
+        if "]" in name:
+            raise _parse_error(text, i + name.index("]"), "an unmatched ']'")
+        out.append(int(name) if name.isascii() and name.isdigit() else name)
+        i = j
+    return out
 
 
 def make_path(entries: tuple[Any, ...]) -> KeyPath:

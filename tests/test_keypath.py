@@ -282,3 +282,40 @@ def test_rebuilding_a_node_with_unhashable_keys_names_the_path(op: Any) -> None:
     with pytest.raises(TypeError) as info:
         op(tree)
     assert "outer.m" in _error_text(info.value), _error_text(info.value)
+
+
+# ---- KeyPath.parse and the dotted form ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [(), ("a",), ("layers", 1, "bias"), ("a b", 3), ("x'y",), ('q"',), ("a]b", 0), (1.5, None, True), (-2,), ((1, 2),)],
+)
+def test_parse_reads_back_str(entries):
+    path = fk.KeyPath(entries)
+    assert fk.KeyPath.parse(str(path)) == path
+    assert type(fk.KeyPath.parse(str(path))) is fk.KeyPath
+
+
+def test_parse_dotted_and_bracket_forms_agree():
+    assert fk.KeyPath.parse("layers[1].bias") == fk.KeyPath.parse("layers.1.bias") == ("layers", 1, "bias")
+    assert fk.KeyPath.parse("0.weight") == fk.KeyPath.parse("[0].weight") == (0, "weight")
+    assert fk.KeyPath.parse("<root>") == fk.KeyPath.parse("") == ()
+    assert fk.KeyPath.parse("a-b.c") == ("a-b", "c")
+
+
+def test_dotted_is_the_state_dict_form():
+    assert fk.KeyPath((0, "weight")).dotted == "0.weight"
+    assert fk.KeyPath(("layers", 1, "bias")).dotted == "layers.1.bias"
+    assert fk.KeyPath.parse(fk.KeyPath(("layers", 1, "bias")).dotted) == ("layers", 1, "bias")
+
+
+@pytest.mark.parametrize("bad", ["a..b", "a[", "a]b", ".a", "a.", "[x]", "[[1]]", "a b[0]c", "['a'", "['a'x]"])
+def test_parse_refuses_malformed(bad):
+    with pytest.raises(ValueError, match="cannot read the path"):
+        fk.KeyPath.parse(bad)
+
+
+def test_parse_takes_only_str():
+    with pytest.raises(TypeError, match="takes a str"):
+        fk.KeyPath.parse(("a",))
