@@ -46,7 +46,7 @@ from ._policy import (
 )
 from ._treedef import BUILD_SAME, TreeDef, add_note
 from ._xp import is_array, is_inexact_array, namespace
-from .adapters import ArrayAdapter, adapter_for, adapter_of
+from .adapters import ArrayAdapter, adapter_for, adapter_of, tracing
 
 __all__ = ["ExplainRow", "Explanation", "Restructure"]
 
@@ -212,10 +212,14 @@ class Restructure:
         return self
 
     def _build_first(self, views: Any) -> Any:
+        if tracing():  # torch.compile: no compile()/exec while tracing; the interpreter is traceable
+            return self._interpret(views)
         self._generate()
         return self._build(views)
 
     def _fast_first(self, p: Any) -> Any:
+        if tracing():
+            return self._fast_generic(p, self._interpret)
         self._generate()
         return self._fast(p)
 
@@ -279,7 +283,7 @@ class Restructure:
         views = ad.view_source(self._offsets, self._shapes, glb)
         return ["def fast(p):", f"    if {check}:", "        return MISS", *views]
 
-    def _fast_generic(self, p: Any) -> Any:
+    def _fast_generic(self, p: Any, build: Any = None) -> Any:
         kind = self._flat_kind
         ad = self._adapter
         if (
@@ -289,7 +293,7 @@ class Restructure:
             or not same_device(ad.device(p), kind.device)
         ):
             return _MISS
-        return self._build(ad.views(p, self._offsets, self._shapes))
+        return (build or self._build)(ad.views(p, self._offsets, self._shapes))
 
     # ---------------------------------------------------------------- facts
 

@@ -27,6 +27,7 @@ from ._registry import (
     resolve,
 )
 from ._treedef import _KEYS, _LEAFY, _MISS, _N, _NO_AUX, TreeDef, _cycle, _visiting, add_note
+from .adapters import tracing
 
 __all__ = ["flatten", "record", "record_plain", "unflatten"]
 
@@ -408,7 +409,7 @@ def _remember(key: tuple[type, int], plan: list[Any] | None, td: TreeDef) -> Non
         _PLANS[key] = [td, None, 1, gen]
         return
     plan[2] += 1
-    if plan[1] is None and plan[2] >= 2:
+    if plan[1] is None and plan[2] >= 2 and not tracing():  # no compile()/exec under torch.compile
         plan[1] = first = _matcher(td)
         known = plan[0]
         known._fast_match = first

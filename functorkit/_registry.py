@@ -10,13 +10,14 @@ everything else is a leaf.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
 import threading
 import types
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
+
+from .adapters._base import load_family
 
 __all__ = [
     "GENERATION",
@@ -278,32 +279,44 @@ def _is_namedtuple(cls: type) -> bool:
 
 
 def resolve(cls: type) -> Any:
-    """Return the dispatch entry for `cls` (NodeDef, None or SCALAR), caching it."""
-    with _lock:
-        entry = _TABLE.get(cls)
-        if entry is not None:
-            out = None if entry is _LEAF else entry
-        elif cls in SCALAR_TYPES:
-            out = SCALAR
-        elif _is_namedtuple(cls):
-            out = _namedtuple_def(cls)
-        elif dataclasses.is_dataclass(cls):
-            out = _dataclass_def(cls)
-        else:
-            out = None
-            roots = {c.__module__.partition(".")[0] for c in cls.__mro__}
-            for modname, adapter in _ADAPTERS:
-                # an object of that library has one of its classes in its MRO
-                if modname in roots and sys.modules.get(modname) is not None:
-                    nd = importlib.import_module(adapter).node_for(cls)
-                    if nd is not None:
-                        out = nd
-                        break
-        _DISPATCH[cls] = out
-        if not isinstance(out, NodeDef):
-            LEAF_TYPES.add(cls)
-        KNOWN_TYPES.add(cls)
-        return out
+    """Return the dispatch entry for `cls` (NodeDef, None or SCALAR), caching it.
+
+    Lock-free (``torch.compile`` cannot trace a lock, and a model first met inside a
+    compiled function is resolved there): registrations bump :data:`GENERATION` to an odd
+    number before they change the table and to an even one after; an entry computed while
+    a registration ran is not kept (a seqlock).
+    """
+    gen = GENERATION[0]
+    entry = _TABLE.get(cls)
+    if entry is not None:
+        out = None if entry is _LEAF else entry
+    elif cls in SCALAR_TYPES:
+        out = SCALAR
+    elif _is_namedtuple(cls):
+        out = _namedtuple_def(cls)
+    elif dataclasses.is_dataclass(cls):
+        out = _dataclass_def(cls)
+    else:
+        out = None
+        roots = {c.__module__.partition(".")[0] for c in cls.__mro__}
+        for modname, adapter in _ADAPTERS:
+            # an object of that library has one of its classes in its MRO
+            if modname in roots and sys.modules.get(modname) is not None:
+                nd = load_family(adapter).node_for(cls)
+                if nd is not None:
+                    out = nd
+                    break
+    if gen & 1:
+        return out  # a registration is under way: use the entry, keep nothing
+    _DISPATCH[cls] = out
+    if not isinstance(out, NodeDef):
+        LEAF_TYPES.add(cls)
+    KNOWN_TYPES.add(cls)
+    if GENERATION[0] != gen:  # a registration started meanwhile: what was kept may be stale
+        _DISPATCH.pop(cls, None)
+        LEAF_TYPES.discard(cls)
+        KNOWN_TYPES.discard(cls)
+    return out
 
 
 def dispatch(x: Any) -> Any:
@@ -354,6 +367,7 @@ def _store(cls: type, entry: Any, replace: bool, what: str) -> None:
                 f"{what} to replace its entry."
             )
             raise ValueError(msg)
+        GENERATION[0] += 1  # odd: resolve() keeps nothing until the table is consistent again
         _TABLE[cls] = entry
         _DISPATCH.clear()
         LEAF_TYPES.clear()

@@ -11,5 +11,7 @@ from ._base import ArrayAdapter as ArrayAdapter
 from ._base import Layout as Layout
 from ._base import adapter_for as adapter_for
 from ._base import adapter_of as adapter_of
+from ._base import load_family as load_family
+from ._base import tracing as tracing
 
-__all__ = ["FAMILIES", "KNOWN_NAMESPACES", "ArrayAdapter", "Layout", "adapter_for", "adapter_of"]
+__all__ = ["FAMILIES", "KNOWN_NAMESPACES", "ArrayAdapter", "Layout", "adapter_for", "adapter_of", "load_family", "tracing"]

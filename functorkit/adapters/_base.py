@@ -12,7 +12,10 @@ names the reason).
 Lookup: :func:`adapter_for` maps an array namespace to its adapter through
 :data:`FAMILIES`, a table from the namespace's module name to the adapter
 module, imported with :mod:`importlib` the first time such a namespace is
-met; so ``import functorkit`` imports no backend. Results are kept in plain
+met; so ``import functorkit`` imports no backend. The family modules are imported by
+``import`` statements (:func:`load_family`), not :func:`importlib.import_module`, because
+``torch.compile`` runs an ``import`` statement it meets while tracing but cannot trace
+``importlib``: a model first met inside a compiled function loads its adapter there. Results are kept in plain
 dicts without a lock: two threads racing on a first lookup may each build an
 adapter, one of which is kept; adapters hold no state but their namespace,
 so either is right.
@@ -20,15 +23,25 @@ so either is right.
 
 from __future__ import annotations
 
-import importlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import array_api_compat
 import numpy as np
 
-__all__ = ["FAMILIES", "KNOWN_NAMESPACES", "ArrayAdapter", "Layout", "adapter_for", "adapter_of", "normalise_layout"]
+__all__ = [
+    "FAMILIES",
+    "KNOWN_NAMESPACES",
+    "TRACING_PROBES",
+    "ArrayAdapter",
+    "Layout",
+    "adapter_for",
+    "adapter_of",
+    "load_family",
+    "normalise_layout",
+    "tracing",
+]
 
 #: namespace module name -> adapter module (anything else: the generic :class:`ArrayAdapter`)
 FAMILIES: dict[str, str] = {
@@ -46,22 +59,58 @@ FAMILIES: dict[str, str] = {
 #: every namespace module name functorkit knows (a pickled Restructure may name only these)
 KNOWN_NAMESPACES: frozenset[str] = frozenset(FAMILIES) | {"array_api_strict"}
 
-_BY_NAMESPACE: dict[Any, ArrayAdapter] = {}
+_BY_NAMESPACE: dict[str, ArrayAdapter] = {}
 _BY_TYPE: dict[type, ArrayAdapter] = {}
 
 #: what a backend raises for an operation it does not support on this array (narrow on purpose)
 _UNSUPPORTED = (TypeError, ValueError, RuntimeError, AttributeError, NotImplementedError, BufferError)
 
 
+#: ``() -> bool`` tests added by family modules when imported (torch: ``torch.compiler.is_compiling``)
+TRACING_PROBES: list[Callable[[], bool]] = []
+
+
+def tracing() -> bool:
+    """True while a tracer that cannot run functorkit's code generation is tracing the caller.
+
+    ``torch.compile`` (Dynamo) traces Python bytecode but not ``compile``/``exec`` or locks:
+    one-time work (generating ``re(p)``'s code, a matcher for a container tree) is skipped
+    under it and done by the first eager call instead. Checked only on those cold paths.
+    """
+    return any(probe() for probe in TRACING_PROBES)
+
+
+def load_family(modname: str) -> Any:
+    """The adapter module `modname` (one of :data:`FAMILIES`' values), imported if needed (an
+    ``import`` statement waits for another thread's import of the module to finish)."""
+    if modname == "functorkit.adapters.numpy":
+        from . import numpy as mod
+    elif modname == "functorkit.adapters.torch":
+        from . import torch as mod
+    elif modname == "functorkit.adapters.jax":
+        from . import jax as mod
+    elif modname == "functorkit.adapters.cupy":
+        from . import cupy as mod
+    elif modname == "functorkit.adapters.dask":
+        from . import dask as mod
+    else:
+        msg = f"unknown adapter module {modname!r}"
+        raise ValueError(msg)
+    return mod
+
+
 def adapter_for(xp: Any) -> ArrayAdapter:
-    """The adapter of array namespace `xp` (made once per namespace, family module imported lazily)."""
-    try:
-        return _BY_NAMESPACE[xp]
-    except KeyError:
-        pass
-    modname = FAMILIES.get(str(getattr(xp, "__name__", "")))
-    adapter = ArrayAdapter(xp) if modname is None else importlib.import_module(modname).Adapter(xp)
-    _BY_NAMESPACE[xp] = adapter
+    """The adapter of array namespace `xp` (made once per namespace, family module imported lazily).
+
+    Cached by the namespace's name, checked by identity (``torch.compile`` cannot hash a
+    module object as a dict key while tracing)."""
+    name = str(getattr(xp, "__name__", ""))
+    hit = _BY_NAMESPACE.get(name)
+    if hit is not None and hit.xp is xp:
+        return hit
+    modname = FAMILIES.get(name)
+    adapter = ArrayAdapter(xp) if modname is None else load_family(modname).Adapter(xp)
+    _BY_NAMESPACE[name] = adapter
     return adapter
 
 

@@ -18,6 +18,17 @@ import, each with a fallback (tests monkeypatch these module globals):
   real memory. Fallback: every tensor subclass counts as such (no alias check
   for subclasses; plain tensors are unaffected).
 
+``torch.compile``
+-----------------
+Neither probe can be traced by Dynamo, nor can NumPy views of tensors,
+``data_ptr`` or ``is_inference``. Every method that uses one first asks
+:func:`compiling` (``torch.compiler.is_compiling()``, a constant while Dynamo
+traces): under it, tensors count as wrapped (no in-place accumulation, no
+``as_strided``: the out-of-place paths, which Inductor fuses anyway), copies
+are ``copy_`` and memory checks are skipped (fake tensors have no memory).
+The module adds :func:`compiling` to the core's tracing probes, so generated
+code is not made while tracing either (:func:`functorkit.adapters.tracing`).
+
 Modules
 -------
 
@@ -53,9 +64,9 @@ import numpy as np
 import torch
 
 from .._registry import NodeDef
-from ._base import _HOST, ArrayAdapter, Layout, _size, adapter_of, extent, normalise_layout
+from ._base import _HOST, TRACING_PROBES, ArrayAdapter, Layout, _size, adapter_of, extent, normalise_layout
 
-__all__ = ["Adapter", "has_python_dispatch", "is_functorch_wrapped", "node_for"]
+__all__ = ["Adapter", "compiling", "has_python_dispatch", "is_functorch_wrapped", "node_for"]
 
 
 # ---------------------------------------------------------------- private APIs, detected once
@@ -92,6 +103,28 @@ _PLAIN: tuple[type, ...] = (torch.Tensor, torch.nn.Parameter)
 is_functorch_wrapped: Callable[[Any], bool] = _detect_functorch()
 #: Python-dispatch (wrapper subclass) test (private API; fallback: every subclass counts)
 has_python_dispatch: Callable[[Any], bool] = _detect_python_dispatch()
+
+
+def _detect_compiling() -> Callable[[], bool]:
+    compiler = getattr(torch, "compiler", None)
+    found = getattr(compiler, "is_compiling", None)
+    return found if callable(found) else _never
+
+
+def _never() -> bool:
+    return False
+
+
+#: True while ``torch.compile`` traces (``torch.compiler.is_compiling``; older torch: never)
+compiling: Callable[[], bool] = _detect_compiling()
+TRACING_PROBES.append(lambda: compiling())
+
+
+def _wrapped_or_compiling(t: Any) -> bool:
+    """The generated ``re(p)`` code's test: the ``split_with_sizes`` path inside ``torch.func``
+    transforms and while ``torch.compile`` traces (Dynamo cannot trace the private probe)."""
+    return compiling() or is_functorch_wrapped(t)
+
 
 #: CPU flat vectors of at least this many bytes are allocated by NumPy (see Adapter.empty)
 _NUMPY_ALLOC_MIN = 1 << 20
@@ -147,7 +180,7 @@ class Adapter(ArrayAdapter):
     def view_source(self, offsets: list[int], shapes: list[tuple[int, ...]], glb: dict[str, Any]) -> list[str]:
         """``as_strided`` (cheapest: bench_flat torch ``re(p)`` rows) unless autograd, a functorch
         wrapper or a strided ``p`` is involved; then one ``split_with_sizes`` (see :meth:`views`)."""
-        glb["WRAPPED"] = is_functorch_wrapped
+        glb["WRAPPED"] = _wrapped_or_compiling
         glb["SIZES"] = [_size(s) for s in shapes]
         lines = [
             "    if p.requires_grad or WRAPPED(p) or p.stride(0) != 1:",
@@ -174,7 +207,7 @@ class Adapter(ArrayAdapter):
         ``destructure`` torch rows).
         """
         dev = torch.device("cpu") if device is None else device
-        if dev.type == "cpu" and n * dtype.itemsize >= _NUMPY_ALLOC_MIN:
+        if dev.type == "cpu" and n * dtype.itemsize >= _NUMPY_ALLOC_MIN and not compiling():
             probe = _numpy_view(torch.empty(0, dtype=dtype))
             if probe is not None:
                 return torch.from_numpy(np.empty(n, dtype=probe.dtype))
@@ -191,7 +224,7 @@ class Adapter(ArrayAdapter):
     def fill(self, out: Any, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> None:
         """``np.copyto`` between NumPy views of plain CPU tensors (faster than ``copy_`` for small
         tensors: bench_flat torch ``re.flatten`` rows), else ``copy_`` under ``no_grad``."""
-        out_np = _numpy_view(out.detach())
+        out_np = None if compiling() else _numpy_view(out.detach())
         with torch.no_grad():
             for x, o, s in zip(leaves, offsets, shapes, strict=True):
                 src = x.detach()
@@ -220,7 +253,7 @@ class Adapter(ArrayAdapter):
 
     def write_problem(self, x: Any) -> str | None:
         """Inference tensors cannot be written outside ``inference_mode``."""
-        if x.is_inference() and not torch.is_inference_mode_enabled():
+        if not compiling() and x.is_inference() and not torch.is_inference_mode_enabled():
             return "it is an inference tensor (made under torch.inference_mode)"
         return None
 
@@ -255,11 +288,11 @@ class Adapter(ArrayAdapter):
         return x.detach().clone()
 
     def host_view(self, x: Any) -> Any:
-        return _numpy_view(x.detach()) if x.is_cpu else None
+        return _numpy_view(x.detach()) if x.is_cpu and not compiling() else None
 
     def memory_extent(self, x: Any) -> tuple[tuple[str, int], int, int] | None:
         """From ``data_ptr``/``stride`` (no NumPy view: cheaper, and works on GPUs)."""
-        if x.layout is not torch.strided or x.is_nested:  # sparse, mkldnn, nested: no plain strided memory
+        if x.layout is not torch.strided or x.is_nested or compiling():  # no plain strided memory
             return None
         if type(x) not in _PLAIN and has_python_dispatch(x):  # FakeTensor and other wrappers: no memory
             return None
@@ -298,6 +331,8 @@ class Adapter(ArrayAdapter):
     def inplace_ok(self, arrays: Sequence[Any]) -> bool:
         """Plain tensors outside ``torch.func`` transforms: one allocation per leaf instead of one
         per term (bench_arith ``lincomb``/``mean`` torch rows)."""
+        if compiling():
+            return False
         wrapped = is_functorch_wrapped
         return all(type(t) in _PLAIN and not wrapped(t) for t in arrays)
 
