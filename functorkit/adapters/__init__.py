@@ -14,4 +14,13 @@ from ._base import adapter_of as adapter_of
 from ._base import load_family as load_family
 from ._base import tracing as tracing
 
-__all__ = ["FAMILIES", "KNOWN_NAMESPACES", "ArrayAdapter", "Layout", "adapter_for", "adapter_of", "load_family", "tracing"]
+__all__ = [
+    "FAMILIES",
+    "KNOWN_NAMESPACES",
+    "ArrayAdapter",
+    "Layout",
+    "adapter_for",
+    "adapter_of",
+    "load_family",
+    "tracing",
+]

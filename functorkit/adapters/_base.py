@@ -84,19 +84,27 @@ def load_family(modname: str) -> Any:
     """The adapter module `modname` (one of :data:`FAMILIES`' values), imported if needed (an
     ``import`` statement waits for another thread's import of the module to finish)."""
     if modname == "functorkit.adapters.numpy":
-        from . import numpy as mod
-    elif modname == "functorkit.adapters.torch":
-        from . import torch as mod
-    elif modname == "functorkit.adapters.jax":
-        from . import jax as mod
-    elif modname == "functorkit.adapters.cupy":
-        from . import cupy as mod
-    elif modname == "functorkit.adapters.dask":
-        from . import dask as mod
-    else:
-        msg = f"unknown adapter module {modname!r}"
-        raise ValueError(msg)
-    return mod
+        from . import numpy as np_adapter
+
+        return np_adapter
+    if modname == "functorkit.adapters.torch":
+        from . import torch as torch_adapter
+
+        return torch_adapter
+    if modname == "functorkit.adapters.jax":
+        from . import jax as jax_adapter
+
+        return jax_adapter
+    if modname == "functorkit.adapters.cupy":
+        from . import cupy as cupy_adapter
+
+        return cupy_adapter
+    if modname == "functorkit.adapters.dask":
+        from . import dask as dask_adapter
+
+        return dask_adapter
+    msg = f"unknown adapter module {modname!r}"
+    raise ValueError(msg)
 
 
 def adapter_for(xp: Any) -> ArrayAdapter:
