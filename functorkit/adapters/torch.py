@@ -400,16 +400,47 @@ def _flatten(m: Any) -> tuple[list[Any], list[Any], Any, bool]:
                 keys.append(_key(name))
                 vals.append(v)
     rest = {k: v for k, v in d.items() if k not in _SECTIONS}
-    return keys, vals, (type(m), rest, layout), True
+    return keys, vals, (type(m), rest, layout, _Live(m)), True
+
+
+class _Live:
+    """The module a node was recorded from, held weakly: a rebuilt module takes its non-parameter
+    state (training flag, hooks, plain attributes) from it at rebuild time, as
+    ``torch.func.functional_call`` uses the live module, so ``re(p)`` made before ``net.eval()``
+    sees it. Not part of the structure: every ``_Live`` equals every other, and pickles as a dead
+    reference (the recorded snapshot is used then)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, m: Any) -> None:
+        self.ref = None if m is None else weakref.ref(m)
+
+    def __call__(self) -> Any:
+        ref = self.ref
+        return None if ref is None else ref()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Live
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Live, (None,))
+
+    def __repr__(self) -> str:
+        return "<live module>"
 
 
 def _make_unflatten(
     copied: frozenset[str], fixup: Callable[[Any], None] | None
 ) -> Callable[[Any, list[Any], list[Any]], Any]:
     def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
-        cls, rest, layout = aux
+        cls, rest, layout, live = aux
         new = cls.__new__(cls)
-        nd = dict(rest)
+        m = live()
+        # the live module's current state; its parameter, buffer and submodule dicts are replaced below
+        nd = dict(rest if m is None or type(m) is not cls else m.__dict__)
         for k in copied:
             if k in nd:
                 nd[k] = type(nd[k])(nd[k])
