@@ -6,6 +6,10 @@ floating or complex array reached through trainable children, decided on the
 first model) the models' arrays must agree in shape, dtype, namespace and
 device, and the operation is done with that array's namespace; every other
 leaf comes from the first model (arrays copied, anything else shared).
+With ``trainable_only=False`` every floating or complex array is an operand
+(buffers such as batch-norm running statistics, frozen parameters); integer
+and boolean arrays (``num_batches_tracked``) still come from the first model,
+copied: a model soup or task vector never changes a dtype.
 Results are fresh arrays: no input is written to and no result shares memory
 with an input. ``dot``/``norm`` reduce on the device and return a 0-d array;
 nothing here moves a value to the host.
@@ -24,7 +28,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 
@@ -60,6 +64,7 @@ __all__ = [
 ]
 
 _PY_SCALARS = (int, float, complex)
+T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -281,30 +286,50 @@ def _run(fname: str, names: Sequence[str], models: Sequence[Any], visit: Callabl
     return walk(tuple(models), visit, build=build, with_path=True, track=True, names=tuple(names))
 
 
+def _check_trainable_only(trainable_only: Any, fname: str) -> bool:
+    if type(trainable_only) is not bool:
+        msg = (
+            f"fk.{fname}: `trainable_only` must be True or False, got {type(trainable_only).__name__} "
+            f"({trainable_only!r}). True: parameters only; False: every floating array (buffers too)."
+        )
+        raise TypeError(msg)
+    return trainable_only
+
+
 def _map_params(
-    fname: str, names: Sequence[str], models: Sequence[Any], fn: Callable[[KeyPath, Any, list[Any]], Any]
-) -> Any:
-    """Rebuild the first model with ``fn(path, x, others)`` at every parameter; constants copied."""
+    fname: str,
+    names: Sequence[str],
+    models: Sequence[T],
+    fn: Callable[[KeyPath, Any, list[Any]], Any],
+    trainable_only: bool = True,
+) -> T:
+    """Rebuild the first model with ``fn(path, x, others)`` at every operand; constants copied."""
+    every = not _check_trainable_only(trainable_only, fname)
 
     def visit(path: KeyPath, x: Any, others: list[Any], trainable: bool) -> Any:
-        if trainable and is_inexact_array(x):
+        if (trainable or every) and is_inexact_array(x):
             if others:
                 _check_same(fname, names, path, x, others)
             return _as_array(fn(path, x, others))
         return copy_array(x)
 
-    return _run(fname, names, models, visit, BUILD_SAME)
+    return cast(T, _run(fname, names, models, visit, BUILD_SAME))
 
 
 def _reduce_params(
-    fname: str, names: Sequence[str], models: Sequence[Any], fn: Callable[[Any, Any, list[Any]], Any]
+    fname: str,
+    names: Sequence[str],
+    models: Sequence[Any],
+    fn: Callable[[Any, Any, list[Any]], Any],
+    trainable_only: bool = True,
 ) -> tuple[Any, list[Any]]:
     """``(xp, [fn(xp, x, others) per distinct parameter])``; all parameters in one namespace and device."""
     parts: list[Any] = []
     first: list[Any] = []  # [path, x, type, adapter, device, namespace] of the first parameter
+    every = not _check_trainable_only(trainable_only, fname)
 
     def visit(path: KeyPath, x: Any, others: list[Any], trainable: bool) -> None:
-        if not (trainable and is_inexact_array(x)):
+        if not ((trainable or every) and is_inexact_array(x)):
             return
         if others:
             _check_same(fname, names, path, x, others)
@@ -341,7 +366,7 @@ def _reduce_params(
 # --------------------------------------------------------------------------- elementwise arithmetic
 
 
-def add(a: Any, b: Any, /) -> Any:
+def add(a: T, b: T, /, *, trainable_only: bool = True) -> T:
     """The model ``a + b``: parameters added, constants taken from `a`.
 
     Parameters
@@ -350,6 +375,9 @@ def add(a: Any, b: Any, /) -> Any:
         Models of the same structure whose parameters (floating or complex
         arrays reached through trainable children of `a`) agree in shape,
         dtype, namespace and device.
+    trainable_only
+        True (default): parameters only, as described above. False: every
+        floating or complex array (buffers, frozen parameters) too.
 
     Returns
     -------
@@ -372,10 +400,10 @@ def add(a: Any, b: Any, /) -> Any:
     >>> fk.add({"w": np.array([1.0, 2.0]), "n": 3}, {"w": np.array([10.0, 20.0]), "n": 4})
     {'w': array([11., 22.]), 'n': 3}
     """
-    return _map_params("add", ("a", "b"), (a, b), lambda p, x, o: x + o[0])
+    return _map_params("add", ("a", "b"), (a, b), lambda p, x, o: x + o[0], trainable_only)
 
 
-def sub(a: Any, b: Any, /) -> Any:
+def sub(a: T, b: T, /, *, trainable_only: bool = True) -> T:
     """The model ``a - b``: parameters subtracted, constants taken from `a`.
 
     See :func:`add` for the rules.
@@ -387,10 +415,10 @@ def sub(a: Any, b: Any, /) -> Any:
     >>> fk.sub({"w": np.array([1.0, 2.0])}, {"w": np.array([10.0, 20.0])})
     {'w': array([ -9., -18.])}
     """
-    return _map_params("sub", ("a", "b"), (a, b), lambda p, x, o: x - o[0])
+    return _map_params("sub", ("a", "b"), (a, b), lambda p, x, o: x - o[0], trainable_only)
 
 
-def scale(c: Any, a: Any, /) -> Any:
+def scale(c: Any, a: T, /, *, trainable_only: bool = True) -> T:
     """The model ``c * a``: every parameter multiplied by the number `c`.
 
     Parameters
@@ -403,6 +431,9 @@ def scale(c: Any, a: Any, /) -> Any:
         A complex `c` on real parameters raises :class:`PolicyError`.
     a
         The model.
+    trainable_only
+        True (default): parameters only, as described above. False: every
+        floating or complex array (buffers, frozen parameters) too.
 
     Returns
     -------
@@ -423,10 +454,10 @@ def scale(c: Any, a: Any, /) -> Any:
         _check_coefficient(path, x, c, "c", "scale")
         return x * c
 
-    return _map_params("scale", ("a",), (a,), fn)
+    return _map_params("scale", ("a",), (a,), fn, trainable_only)
 
 
-def lincomb(coefficients: Sequence[Any], models: Sequence[Any], /) -> Any:
+def lincomb(coefficients: Sequence[Any], models: Sequence[T], /, *, trainable_only: bool = True) -> T:
     """The model ``sum(c * m for c, m in zip(coefficients, models))``; constants from ``models[0]``.
 
     Parameters
@@ -437,6 +468,9 @@ def lincomb(coefficients: Sequence[Any], models: Sequence[Any], /) -> Any:
     models
         At least one model; all of the same structure, their parameters
         agreeing in shape, dtype, namespace and device.
+    trainable_only
+        True (default): parameters only, as described above. False: every
+        floating or complex array (buffers, frozen parameters) too.
 
     Returns
     -------
@@ -460,7 +494,7 @@ def lincomb(coefficients: Sequence[Any], models: Sequence[Any], /) -> Any:
     {'w': array([1., 0.])}
     """
     coefs = _coefficient_list(coefficients)
-    mods = _model_list(models, "lincomb")
+    mods: list[T] = _model_list(models, "lincomb")
     if len(coefs) != len(mods) or not mods:
         msg = (
             f"fk.lincomb: expected one coefficient per model and at least one model, got "
@@ -482,14 +516,17 @@ def lincomb(coefficients: Sequence[Any], models: Sequence[Any], /) -> Any:
             acc = ad.axpy(acc, xk, ck, inplace)
         return acc
 
-    return _map_params("lincomb", names, mods, fn)
+    return _map_params("lincomb", names, mods, fn, trainable_only)
 
 
-def mean(models: Sequence[Any], /) -> Any:
+def mean(models: Sequence[T], /, *, trainable_only: bool = True) -> T:
     """The average model ``(m1 + ... + mn) / n``; constants from ``models[0]``.
 
     The parameters are summed, then divided by ``n`` (a Python int, so the
-    dtype is kept). See :func:`lincomb` for the rules.
+    dtype is kept). See :func:`lincomb` for the rules. With
+    ``trainable_only=False`` buffers (batch-norm running statistics) are
+    averaged too, as a model soup does; integer buffers come from
+    ``models[0]``.
 
     Examples
     --------
@@ -498,7 +535,7 @@ def mean(models: Sequence[Any], /) -> Any:
     >>> fk.mean([{"w": np.array([1.0])}, {"w": np.array([2.0])}, {"w": np.array([6.0])}])
     {'w': array([3.])}
     """
-    mods = _model_list(models, "mean")
+    mods: list[T] = _model_list(models, "mean")
     if not mods:
         msg = "fk.mean: expected at least one model, got none."
         raise ValueError(msg)
@@ -515,10 +552,10 @@ def mean(models: Sequence[Any], /) -> Any:
             acc = ad.add(acc, o, inplace)
         return ad.div(acc, n, inplace)
 
-    return _map_params("mean", names, mods, fn)
+    return _map_params("mean", names, mods, fn, trainable_only)
 
 
-def lerp(a: Any, b: Any, t: Any, /) -> Any:
+def lerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True) -> T:
     """Linear interpolation ``a + t * (b - a)`` between two models; constants from `a`.
 
     Computed as torch does (``torch.lerp``): ``a + t * (b - a)`` for
@@ -534,6 +571,9 @@ def lerp(a: Any, b: Any, t: Any, /) -> Any:
         A real Python number (or NumPy scalar), or a real 0-d array of the
         parameters' namespace and device whose dtype does not promote them
         (then ``a + t * (b - a)`` is used).
+    trainable_only
+        True (default): parameters only, as described above. False: every
+        floating or complex array (buffers, frozen parameters) too.
 
     Examples
     --------
@@ -552,7 +592,7 @@ def lerp(a: Any, b: Any, t: Any, /) -> Any:
             return adapter_of(x).lerp(x, y, t)
         return x + (y - x) * t
 
-    return _map_params("lerp", ("a", "b"), (a, b), fn)
+    return _map_params("lerp", ("a", "b"), (a, b), fn, trainable_only)
 
 
 # --------------------------------------------------------------------------- reductions
@@ -599,7 +639,7 @@ def _leaf_dot(xp: Any, x: Any, others: list[Any]) -> Any:
     return adapter_of(x).vdot(x, others[0])
 
 
-def dot(a: Any, b: Any, /) -> Any:
+def dot(a: T, b: T, /, *, trainable_only: bool = True) -> Any:
     """The inner product of two models' parameters: ``sum(vdot(pa, pb))``, a 0-d array.
 
     Like ``numpy.vdot`` (and the array API ``vecdot``), the first argument is
@@ -607,6 +647,7 @@ def dot(a: Any, b: Any, /) -> Any:
     places) counts once. The result is a 0-d array in the parameters'
     namespace and on their device, of the dtype their values promote to;
     nothing is moved to the host (call ``float()`` yourself).
+    ``trainable_only=False`` includes every floating array (buffers too).
 
     Raises
     ------
@@ -624,13 +665,13 @@ def dot(a: Any, b: Any, /) -> Any:
     >>> float(fk.dot(a, a))
     14.0
     """
-    xp, parts = _reduce_params("dot", ("a", "b"), (a, b), _leaf_dot)
+    xp, parts = _reduce_params("dot", ("a", "b"), (a, b), _leaf_dot, trainable_only)
     if len(parts) == 1:
         return _as_array(parts[0])
     return _as_array(xp.sum(xp.stack(parts)))
 
 
-def norm(a: Any, /, *, ord: float = 2) -> Any:
+def norm(a: Any, /, *, ord: float = 2, trainable_only: bool = True) -> Any:
     """The vector norm of all of a model's parameters taken together, a 0-d array.
 
     Equal to ``numpy.linalg.norm`` of the concatenation of every distinct
@@ -645,6 +686,17 @@ def norm(a: Any, /, *, ord: float = 2) -> Any:
         ``2`` (default, Euclidean), ``1``, ``math.inf`` (largest absolute
         value), ``-math.inf`` (smallest), ``0`` (number of non-zero entries,
         as a float) or any other real ``p`` (``sum(|x|**p) ** (1/p)``).
+    trainable_only
+        True (default): parameters only, as described above. False: every
+        floating or complex array (buffers, frozen parameters) too.
+
+    Gradients are finite everywhere, also where arrays or the whole model are
+    zero (zero-initialised biases): for ``ord=2`` the squares of every array
+    are summed first and one square root is taken (a norm of per-array norms
+    has no gradient at an all-zero array), and the root is guarded so that the
+    gradient at an all-zero model is 0, the subgradient
+    ``torch.linalg.vector_norm`` uses. Other orders ``p`` likewise sum
+    ``|x|**p`` before the one root.
 
     Returns
     -------
@@ -668,7 +720,7 @@ def norm(a: Any, /, *, ord: float = 2) -> Any:
     (13.0, 19.0, 12.0)
     """
     o = _check_ord(ord, "norm")
-    return _norm(a, o, "norm")
+    return _norm(a, o, "norm", trainable_only)
 
 
 #: small arrays are concatenated into chunks of about this many elements for one dot product each
@@ -705,37 +757,52 @@ def _numel(x: Any) -> int:
     return n
 
 
-def _norm(a: Any, o: float, fname: str) -> Any:
-    sumsq: list[bool] = []
+def _norm(a: Any, o: float, fname: str, trainable_only: bool = True) -> Any:
+    power = o not in (0.0, 1.0, math.inf, -math.inf)  # summed as |x|**o, then one root
 
     def leaf(xp: Any, x: Any, others: list[Any]) -> Any:
-        ad = adapter_of(x)
-        if o == 2 and ad.fast_sum_squares:
-            # e.g. NumPy's vector_norm squares into a temporary; a dot product does not
-            if not sumsq:
-                sumsq.append(True)
+        if o == 2:
             return x  # reduced below, many small arrays at once
+        if power:
+            return xp.sum(xp.abs(x) ** o)
         return _vector_norm(xp, x, ord=o)
 
-    xp, parts = _reduce_params(fname, ("a",), (a,), leaf)
-    if sumsq:
-        sq = _sums_of_squares(adapter_of(parts[0]), parts)
+    xp, parts = _reduce_params(fname, ("a",), (a,), leaf, trainable_only)
+    if o == 2:
+        ad = adapter_of(parts[0])
+        sq = _sums_of_squares(ad, parts)
         total = sq[0] if len(sq) == 1 else xp.sum(xp.stack(sq))
-        return _as_array(xp.sqrt(total))
-    if len(parts) == 1:
+        return _as_array(_root(xp, ad, total, 2.0))
+    if len(parts) == 1 and not power:
         return _as_array(parts[0])
     stacked = xp.stack(parts)
+    if power:
+        return _as_array(_root(xp, adapter_of(parts[0]), xp.sum(stacked), o))
     if o == 0:
         return _as_array(xp.sum(stacked))
     return _as_array(_vector_norm(xp, stacked, ord=o))
 
 
-def normalize(a: Any, /, *, ord: float = 2) -> Any:
+def _root(xp: Any, ad: Any, total: Any, o: float) -> Any:
+    """``total ** (1/o)`` with a finite gradient at ``total == 0`` on backends with autodiff
+    (the gradient there is 0: ``where`` on a safe input, so no ``inf * 0``)."""
+    if not ad.autodiff:
+        return xp.sqrt(total) if o == 2 else total ** (1.0 / o)
+    zero = total == 0
+    safe = xp.where(zero, xp.ones_like(total), total)
+    root = xp.sqrt(safe) if o == 2 else safe ** (1.0 / o)
+    return xp.where(zero, xp.zeros_like(root), root)
+
+
+def normalize(a: T, /, *, ord: float = 2, trainable_only: bool = True) -> T:
     """The model ``a / norm(a, ord=ord)``: parameters scaled to unit norm; constants from `a`.
 
     The norm is computed once, on the device, and cast to each parameter's
-    (real) dtype, so no dtype changes. A model whose norm is 0 gives NaNs
-    (0/0): checking would need a host synchronisation.
+    (real) dtype, so no dtype changes. A model whose norm is 0 comes back as
+    zeros (a copy), with a finite gradient, not as NaNs (0/0): the division
+    is by ``where(n == 0, 1, n)``, on the device, without a host
+    synchronisation. ``trainable_only=False`` normalises every floating
+    array (buffers too) by their joint norm.
 
     Examples
     --------
@@ -745,7 +812,9 @@ def normalize(a: Any, /, *, ord: float = 2) -> Any:
     {'w': array([0.6, 0.8])}
     """
     o = _check_ord(ord, "normalize")
-    n = _norm(a, o, "normalize")
+    n = _norm(a, o, "normalize", trainable_only)
+    xn = namespace(n)
+    n = xn.where(n == 0, xn.ones_like(n), n)
     casts: dict[Any, Any] = {}
 
     def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
@@ -756,18 +825,19 @@ def normalize(a: Any, /, *, ord: float = 2) -> Any:
             k = casts[target] = n if n.dtype == target else xp.astype(n, target)
         return x / k
 
-    return _map_params("normalize", ("a",), (a,), fn)
+    return _map_params("normalize", ("a",), (a,), fn, trainable_only)
 
 
 def filter_normalize(
-    direction: Any,
-    reference: Any,
+    direction: T,
+    reference: T,
     /,
     *,
     ord: float = 2,
     one_d: Literal["zero", "keep", "normalize"] = "zero",
     axis: int = 0,
-) -> Any:
+    trainable_only: bool = True,
+) -> T:
     """Filter-wise normalisation of a direction against a reference model (Li et al., 2018).
 
     For "Visualizing the Loss Landscape of Neural Nets": every filter of the
@@ -798,6 +868,9 @@ def filter_normalize(
     axis
         The filter axis of parameters with two or more dimensions (0 for
         PyTorch layouts; -1 for JAX/Flax kernels ``(..., in, out)``).
+    trainable_only
+        True (default): parameters only, as described above. False: every
+        floating or complex array (buffers, frozen parameters) too.
 
     Returns
     -------
@@ -849,13 +922,13 @@ def filter_normalize(
             return d * 1
         return rescale(xp, d, others[0], None)
 
-    return _map_params("filter_normalize", ("direction", "reference"), (direction, reference), fn)
+    return _map_params("filter_normalize", ("direction", "reference"), (direction, reference), fn, trainable_only)
 
 
 # --------------------------------------------------------------------------- copy
 
 
-def copy(tree: Any, /) -> Any:
+def copy(tree: T, /) -> T:
     """An independent deep copy of every array in `tree` (parameters and constants); ties kept.
 
     Node types are kept (a module comes back as a new module of its class);
@@ -875,4 +948,4 @@ def copy(tree: Any, /) -> Any:
     >>> c["a"] is c["b"], c["a"] is w, np.shares_memory(c["a"], w)
     (True, False, False)
     """
-    return fmap(copy_array, tree)
+    return fmap(copy_array, tree)  # type: ignore[no-any-return]

@@ -233,8 +233,9 @@ class ArrayAdapter:
     family: str = "generic"
     #: whether arrays can be written in place (False: JAX, Dask)
     mutable: bool = True
-    #: whether ``norm(ord=2)`` sums squares per leaf (``sum_squares``) instead of stacking norms
-    fast_sum_squares: bool = False
+    #: whether arrays of this library can carry gradients (autodiff): ``fk.norm`` then guards its
+    #: square root so that the gradient at an all-zero model is 0, not NaN (NumPy: no guard)
+    autodiff: bool = True
     #: every array of this library lives on one device (then device checks between two of its
     #: arrays can be skipped: bench_scale's ``fk.add`` row)
     one_device: bool = False
@@ -489,7 +490,7 @@ class ArrayAdapter:
         return xp.vecdot(xp.reshape(x, (-1,)), xp.reshape(y, (-1,)))
 
     def sum_squares(self, x: Any) -> Any:
-        """``sum(|x|**2)``, a real 0-d array (used when :attr:`fast_sum_squares`)."""
+        """``sum(|x|**2)``, a real 0-d array (``fk.norm``: squares summed first, one square root)."""
         xp = self.xp
         xf = xp.reshape(x, (-1,))
         s = xp.vecdot(xf, xf)

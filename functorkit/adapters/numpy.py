@@ -18,7 +18,7 @@ _MANY = 256
 
 class Adapter(MethodSlices):
     family = "numpy"
-    fast_sum_squares = True
+    autodiff = False
     one_device = True  # host memory only
 
     def device(self, x: Any) -> Any:
