@@ -173,3 +173,10 @@ def describe_kind(kind: Kind) -> str:
 def describe_array(x: Any) -> str:
     """``float32 array of shape (2, 3) on cpu``."""
     return f"{describe_dtype(x.dtype)} array of shape {tuple(x.shape)} on {describe_device(device_of(x))}"
+
+
+# Python's own leaf types are classified now: a first call traced by torch.compile would
+# otherwise classify them through array_api_compat's lru_cache, which Dynamo warns about.
+for _v in (None, False, 0, 0.0, 0j, "", b"", [], (), {}):
+    is_array(_v)
+del _v

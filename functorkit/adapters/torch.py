@@ -364,6 +364,31 @@ class Adapter(ArrayAdapter):
 _VDOT_DTYPES = frozenset({torch.float32, torch.float64, torch.complex64, torch.complex128})
 
 
+def _warm_caches() -> None:
+    """Fill the core's per-type caches for plain tensors and parameters now, at import (which
+    runs eagerly even when a compiled function's first call imports this module): the cold path
+    calls ``array_api_compat.array_namespace``, whose ``lru_cache`` Dynamo warns about."""
+    from .._xp import is_inexact_array
+
+    for dt in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.int64,
+        torch.int32,
+        torch.bool,
+    ):
+        for t in (torch.empty(0, dtype=dt), torch.nn.Parameter(torch.empty(0, dtype=dt), requires_grad=False)):
+            is_inexact_array(t)
+            adapter_of(t)
+
+
+_warm_caches()
+
+
 # ---------------------------------------------------------------- nn.Module nodes
 
 _SECTIONS = ("_parameters", "_buffers", "_modules")

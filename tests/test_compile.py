@@ -1,0 +1,203 @@
+"""torch.compile(fullgraph=True) and jax.jit over re(p), fmap, the arithmetic and re.flatten(out=)
+(SPEC section 9): no graph break from the first call, results equal to eager.
+
+torch.compile on CPU costs seconds per compile, Inductor's code generation most of them (the
+benchmark, benchmarks/bench_compile.py, runs Inductor): here re(p) + forward + backward goes
+through Dynamo and AOTAutograd (``backend="aot_eager"``), the rest is traced by Dynamo with
+``backend="eager"`` (``fullgraph=True`` raises at any graph break) and counted by
+``torch._dynamo.explain``. The first-call test runs in
+a fresh interpreter, where no functorkit cache is warm.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+import functorkit as fk  # noqa: E402
+
+
+# a first call traced by Dynamo may classify a new type through array_api_compat's lru_cache,
+# which Dynamo warns about (a warning, not a graph break: the trace goes through it)
+pytestmark = pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`:UserWarning")
+
+
+def _torch() -> Any:
+    return pytest.importorskip("torch")
+
+
+class MLP:  # built lazily: torch may be absent
+    @staticmethod
+    def make(torch: Any) -> Any:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def _assert_trees_equal(a: Any, b: Any) -> None:
+    torch = _torch()
+    pa, pb = fk.leaves_with_path(a), fk.leaves_with_path(b)
+    assert [str(p) for p, _ in pa] == [str(p) for p, _ in pb]
+    for (path, x), (_, y) in zip(pa, pb, strict=True):
+        if isinstance(x, torch.Tensor):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7, msg=str(path))
+        else:
+            assert x == y, path
+
+
+def _no_breaks(fn: Callable[..., Any], *args: Any) -> Any:
+    """Dynamo's count of graph breaks is 0, and the fullgraph trace gives eager's result."""
+    torch = _torch()
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(fn)(*args)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+    return torch.compile(fn, fullgraph=True, backend="eager")(*args)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script:DeprecationWarning")
+def test_compiled_re_and_forward_match_eager_with_gradients() -> None:
+    torch = _torch()
+    net = MLP.make(torch)
+    flat, re = fk.destructure(net)
+    x = torch.randn(5, 4)
+    y = torch.randn(5, 3)
+
+    def loss(p: Any, x: Any, y: Any) -> Any:
+        return torch.nn.functional.mse_loss(re(p)(x), y)
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(loss)(flat, x, y).graph_break_count == 0
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    p1 = flat.detach().clone().requires_grad_(True)
+    p2 = flat.detach().clone().requires_grad_(True)
+    got = compiled(p1, x, y)
+    want = loss(p2, x, y)
+    torch.testing.assert_close(got, want)
+    got.backward()
+    want.backward()
+    assert p1.grad is not None and p2.grad is not None
+    torch.testing.assert_close(p1.grad, p2.grad)
+    # another p, same graph: the rebuilt model follows the values
+    p3 = flat * 0.5
+    torch.testing.assert_close(compiled(p3, x, y), loss(p3, x, y))
+
+
+def test_fmap_and_arithmetic_trace_without_graph_breaks() -> None:
+    torch = _torch()
+    torch.manual_seed(1)
+    a = {"w": torch.randn(3, 2), "b": torch.zeros(2), "layers": [torch.randn(4), torch.randn(1)], "name": "m"}
+    b = fk.fmap(lambda t: t * 2 + 1, a, trainable_only=True)
+    c = fk.fmap(lambda t: t - 3, a, trainable_only=True)
+
+    def sin(m: Any) -> Any:
+        return fk.fmap(lambda t: t.sin(), m, trainable_only=True)
+
+    _assert_trees_equal(_no_breaks(sin, a), sin(a))
+    _assert_trees_equal(_no_breaks(lambda u, v: fk.add(u, v), a, b), fk.add(a, b))
+    _assert_trees_equal(_no_breaks(lambda u, v: fk.lerp(u, v, 0.3), a, b), fk.lerp(a, b, 0.3))
+    got = _no_breaks(lambda u, v, w: fk.lincomb([0.5, -1.0, 2.0], [u, v, w]), a, b, c)
+    _assert_trees_equal(got, fk.lincomb([0.5, -1.0, 2.0], [a, b, c]))
+    torch.testing.assert_close(_no_breaks(lambda u: fk.norm(u), a), fk.norm(a))
+    _assert_trees_equal(_no_breaks(lambda u, v: fk.mean([u, v]), a, b), fk.mean([a, b]))
+
+
+def test_re_flatten_out_traces_without_graph_breaks() -> None:
+    torch = _torch()
+    net = MLP.make(torch)
+    flat, re = fk.destructure(net)
+    with torch.no_grad():
+        other = fk.fmap(lambda t: t * 3, net)
+    buf = torch.empty(len(re))
+
+    out = _no_breaks(lambda m, o: re.flatten(m, out=o), other, buf)
+    torch.testing.assert_close(buf, flat * 3)
+    torch.testing.assert_close(out, flat * 3)
+
+
+_FIRST_CALL = """
+import torch
+import functorkit as fk
+
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+x = torch.randn(2, 3)
+
+def check(name, fn, *args):
+    torch._dynamo.reset()
+    n = torch._dynamo.explain(fn)(*args).graph_break_count
+    assert n == 0, (name, n)
+    torch.compile(fn, fullgraph=True, backend="eager")(*args)  # raises at a graph break
+
+# each the first functorkit call on its kind of tree, in a fresh interpreter
+check("fmap", lambda m: fk.fmap(lambda t: t * 2, m), {"a": torch.ones(2), "b": [torch.zeros(3)]})
+check("add", lambda u, v: fk.add(u, v), {"c": torch.ones(2)}, {"c": torch.ones(2)})
+check("lincomb", lambda u, v: fk.lincomb([0.5, 2.0], [u, v]), {"d": torch.ones(2)}, {"d": torch.ones(2)})
+check("norm", lambda u: fk.norm(u), net)
+flat, re = fk.destructure(net)
+check("re", lambda p, x: re(p)(x).sum(), flat, x)
+check("flatten", lambda m, o: re.flatten(m, out=o), net, torch.empty(len(re)))
+print("ok")
+"""
+
+
+def test_first_calls_trace_without_graph_breaks_in_a_fresh_interpreter() -> None:
+    _torch()
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", textwrap.dedent(_FIRST_CALL)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+# --------------------------------------------------------------------------- jax.jit
+
+
+def test_jax_jit_over_fmap_arithmetic_and_re() -> None:
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    a = {"w": jnp.arange(6.0).reshape(3, 2), "b": jnp.zeros(2), "act": "tanh"}
+    b = fk.fmap(lambda t: t * 2 + 1, a, trainable_only=True)
+
+    def same(x: Any, y: Any) -> None:  # jax.jit returns dicts with sorted keys: compare by key
+        assert sorted(x) == sorted(y)
+        for k in y:
+            assert jnp.allclose(x[k], y[k]), k
+
+    arrays = {"w": a["w"], "b": a["b"]}
+    arrays_b = {"w": b["w"], "b": b["b"]}
+    same(jax.jit(lambda m: fk.fmap(jnp.sin, m))(arrays), fk.fmap(jnp.sin, arrays))
+    same(jax.jit(lambda u, v: fk.add(u, v))(arrays, arrays_b), fk.add(arrays, arrays_b))
+    same(jax.jit(lambda u, v: fk.lerp(u, v, 0.25))(arrays, arrays_b), fk.lerp(arrays, arrays_b, 0.25))
+    same(
+        jax.jit(lambda u, v: fk.lincomb([2.0, -1.0], [u, v]))(arrays, arrays_b),
+        fk.lincomb([2.0, -1.0], [arrays, arrays_b]),
+    )
+    assert jnp.allclose(jax.jit(fk.norm)(arrays), fk.norm(arrays))
+
+    flat, re = fk.destructure(a)
+
+    @jax.jit
+    def loss(p: Any) -> Any:  # re closed over (the constant "tanh" rides along)
+        m = re(p)
+        return jnp.sum(jnp.tanh(m["w"]) ** 2) + jnp.sum(m["b"] ** 2)
+
+    g = jax.grad(loss)(flat)
+    want = jax.grad(lambda p: jnp.sum(jnp.tanh(p[:6]) ** 2) + jnp.sum(p[6:] ** 2))(flat)
+    assert jnp.allclose(g, want)
+    assert jnp.allclose(loss(flat), jnp.sum(jnp.tanh(a["w"]) ** 2))
+    assert math.isfinite(float(loss(flat)))
