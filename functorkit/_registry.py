@@ -298,10 +298,10 @@ def resolve(cls: type) -> Any:
         out = _dataclass_def(cls)
     else:
         out = None
-        roots = {c.__module__.partition(".")[0] for c in cls.__mro__}
         for modname, adapter in _ADAPTERS:
-            # an object of that library has one of its classes in its MRO
-            if modname in roots and sys.modules.get(modname) is not None:
+            # only a library already imported can have made this class; its adapter's node_for
+            # tests subclassing (no walk of the MRO here: torch.compile cannot iterate it)
+            if sys.modules.get(modname) is not None:
                 nd = load_family(adapter).node_for(cls)
                 if nd is not None:
                     out = nd

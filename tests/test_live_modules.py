@@ -37,7 +37,7 @@ def test_training_flag_follows_the_live_module_like_functional_call(first: str) 
         rebuilt = re(flat)
         assert rebuilt.training == (mode == "train")
         assert all(m.training == (mode == "train") for m in rebuilt.modules())
-        got = _run(lambda: rebuilt(x))
+        got = _run(lambda m=rebuilt: m(x))
         want = _run(lambda: functional_call(twin, params, (x,)))
         torch.testing.assert_close(got, want)
         # batch norm: the running statistics move (train) or are used (eval) alike
@@ -65,7 +65,8 @@ def test_plain_attributes_and_hooks_follow_the_live_module() -> None:
     rebuilt = re(flat)
     rebuilt.eval()
     rebuilt[2].p = 0.9
-    assert net.training and net[2].p == 0.0
+    assert net.training
+    assert net[2].p == 0.0
 
 
 def test_a_pickled_restructure_uses_the_recorded_state() -> None:

@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import to_numpy
 
 import functorkit as fk
+
+from conftest import to_numpy
 
 
 class BN:
@@ -134,10 +135,8 @@ def test_trainable_only_false_averages_buffers_and_keeps_integers(xp: Any) -> No
     soup = _np(fk.mean(ms, trainable_only=False))
     params_only = _np(fk.mean(ms))
     for key, first in raw[0].items():
-        if first.dtype.kind == "f":
-            want = (raw[0][key] + raw[1][key] + raw[2][key]) / 3  # the hand-written state-dict loop
-        else:
-            want = first  # integer entries come from the first model
+        # the hand-written state-dict loop: floating entries averaged, integer ones from the first model
+        want = (raw[0][key] + raw[1][key] + raw[2][key]) / 3 if first.dtype.kind == "f" else first
         np.testing.assert_allclose(soup[key], want, rtol=1e-15, err_msg=key)  # XLA may use 1/3
         assert soup[key].dtype == first.dtype
     np.testing.assert_array_equal(params_only["bn.running"], raw[0]["bn.running"])  # a buffer: default skips it
