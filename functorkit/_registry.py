@@ -299,9 +299,11 @@ def resolve(cls: type) -> Any:
     else:
         out = None
         for modname, adapter in _ADAPTERS:
-            # only a library already imported can have made this class; its adapter's node_for
-            # tests subclassing (no walk of the MRO here: torch.compile cannot iterate it)
-            if sys.modules.get(modname) is not None:
+            if sys.modules.get(modname) is None:
+                continue  # only a library already imported can have made this class
+            # a loaded adapter's node_for tests subclassing itself (torch.compile cannot iterate
+            # an MRO); before that, the adapter is loaded only for a class of that library
+            if sys.modules.get(adapter) is not None or modname in {c.__module__.partition(".")[0] for c in cls.__mro__}:
                 nd = load_family(adapter).node_for(cls)
                 if nd is not None:
                     out = nd
@@ -362,10 +364,7 @@ def _store(cls: type, entry: Any, replace: bool, what: str) -> None:
     with _lock:
         if cls in _TABLE and not replace:
             kind = "a built-in node" if cls in _BUILTIN and _TABLE[cls] is _BUILTIN[cls] else "already registered"
-            msg = (
-                f"{cls.__module__}.{cls.__qualname__} is {kind}; pass `replace=True` to "
-                f"{what} to replace its entry."
-            )
+            msg = f"{cls.__module__}.{cls.__qualname__} is {kind}; pass `replace=True` to {what} to replace its entry."
             raise ValueError(msg)
         GENERATION[0] += 1  # odd: resolve() keeps nothing until the table is consistent again
         _TABLE[cls] = entry
