@@ -30,6 +30,7 @@ from ._registry import register_leaf as register_leaf
 from ._structured import Diagonal as Diagonal
 from ._structured import Transpose as Transpose
 from ._treedef import TreeDef as TreeDef
+from ._typing import Policy as Policy
 from ._walk import fmap as fmap
 from ._walk import fmap_with_path as fmap_with_path
 from ._walk import fmapstructure as fmapstructure
@@ -41,6 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Diagonal",
     "KeyPath",
+    "Policy",
     "PolicyError",
     "Restructure",
     "StructureError",

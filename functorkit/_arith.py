@@ -28,12 +28,13 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
+from ._typing import Tree as T
 from ._walk import BUILD_NONE, BUILD_SAME, fmap, walk
 from ._xp import (
     describe_array,
@@ -64,7 +65,6 @@ __all__ = [
 ]
 
 _PY_SCALARS = (int, float, complex)
-T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -948,4 +948,4 @@ def copy(tree: T, /) -> T:
     >>> c["a"] is c["b"], c["a"] is w, np.shares_memory(c["a"], w)
     (True, False, False)
     """
-    return fmap(copy_array, tree)  # type: ignore[no-any-return]
+    return fmap(copy_array, tree)

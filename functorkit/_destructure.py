@@ -29,13 +29,14 @@ from ._policy import (
 from ._record import record
 from ._registry import SCALAR_TYPES, registered_leaf
 from ._treedef import TreeDef, add_note
+from ._typing import Policy, Tree
 from ._xp import device_of, is_array, is_inexact_array, namespace
 from .adapters import adapter_of
 
 __all__ = ["destructure"]
 
 
-def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restructure]:
+def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Restructure[Tree]]:
     """Flatten a model's parameters into one new 1-D array; return it and a rebuilder.
 
     Parameters are the floating and complex arrays reached through trainable

@@ -22,7 +22,7 @@ in ``_policy.py``.
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, Generic, cast
 
 from ._alias import layouts_overlap, memory_layout, separate_allocations
 from ._codegen import CODEGEN_MAX, build_source, compile_source, entry_of_error
@@ -45,6 +45,7 @@ from ._policy import (
     same_device,
 )
 from ._treedef import BUILD_SAME, TreeDef, add_note
+from ._typing import Policy, Tree
 from ._xp import is_array, is_inexact_array, namespace
 from .adapters import ArrayAdapter, adapter_for, adapter_of, tracing
 
@@ -98,7 +99,7 @@ def _new_flat(kind: Kind, n: int, leaves: list[Any], offsets: list[int], shapes:
 # ============================================================== Restructure
 
 
-class Restructure:
+class Restructure(Generic[Tree]):
     """Rebuilds a model from a flat vector: the second result of :func:`destructure`.
 
     ``re(p, policy=None, copy=None)`` returns the model with its parameters
@@ -186,7 +187,7 @@ class Restructure:
         ftype: type,
         policy: str,
         param_types: list[type],
-    ) -> Restructure:
+    ) -> Restructure[Any]:
         self = object.__new__(cls)
         self._td = td
         self._template = template
@@ -337,7 +338,7 @@ class Restructure:
 
     # ---------------------------------------------------------------- re(p)
 
-    def __call__(self, p: Any, /, *, policy: str | None = None, copy: bool | None = None) -> Any:
+    def __call__(self, p: Any, /, *, policy: Policy | None = None, copy: bool | None = None) -> Tree:
         """Rebuild the model with its parameters taken from the 1-D array `p`.
 
         Parameters
@@ -374,8 +375,8 @@ class Restructure:
             ):
                 out = self._fast(p)
                 if out is not _MISS:
-                    return out
-            return self._rebuild(p, policy, copy)
+                    return cast(Tree, out)
+            return cast(Tree, self._rebuild(p, policy, copy))
         except Exception as e:
             self._note_generated(e)  # a rebuild function that raised: name its node's path
             raise
@@ -451,7 +452,7 @@ class Restructure:
 
     # ---------------------------------------------------------------- explain
 
-    def explain(self, p: Any, /, *, policy: str | None = None, copy: bool | None = None) -> Explanation:
+    def explain(self, p: Any, /, *, policy: Policy | None = None, copy: bool | None = None) -> Explanation:
         """A per-parameter table of what ``re(p, policy=policy, copy=copy)`` would do.
 
         Never raises for a policy problem: the row of a parameter that cannot
@@ -489,7 +490,7 @@ class Restructure:
 
     # ---------------------------------------------------------------- flatten
 
-    def flatten(self, model: Any, /, *, out: Any = None, policy: str | None = None) -> Any:
+    def flatten(self, model: Tree, /, *, out: Any = None, policy: Policy | None = None) -> Any:
         """Flatten another model of the same structure with this plan (the inverse of ``re(p)``).
 
         Parameters

@@ -71,7 +71,7 @@ def _int_list(v: Any, what: str) -> list[int]:
     return v
 
 
-def restore(state: Any) -> Restructure:
+def restore(state: Any) -> Restructure[Any]:
     """Unpickle a Restructure: every field is type-checked before anything is generated from it."""
     if type(state) is not dict or state.get("version") != 2:
         raise _bad_pickle("the state is not a version-2 Restructure state")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import repeat
-from typing import Any
+from typing import Any, cast
 
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
@@ -20,6 +20,7 @@ from ._record import record, record_plain
 from ._registry import SCALAR_TYPES
 from ._treedef import _MISS as MISS
 from ._treedef import BUILD_SAME, BUILD_STRUCTURE, TreeDef, add_note
+from ._typing import Tree
 from ._xp import is_inexact_array
 
 __all__ = [
@@ -257,13 +258,13 @@ def _check_options(f: Any, is_leaf: Any, trainable_only: Any, cache: Any, name: 
 
 def fmap(
     f: Callable[..., Any],
-    tree: Any,
+    tree: Tree,
     /,
     *trees: Any,
     is_leaf: Callable[[Any], bool] | None = None,
     trainable_only: bool = False,
     cache: bool = True,
-) -> Any:
+) -> Tree:
     """Map `f` over the leaves of `tree` (and `trees`, in lock-step), keeping node types.
 
     Parameters
@@ -312,8 +313,8 @@ def fmap(
     _check_options(f, is_leaf, trainable_only, cache, "fmap")
     if not trees and cache and not trainable_only:  # the common case, without _map's branches
         leaves, td = record(tree, is_leaf, track=False) if is_leaf is not None else record_plain(tree)
-        return td.build(td.position_values(_call_all(f, (leaves,), lambda: td.paths)), BUILD_SAME)
-    return _map((tree, *trees), f, is_leaf=is_leaf, cache=cache, trainable_only=trainable_only)
+        return cast(Tree, td.build(td.position_values(_call_all(f, (leaves,), lambda: td.paths)), BUILD_SAME))
+    return cast(Tree, _map((tree, *trees), f, is_leaf=is_leaf, cache=cache, trainable_only=trainable_only))
 
 
 def fmapstructure(

@@ -177,6 +177,7 @@ def describe_array(x: Any) -> str:
 
 # Python's own leaf types are classified now: a first call traced by torch.compile would
 # otherwise classify them through array_api_compat's lru_cache, which Dynamo warns about.
+_v: object
 for _v in (None, False, 0, 0.0, 0j, "", b"", [], (), {}):
     is_array(_v)
 del _v
