@@ -198,3 +198,31 @@ def test_jax_jit_over_fmap_arithmetic_and_re() -> None:
     assert jnp.allclose(g, want)
     assert jnp.allclose(loss(flat), jnp.sum(jnp.tanh(a["w"]) ** 2))
     assert math.isfinite(float(loss(flat)))
+
+
+# --------------------------------------------------------------------------- docs/compile.md
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script:DeprecationWarning")
+def test_compile_page_examples_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every python block of docs/compile.md, in order, as one script. The page's
+    ``torch.compile`` calls run with Dynamo's eager backend here (``fullgraph=True`` still
+    raises at any graph break); Inductor's code generation costs tens of seconds on CPU and
+    is exercised by benchmarks/bench_compile.py."""
+    torch = _torch()
+    pytest.importorskip("jax")
+    import re as regex
+
+    page = (ROOT / "docs" / "compile.md").read_text()
+    blocks = regex.findall(r"^```python\n(.*?)^```", page, flags=regex.MULTILINE | regex.DOTALL)
+    assert len(blocks) >= 8
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
+    torch._dynamo.reset()
+    namespace: dict[str, object] = {"__name__": "compile_docs"}
+    for i, block in enumerate(blocks):
+        try:
+            exec(compile(block, f"docs/compile.md block {i + 1}", "exec"), namespace)
+        except Exception as e:
+            e.add_note(f"in docs/compile.md python block {i + 1}:\n{block}")
+            raise
