@@ -690,14 +690,6 @@ def norm(a: Any, /, *, ord: float = 2, trainable_only: bool = True) -> Any:
         True (default): parameters only, as described above. False: every
         floating or complex array (buffers, frozen parameters) too.
 
-    Gradients are finite everywhere, also where arrays or the whole model are
-    zero (zero-initialised biases): for ``ord=2`` the squares of every array
-    are summed first and one square root is taken (a norm of per-array norms
-    has no gradient at an all-zero array), and the root is guarded so that the
-    gradient at an all-zero model is 0, the subgradient
-    ``torch.linalg.vector_norm`` uses. Other orders ``p`` likewise sum
-    ``|x|**p`` before the one root.
-
     Returns
     -------
     A 0-d array in the parameters' namespace and on their device (real
@@ -709,6 +701,16 @@ def norm(a: Any, /, *, ord: float = 2, trainable_only: bool = True) -> Any:
         The model has no parameters, or `ord` is NaN.
     PolicyError
         The parameters span several namespaces or devices.
+
+    Notes
+    -----
+    Gradients are finite everywhere, also where arrays or the whole model
+    are zero (zero-initialised biases): for ``ord=2`` the squares of every
+    array are summed first and one square root is taken (a norm of
+    per-array norms has no gradient at an all-zero array), and the root is
+    guarded so that the gradient at an all-zero model is 0, the subgradient
+    ``torch.linalg.vector_norm`` uses. Other powers ``p`` likewise sum
+    ``|x|**p`` before the one root.
 
     Examples
     --------
