@@ -21,11 +21,11 @@ def test_mypy_strict_sees_the_users_model_type(tmp_path: Path) -> None:
     )
     lines = [re.sub(r"^.*user_code\.py:(\d+): ", r"\1: ", ln) for ln in out.splitlines() if ln.strip()]
     assert lines == [
-        '26: note: Revealed type is "user_code.Model"',
-        '27: note: Revealed type is "functorkit._flat.Restructure[user_code.Model]"',
-        "28: error: Argument \"policy\" to \"destructure\" has incompatible type \"Literal['lenient']\"; "
+        '27: note: Revealed type is "user_code.Model"',
+        '28: note: Revealed type is "functorkit._flat.Restructure[user_code.Model]"',
+        "29: error: Argument \"policy\" to \"destructure\" has incompatible type \"Literal['lenient']\"; "
         "expected \"Literal['strict', 'model', 'flat']\"  [arg-type]",
-        '29: error: Incompatible types in assignment (expression has type "Model", variable has type "int")  '
+        '30: error: Incompatible types in assignment (expression has type "Model", variable has type "int")  '
         "[assignment]",
     ], out + err
     assert status == 1

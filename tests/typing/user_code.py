@@ -23,7 +23,8 @@ def step(m: Model, g: Model, lr: float, policy: fk.Policy = "strict") -> Model:
     return fk.copy(fk.add(doubled, fk.scale(0.5, fk.sub(m, g))))
 
 
-reveal_type(fk.add(Model(0.0, 0.0), Model(0.0, 0.0)))
-reveal_type(fk.destructure(Model(0.0, 0.0))[1])
-fk.destructure(Model(0.0, 0.0), policy="lenient")  # error: not a Policy
-wrong: int = fk.copy(Model(0.0, 0.0))  # error: a Model is not an int
+def checks() -> None:  # never called: pytest's --doctest-modules imports this file
+    reveal_type(fk.add(Model(0.0, 0.0), Model(0.0, 0.0)))
+    reveal_type(fk.destructure(Model(0.0, 0.0))[1])
+    fk.destructure(Model(0.0, 0.0), policy="lenient")  # error: not a Policy
+    wrong: int = fk.copy(Model(0.0, 0.0))  # noqa: F841 - error: a Model is not an int
