@@ -45,8 +45,11 @@ Trainable children: every tensor in a parameter slot unless it is an
 ``nn.Parameter`` with ``requires_grad=False``, and every submodule; buffers
 are not trainable.
 
-A rebuilt module is a shallow clone made without calling ``__init__``: user
-attributes are shared, torch's own bookkeeping containers (hook dicts, the
+A rebuilt module is a shallow clone made without calling ``__init__`` of the
+module it was recorded from as that module is *now* (held weakly; the state
+recorded at flatten time once it is gone or after unpickling), so ``re(p)``
+sees ``net.eval()``, new hooks and changed attributes as
+``torch.func.functional_call`` does: user attributes are shared, torch's own bookkeeping containers (hook dicts, the
 non-persistent buffer set, ``ParameterDict``'s key table) are copied, and the
 parameter, buffer and submodule dicts are fresh. Torch modules that cache
 references to their own children are refreshed: an RNN's flat weight list
