@@ -114,9 +114,11 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def types(session: nox.Session) -> None:
-    """mypy --strict on functorkit/ (configured in pyproject.toml)."""
-    _install(session, "mypy>=1.10", "-e", ".")
+    """mypy --strict on functorkit/ (configured in pyproject.toml), and on a typed user's code
+    (tests/test_typing.py: what `mypy --strict` users of functorkit see)."""
+    _install(session, "mypy>=1.10", "pytest>=8", "-e", ".")
     session.run("mypy", "functorkit")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/test_typing.py")
 
 
 @nox.session

@@ -210,7 +210,12 @@ def test_compile_page_examples_run(monkeypatch: pytest.MonkeyPatch) -> None:
     raises at any graph break); Inductor's code generation costs tens of seconds on CPU and
     is exercised by benchmarks/bench_compile.py."""
     torch = _torch()
-    pytest.importorskip("jax")
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        has_jax = False  # the torch session: the jax blocks are skipped (they run where both are)
+    else:
+        has_jax = True
     import re as regex
 
     page = (ROOT / "docs" / "compile.md").read_text()
@@ -220,9 +225,14 @@ def test_compile_page_examples_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
     torch._dynamo.reset()
     namespace: dict[str, object] = {"__name__": "compile_docs"}
+    ran = 0
     for i, block in enumerate(blocks):
+        if not has_jax and "jax" in block:
+            continue
+        ran += 1
         try:
             exec(compile(block, f"docs/compile.md block {i + 1}", "exec"), namespace)
         except Exception as e:
             e.add_note(f"in docs/compile.md python block {i + 1}:\n{block}")
             raise
+    assert ran >= (len(blocks) if has_jax else 7)
