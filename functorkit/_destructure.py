@@ -26,7 +26,7 @@ from ._policy import (
     mixed_model_error,
     same_device,
 )
-from ._record import record
+from ._record import record_plain
 from ._registry import SCALAR_TYPES, registered_leaf
 from ._treedef import TreeDef, add_note
 from ._xp import device_of, is_array, is_inexact_array, namespace
@@ -89,7 +89,12 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
     (True, True)
     """
     pol = check_policy(policy, "fk.destructure")
-    leaves, td = record(model)
+    leaves, td = record_plain(model, track=True)
+    plans = td._fast_plans
+    if plans is not None:
+        plan = plans.get(pol)
+        if plan is not None and plan.fits(leaves):
+            return plan.run(leaves, td)
     trainable = td.trainable
     param_idx: list[int] = []
     j = 0
@@ -185,7 +190,66 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
         policy=pol,
         param_types=param_types,
     )
+    if td._fast_match is not None:  # a definition the walk reuses (a small container tree met before)
+        if td._fast_plans is None:
+            td._fast_plans = {}
+        td._fast_plans[pol] = _Plan(leaves, params, re, offsets, sizes)
     return flat, re
+
+
+class _Plan:
+    """What `destructure` decided for one reused tree definition and policy, and the facts it
+    decided on: the type of every leaf, the dtype of every array leaf, the shape (and, for
+    libraries with several devices, the device) of every parameter. A call whose leaves agree
+    on all of them would decide the same, so only the per-call work is left: the alias check,
+    the new flat vector and a new `Restructure` around the new constants (bench_flat
+    ``destructure(model)`` rows; tests/test_destructure.py checks that this path is taken and
+    that each fact, changed, leads back to the full analysis)."""
+
+    __slots__ = ("arrays", "devices", "dtypes", "holders", "n", "offsets", "pshapes", "re", "sizes", "types")
+
+    def __init__(
+        self, leaves: list[Any], params: list[Any], re: Restructure, offsets: list[int], sizes: list[int]
+    ) -> None:
+        self.types = tuple(map(type, leaves))
+        self.arrays = [j for j, x in enumerate(leaves) if is_array(x)]
+        self.dtypes = [leaves[j].dtype for j in self.arrays]
+        self.pshapes = [x.shape for x in params]
+        self.devices = None if all(adapter_of(x).one_device for x in params) else [device_of(x) for x in params]
+        # a leaf of a type no registry knows may hold arrays one call and not the next: check every call
+        self.holders = not all(t in SCALAR_TYPES or is_array(x) for t, x in zip(self.types, leaves, strict=True))
+        self.re = re
+        self.offsets = offsets
+        self.sizes = sizes
+        self.n = sum(sizes)
+
+    def fits(self, leaves: list[Any]) -> bool:
+        if tuple(map(type, leaves)) != self.types:
+            return False
+        if [leaves[j].dtype for j in self.arrays] != self.dtypes:
+            return False
+        params = [leaves[j] for j in self.re._param_idx]
+        if [x.shape for x in params] != self.pshapes:
+            return False
+        return self.devices is None or [device_of(x) for x in params] == self.devices
+
+    def run(self, leaves: list[Any], td: TreeDef) -> tuple[Any, Restructure]:
+        old = self.re
+        idx = old._param_idx
+        params = [leaves[j] for j in idx]
+        if self.holders and decide_unknown_holder(old._policy):
+            _refuse_unknown_holders(leaves, idx, td)
+
+        def path_of(k: int) -> KeyPath:
+            return td.paths[idx[k]]
+
+        check_no_aliases(_LazyPaths(path_of, params), "fk.destructure")
+        flat = _new_flat(old._flat_kind, self.n, params, self.offsets, old._shapes)
+        template = list(leaves)
+        for j in idx:
+            template[j] = None
+        re = old._again(template)
+        return flat, re
 
 
 def _holds_arrays(x: Any) -> bool:
