@@ -92,7 +92,7 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
     leaves, td = record_plain(model, track=True)
     plans = td._fast_plans
     if plans is not None:
-        plan = plans.get(pol)
+        plan: _Plan | None = plans.get(pol)
         if plan is not None and plan.fits(leaves):
             return plan.run(leaves, td)
     trainable = td.trainable
