@@ -51,7 +51,7 @@ class Adapter(MethodSlices):
         if not leaves:
             return
         if len(leaves) > _MANY or out.shape[0] <= _SMALL:
-            np.concatenate([x.reshape(-1) for x in leaves], out=out, casting="unsafe")
+            np.concatenate(leaves, axis=None, out=out, casting="unsafe")
             return
         for x, o, s in zip(leaves, offsets, shapes, strict=True):
             np.copyto(out[o : o + _size(s)].reshape(s), x, casting="unsafe")
