@@ -32,6 +32,8 @@ def _p_text(p: dict[str, Any]) -> str:
         parts.append(f"on the {p['device']} device")
     if p.get("namespace", "backend") != "backend":
         parts.append("in another namespace")
+    if p.get("rank", 1) != 1:
+        parts.append("shape (1, n)")
     if p.get("length"):
         parts.append(f"length {p['length']:+d}")
     if "copy" in p:
@@ -124,6 +126,8 @@ def conformance_page(
         out.append("None: every case meets the contract.")
     for c in deviations:
         out.append(f"- `{c['id']}`: {c['deviation']}")
+    out += ["", "## Decisions where the SPEC is silent", ""]
+    out += [f"- `{c['id']}`: {c['decision']}." for c in data["case"] if "decision" in c]
     out += ["", "See [the comparison with optree, JAX and torch](comparison.md) for the same cases on the peers.", ""]
     return "\n".join(out)
 

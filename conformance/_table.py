@@ -88,6 +88,13 @@ def not_applicable(data: dict[str, Any], backend: str, case: dict[str, Any], pol
 # ---- building ----------------------------------------------------------------------------------
 
 
+class Holder:
+    """An object no registry knows, holding an array (the ``unknown_holder`` structure)."""
+
+    def __init__(self, x: Any) -> None:
+        self.x = x
+
+
 class JaxPair:
     """The JAX-registered class of the ``jax_registered`` structure (registered with JAX only)."""
 
@@ -142,6 +149,8 @@ def build_model(be: Backend, st: dict[str, Any]) -> Any:
         _register_jax_pair()
         return JaxPair(leaves["w"], leaves["b"])
     model: dict[str, Any] = dict(leaves)
+    for i, (k, v) in enumerate(st.get("holder", {}).items()):
+        model[k] = Holder(_leaf(be, parse_leaf(v), 10 + i))
     for k, v in st.get("ties", {}).items():
         model[k] = model[v]
     model.update(st.get("extras", {}))
@@ -151,7 +160,9 @@ def build_model(be: Backend, st: dict[str, Any]) -> Any:
 def build_p(be: Backend, spec: dict[str, Any], flat_dtype: str, n: int) -> Any:
     """The p a case describes: dtype ("flat": the flat vector's), device, namespace, length."""
     dtype = flat_dtype if spec.get("dtype", "flat") == "flat" else spec["dtype"]
-    shape = (n + spec.get("length", 0),)
+    shape: tuple[int, ...] = (n + spec.get("length", 0),)
+    if spec.get("rank", 1) == 2:
+        shape = (1, shape[0])
     if spec.get("namespace", "backend") == "other":
         return be.other(shape, dtype, seed=7)
     return be.array(shape, dtype, spec.get("device", "default"), seed=7)
@@ -226,6 +237,47 @@ def _constants_ok(fk: Any, model: Any, new: Any, params: set[str]) -> list[str]:
     return out
 
 
+def _flat_problems(be: Backend, st: dict[str, Any], model: Any, flat: Any) -> list[str]:
+    """SPEC 4 on the flat vector: its dtype and device, a new array, no autograd history."""
+    import functorkit as fk
+
+    out = []
+    if "flat_vector" in st:
+        dtype, *where = st["flat_vector"].split()
+        got = (dtype_name(flat), be.role(flat))
+        if got != (dtype, where[0] if where else "default"):
+            out.append(f"flat vector is {got[0]} on {got[1]}, expected {st['flat_vector']}")
+    if getattr(flat, "requires_grad", False):
+        out.append("flat vector carries autograd history")
+    leaves = fk.leaves(model) if st["kind"] != "jax_registered" else []
+    if any(hasattr(x, "dtype") and shares_memory(flat, x) for x in leaves):
+        out.append("flat vector shares memory with the model")
+    return out
+
+
+def _rebuilt_problems(fk: Any, st: dict[str, Any], model: Any, new: Any, paths: list[Any]) -> list[str]:
+    """Constants are the same objects, ties kept, node types kept, module slots hold plain tensors."""
+    params = {str(q) for q in paths}
+    problems = _constants_ok(fk, model, new, params) if st["kind"] != "jax_registered" else []
+    for k, v in st.get("ties", {}).items():
+        if new[k] is not new[v]:
+            problems.append(f"tie {k} = {v} lost")
+    if isinstance(model, dict):
+        wrapped = [k for k, v in st.get("leaves", {}).items() if parse_leaf(v).kind != "array"]
+        problems += [f"{k}: {type(new[k]).__name__}" for k in wrapped if type(new[k]) is not type(model[k])]
+    elif type(new) is not type(model):
+        problems.append(f"root: {type(new).__name__}, expected {type(model).__name__}")
+    if st["kind"] == "torch_module":
+        import torch
+
+        problems += [
+            f"{q}: a {type(q.get(new)).__name__} in a parameter slot"
+            for q in paths
+            if type(q.get(new)) is not torch.Tensor
+        ]
+    return problems
+
+
 def run_fk(data: dict[str, Any], be: Backend, case: dict[str, Any], policy: str) -> Outcome:
     """Run destructure + re(p) for one case under one policy on backend `be`."""
     import functorkit as fk
@@ -236,23 +288,16 @@ def run_fk(data: dict[str, Any], be: Backend, case: dict[str, Any], policy: str)
         flat, re = fk.destructure(model, policy=policy)
     except Exception as e:  # noqa: BLE001 - the table records the class of any error
         return Outcome(error=type(e).__name__, at="destructure")
+    problems = _flat_problems(be, st, model, flat)
     p = build_p(be, case["p"], dtype_name(flat), len(re))
     before = _snapshot(p)
     kwargs = {"copy": case["p"]["copy"]} if "copy" in case["p"] else {}
     try:
         new = re(p, **kwargs)
     except Exception as e:  # noqa: BLE001
-        return Outcome(error=type(e).__name__, at="re")
+        return Outcome(error=type(e).__name__, at="re", problems=tuple(problems))
     leaves = {str(path): facts(be, path.get(new), p) for path in re.paths}
-    problems = _constants_ok(fk, model, new, {str(q) for q in re.paths}) if st["kind"] != "jax_registered" else []
-    for k, v in st.get("ties", {}).items():
-        if new[k] is not new[v]:
-            problems.append(f"tie {k} = {v} lost")
-    if isinstance(model, dict):
-        wrapped = [k for k, v in st.get("leaves", {}).items() if parse_leaf(v).kind != "array"]
-        problems += [f"{k}: {type(new[k]).__name__}" for k in wrapped if type(new[k]) is not type(model[k])]
-    elif type(new) is not type(model):
-        problems.append(f"root: {type(new).__name__}, expected {type(model).__name__}")
+    problems += _rebuilt_problems(fk, st, model, new, list(re.paths))
     after = _snapshot(p)
     if before is not None and after is not None and not np.array_equal(before[1], after[1]):
         problems.append("p was mutated")
@@ -261,12 +306,12 @@ def run_fk(data: dict[str, Any], be: Backend, case: dict[str, Any], policy: str)
 
 def compare(want: Outcome, got: Outcome) -> str | None:
     """None if `got` meets `want` (memory "-" means not measurable here), else the difference."""
-    if want.error is not None or got.error is not None:
-        if (want.error, want.at) == (got.error, got.at):
-            return None
+    if (want.error, want.at) != (got.error, got.at):
         return f"expected {want.text()}, got {got.text()}"
     if got.problems:
         return "; ".join(got.problems)
+    if got.error is not None:
+        return None
     w, g = want.leaves or {}, got.leaves or {}
     if list(w) != list(g):
         return f"expected parameters {list(w)}, got {list(g)}"

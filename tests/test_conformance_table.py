@@ -38,8 +38,12 @@ def test_structures_parse() -> None:
         assert isinstance(st["params"], list), name
         assert len(set(st["params"])) == len(st["params"]), name
         assert set(st.get("needs", [])) <= _features(), name
-        for spec in st.get("leaves", {}).values():
+        for spec in [*st.get("leaves", {}).values(), *st.get("holder", {}).values()]:
             _table.parse_leaf(spec)
+        if "flat_vector" in st:
+            dtype, *where = st["flat_vector"].split()
+            assert dtype in _table.DTYPES, name
+            assert where in ([], ["second"]), name
         assert set(st.get("ties", {}).values()) <= set(st.get("leaves", {})), name
 
 
@@ -57,8 +61,8 @@ def test_cases_follow_the_schema() -> None:
     for case in DATA["case"]:
         where = case["id"]
         assert case["structure"] in DATA["structure"], where
-        assert set(case) <= {"id", "structure", "p", "needs", "deviation", *_table.POLICIES}, where
-        assert set(case["p"]) <= {"dtype", "device", "namespace", "length", "copy"}, where
+        assert set(case) <= {"id", "structure", "p", "needs", "deviation", "decision", *_table.POLICIES}, where
+        assert set(case["p"]) <= {"dtype", "device", "namespace", "length", "rank", "copy"}, where
         assert case["p"].get("dtype", "flat") in {"flat", *_table.DTYPES}, where
         assert set(case.get("needs", [])) <= _features(), where
         params = DATA["structure"][case["structure"]]["params"]
@@ -122,3 +126,17 @@ def test_pages_ignore_only_volatile_lines() -> None:
     cells["numpy"]["plain32/p-flat|strict"] = "FAIL: x"
     three = _pages.conformance_page(DATA, cells, None, "Generated today.")
     assert _pages.strip_volatile(one) != _pages.strip_volatile(three)
+
+
+def test_gpu_columns_are_never_passed_without_a_gpu_run() -> None:
+    keys = [f"{c['id']}|{p}" for c in DATA["case"] for p in _table.POLICIES]
+    cells = {b: dict.fromkeys(keys, "pass") for b in BACKENDS}
+    for b in ("cupy", "torch_cuda"):
+        cells[b] = dict.fromkeys(keys, "not run: no GPU on this machine")
+    page = _pages.conformance_page(DATA, cells, None, "Generated today.")
+    assert "| CuPy (cuda) | not run: no GPU on this machine |" in page
+    assert "pass (recorded)" not in page
+    recorded = {"date": "2026-01-01", "device": "NVIDIA H200", "cells": {"cupy": dict.fromkeys(keys, "pass")}}
+    page = _pages.conformance_page(DATA, cells, recorded, "Generated today.")
+    assert "| CuPy (cuda) | recorded on NVIDIA H200, 2026-01-01 |" in page
+    assert "| torch (cuda; cpu second) | not run: no GPU on this machine |" in page
