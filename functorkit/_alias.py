@@ -53,6 +53,7 @@ import numpy as np
 
 from ._errors import StructureError
 from ._keypath import KeyPath
+from ._record import all_distinct
 from .adapters._base import _HOST, Layout, adapter_of, normalise_layout
 from .adapters._base import extent as _extent
 
@@ -285,11 +286,10 @@ def separate_allocations(arrays: list[Any]) -> bool:
     """True if every array is a distinct NumPy array that owns its memory (``base is None``):
     separate allocations cannot overlap, so there is nothing to find (bench_flat ``destructure`` rows: the
     check costs a few µs per array otherwise)."""
-    n = len(arrays)
     return (
         set(map(type, arrays)) <= _ND
         and all(map(operator.is_, map(_base_of, arrays), itertools.repeat(None)))
-        and len(set(map(id, arrays))) == n
+        and all_distinct(arrays)
     )
 
 

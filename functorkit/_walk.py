@@ -76,7 +76,7 @@ def _map(
     firsts = td.position_values(leaves) if multi else None
     for j, t in enumerate(trees[1:], start=1):
         fm = td._fast_match
-        o = fm(t) if fm is not None else _MISS
+        o = fm(t, False) if fm is not None else _MISS
         if o is _MISS:
             o = td._match(t, j, names, firsts)
         if type(o) is int:  # a sub-tree shared in the first tree is not shared in this one: no sharing at all

@@ -66,7 +66,7 @@ def test_plan_is_taken_and_agrees(xp: Any, runs: list[int]) -> None:
 
 
 def test_plan_off_when_forced_off(xp: Any, runs: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_record, "PLAN_MAX", 0)
+    monkeypatch.setattr(_record, "PLAN_NODES", 0)
     _warm(_model(xp))
     runs.clear()
     fk.destructure(_model(xp))
