@@ -137,3 +137,16 @@ def test_page_examples_run(page: Path, monkeypatch: pytest.MonkeyPatch, tmp_path
         except Exception as e:
             e.add_note(f"in {where}:\n{block}")
             raise
+
+
+@pytest.mark.parametrize("page", [ROOT / "docs" / "index.md", ROOT / "README.md"], ids=_rel)
+def test_home_page_code_fits_88_columns(page: Path) -> None:
+    """The code a newcomer copies first reads without horizontal scrolling."""
+    text = page.read_text(encoding="utf-8")
+    long = [
+        f"line {text.count(chr(10), 0, m.start()) + 2 + i}: {line}"
+        for m in re.finditer(r"^```[a-z]*\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+        for i, line in enumerate(m.group(1).splitlines())
+        if len(line) > 88
+    ]
+    assert not long, f"{_rel(page)} has code lines over 88 columns:\n" + "\n".join(long)
