@@ -130,14 +130,26 @@ def types(session: nox.Session) -> None:
     session.run("mypy", "functorkit")
 
 
-# what the docs pages import (each page declares its own: `<!-- requires: ... -->`)
-DOCS_EXAMPLES = [TORCH, "scipy>=1.10", "jax>=0.4.30"]
+# a page's `<!-- requires: torch, scipy -->` names modules; the package to install where it differs
+DOCS_PACKAGE = {"sklearn": "scikit-learn", "yaml": "pyyaml", "PIL": "pillow"}
+
+
+def _docs_requirements() -> list[str]:
+    """What the docs pages declare they import (README.md and docs/*.md), as packages to install."""
+    import pathlib
+    import re
+
+    names: set[str] = set()
+    for page in [pathlib.Path("README.md"), *sorted(pathlib.Path("docs").glob("*.md"))]:
+        for m in re.finditer(r"^<!--\s*requires:\s*(.*?)\s*-->\s*$", page.read_text(encoding="utf-8"), re.M):
+            names |= {n.strip() for n in m.group(1).split(",") if n.strip()}
+    return sorted(DOCS_PACKAGE.get(n, n) for n in names)
 
 
 @nox.session
 def docs(session: nox.Session) -> None:
     """Run every code block of every page (all their libraries installed), then mkdocs build --strict."""
-    _install(session, "-e", ".[docs,test]", *DOCS_EXAMPLES)
+    _install(session, "-e", ".[docs,test]", *_docs_requirements())
     # a page whose declared library is missing fails here instead of skipping
     session.run(*PYTEST, "tests/test_docs_examples.py", env={"FUNCTORKIT_DOCS_REQUIRE_ALL": "1"})
     session.run("mkdocs", "build", "--strict", "--site-dir", session.create_tmp() + "/site")
