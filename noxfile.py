@@ -22,7 +22,7 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 # the default list is the full CI matrix; `bench` is deliberately not in it
-nox.options.sessions = ["tests", "lint", "types", "docs", "demo", "package"]
+nox.options.sessions = ["tests", "lint", "types", "docs", "demo", "conformance", "package"]
 
 # Exact versions live in constraints.txt (torch: the CPU build this project's machines carry on
 # disk; any other version pulls a multi-GB CUDA build there); every install passes it with -c,
@@ -190,3 +190,12 @@ def bench(session: nox.Session) -> None:
     """Benchmarks against the peers and the physical limits -> docs/benchmarks.md (`-- --quick` for a smoke run)."""
     _install(session, "-e", ".", TORCH, "jax>=0.4.30", "optree>=0.12", "dm-tree>=0.1.8", "array-api-strict>=2.2")
     session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session
+def conformance(session: nox.Session) -> None:
+    """conformance/cases.toml on every backend and the peers; fails on a difference or a stale docs page."""
+    _install(session, "-e", ".", TORCH, "jax>=0.4.30", "dask[array]>=2024.1", "array-api-strict>=2.2", "optree>=0.12")
+    if _has_gpu():
+        _install(session, BACKENDS["cupy"][0])
+    session.run("python", "conformance/run.py", "--check", *session.posargs)

@@ -43,7 +43,9 @@ different devices never clash.
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -59,6 +61,8 @@ __all__ = ["Layout", "check_no_aliases", "layouts_overlap", "memory_layout", "se
 #: above this many contiguous runs in one cluster, fall back to pairwise tests
 _RUN_LIMIT = 1 << 21
 _normalise = normalise_layout
+_ND = {np.ndarray}
+_base_of = operator.attrgetter("base")
 
 
 # -------------------------------------------------- where an array lives
@@ -281,8 +285,12 @@ def separate_allocations(arrays: list[Any]) -> bool:
     """True if every array is a distinct NumPy array that owns its memory (``base is None``):
     separate allocations cannot overlap, so there is nothing to find (bench_flat ``destructure`` rows: the
     check costs a few µs per array otherwise)."""
-    nd = np.ndarray
-    return all(type(x) is nd and x.base is None for x in arrays) and len(set(map(id, arrays))) == len(arrays)
+    n = len(arrays)
+    return (
+        set(map(type, arrays)) <= _ND
+        and all(map(operator.is_, map(_base_of, arrays), itertools.repeat(None)))
+        and len(set(map(id, arrays))) == n
+    )
 
 
 def check_no_aliases(entries: Iterable[tuple[KeyPath, Any]], what: str) -> None:

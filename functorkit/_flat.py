@@ -211,6 +211,20 @@ class Restructure:
         self._gen = None
         return self
 
+    def _again(self, template: list[Any]) -> Restructure:
+        """This rebuilder over another model's constants (`destructure`'s plan for a definition
+        met before): every fact is shared; so is the generated code when every constant is the
+        same object (it holds the constants)."""
+        new = object.__new__(Restructure)
+        for name in _SHARED_STATE:
+            setattr(new, name, getattr(self, name))
+        new._template = template
+        if self._gen is not None and all(a is b for a, b in zip(template, self._template, strict=True)):
+            new._build, new._fast, new._gen = self._build, self._fast, self._gen
+        else:
+            new._build, new._fast, new._gen = new._build_first, new._fast_first, None
+        return new
+
     def _build_first(self, views: Any) -> Any:
         self._generate()
         return self._build(views)
@@ -715,3 +729,10 @@ def _check_readable(kinds: list[Kind], param_kind: list[int], flat_kind: Kind, p
                 "parameters are all on that device."
             )
             raise PolicyError(msg)
+
+
+#: what `Restructure._again` shares between two rebuilders of one plan (all but the constants and
+#: the code generated around them)
+_SHARED_STATE = tuple(
+    n for n in Restructure.__slots__ if n not in ("__weakref__", "_build", "_fast", "_gen", "_template")
+)

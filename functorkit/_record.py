@@ -373,9 +373,9 @@ _PLANS_MAX = 256
 _PLAIN = (DICT, LIST, TUPLE)
 
 
-def record_plain(tree: Any) -> tuple[list[Any], TreeDef]:
-    """``record(tree, track=False)``, through a generated matcher for small container trees
-    met before."""
+def record_plain(tree: Any, track: bool = False) -> tuple[list[Any], TreeDef]:
+    """``record(tree, track=track)``, through a generated matcher for small container trees
+    met before (plain containers declare no trainability: `track` changes nothing for them)."""
     t = type(tree)
     if t is dict or t is list or t is tuple:
         key = (t, len(tree))
@@ -384,11 +384,11 @@ def record_plain(tree: Any) -> tuple[list[Any], TreeDef]:
             leaves = plan[1](tree)
             if leaves is not _MISS:
                 return leaves, plan[0]
-        leaves, td = record(tree, None, track=False)
+        leaves, td = record(tree, None, track=track)
         if len(td._prog) + td._npos <= PLAN_MAX and _plain(td):
             _remember(key, plan, td)
         return leaves, td
-    return record(tree, None, track=False)
+    return record(tree, None, track=track)
 
 
 def _plain(td: TreeDef) -> bool:

@@ -190,6 +190,7 @@ class TreeDef:
         "_expanded",
         "_fast_build",
         "_fast_match",
+        "_fast_plans",
         "_forced",
         "_hash",
         "_leaf_pos",
@@ -217,6 +218,7 @@ class TreeDef:
     _pre: list[int] | None
     _fast_build: Any
     _fast_match: Any
+    _fast_plans: dict[Any, Any] | None
 
     def __init__(self) -> None:
         msg = "TreeDef objects are made by fk.flatten(tree); call that instead."
@@ -248,6 +250,7 @@ class TreeDef:
         self._pre = None
         self._fast_build = None  # generated code for small container trees (see _record.record_plain)
         self._fast_match = None
+        self._fast_plans = None  # per-operation plans on a reused definition (see _destructure)
         return self
 
     # ---------------------------------------------------------------- facts

@@ -13,6 +13,7 @@ __all__ = ["Adapter"]
 
 
 #: above this many leaves, ``fill`` concatenates in one call
+_SMALL = 1 << 16  # elements: below this, fill concatenates
 _MANY = 256
 
 
@@ -44,10 +45,13 @@ class Adapter(MethodSlices):
 
     def fill(self, out: Any, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> None:
         """``np.copyto`` into reshaped slices (bench_flat ``re.flatten(out=)`` rows: no temporaries);
-        many leaves: one ``np.concatenate(..., out=out)`` (the per-leaf Python cost dominates there:
-        bench_flat's 1,000,000-leaf rows)."""
-        if len(leaves) > _MANY:
-            np.concatenate([x.reshape(-1) for x in leaves], out=out, casting="unsafe")
+        many leaves, or a small vector: one ``np.concatenate(..., out=out)`` (the per-leaf Python
+        cost dominates there: bench_flat's 1,000,000-leaf rows and its MLP ``destructure(model)``
+        row; a non-contiguous leaf then costs a temporary copy, which a small vector can afford)."""
+        if not leaves:
+            return
+        if len(leaves) > _MANY or out.shape[0] <= _SMALL:
+            np.concatenate(leaves, axis=None, out=out, casting="unsafe")
             return
         for x, o, s in zip(leaves, offsets, shapes, strict=True):
             np.copyto(out[o : o + _size(s)].reshape(s), x, casting="unsafe")
