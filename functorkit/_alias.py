@@ -2,7 +2,7 @@
 
 Two *different* array objects whose memory overlaps (NumPy ``a`` and ``a.T``
 or ``a[1:]``, torch ``t`` and ``t.t()``) would be silently untied by
-flattening or loading. :func:`check_no_aliases` finds them.
+flattening or loading. `check_no_aliases` finds them.
 
 How, and what it costs:
 
@@ -17,7 +17,7 @@ How, and what it costs:
    distinct NumPy arrays ~4 ms, 10,000 torch tensors ~12 ms, 10,000 views
    of one flat vector (``re(p)``) ~20 ms.
 3. A cluster gets the exact test on normalised layouts
-   (:func:`memory_layout`: negative strides flipped, length-1 and stride-0
+   (`memory_layout`: negative strides flipped, length-1 and stride-0
    (broadcast) dimensions dropped, dimensions sorted by stride, contiguous
    ones merged, so ``a`` and ``a.T`` get the same layout). First it is split
    by the residue of each array's start modulo the gcd ``g`` of all strides

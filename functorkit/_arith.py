@@ -1,7 +1,7 @@
 """Arithmetic on whole models: add, sub, scale, lincomb, lerp, mean, dot, norm, normalize, copy.
 
 Every function walks its models once, in lock-step, with the one walk
-(:func:`functorkit._walk.walk`, ``track=True``). At each *parameter* (a
+(`functorkit._walk.walk`, ``track=True``). At each *parameter* (a
 floating or complex array reached through trainable children, decided on the
 first model) the models' arrays must agree in shape, dtype, namespace and
 device, and the operation is done with that array's namespace; every other
@@ -353,9 +353,10 @@ def add(a: Any, b: Any, /) -> Any:
 
     Returns
     -------
-    A new model of `a`'s node types: parameters are ``a + b``; every other
-    leaf comes from `a` (arrays copied, anything else shared). Inputs are
-    never mutated; no result array shares memory with an input.
+    model : Any
+        A new model of `a`'s node types: parameters are ``a + b``; every other
+        leaf comes from `a` (arrays copied, anything else shared). Inputs are
+        never mutated; no result array shares memory with an input.
 
     Raises
     ------
@@ -378,7 +379,7 @@ def add(a: Any, b: Any, /) -> Any:
 def sub(a: Any, b: Any, /) -> Any:
     """The model ``a - b``: parameters subtracted, constants taken from `a`.
 
-    See :func:`add` for the rules.
+    See `add` for the rules.
 
     Examples
     --------
@@ -400,14 +401,15 @@ def scale(c: Any, a: Any, /) -> Any:
         numbers), which never changes a parameter's dtype (array API scalar
         rules: float32 parameters stay float32), or a 0-d array of the
         parameters' namespace and device whose dtype does not promote them.
-        A complex `c` on real parameters raises :class:`PolicyError`.
+        A complex `c` on real parameters raises `PolicyError`.
     a
         The model.
 
     Returns
     -------
-    A new model; constants come from `a` (arrays copied). ``scale(1, a)``
-    is a copy of `a`'s parameters, never `a`'s own arrays.
+    model : Any
+        A new model; constants come from `a` (arrays copied). ``scale(1, a)``
+        is a copy of `a`'s parameters, never `a`'s own arrays.
 
     Examples
     --------
@@ -433,23 +435,24 @@ def lincomb(coefficients: Sequence[Any], models: Sequence[Any], /) -> Any:
     ----------
     coefficients
         One number per model: Python numbers, NumPy scalars or 0-d arrays, as
-        for :func:`scale` (none may change a parameter's dtype).
+        for `scale` (none may change a parameter's dtype).
     models
         At least one model; all of the same structure, their parameters
         agreeing in shape, dtype, namespace and device.
 
     Returns
     -------
-    A new model of ``models[0]``'s node types. Each parameter is computed in
-    one pass over that leaf of every model (on torch, accumulated in place
-    into the fresh result). Ties survive.
+    model : Any
+        A new model of ``models[0]``'s node types. Each parameter is computed in
+        one pass over that leaf of every model (on torch, accumulated in place
+        into the fresh result). Ties survive.
 
     Raises
     ------
     ValueError
         `coefficients` and `models` differ in length, or are empty.
     StructureError, PolicyError
-        As for :func:`add`; also when a coefficient would change a dtype.
+        As for `add`; also when a coefficient would change a dtype.
 
     Examples
     --------
@@ -489,7 +492,7 @@ def mean(models: Sequence[Any], /) -> Any:
     """The average model ``(m1 + ... + mn) / n``; constants from ``models[0]``.
 
     The parameters are summed, then divided by ``n`` (a Python int, so the
-    dtype is kept). See :func:`lincomb` for the rules.
+    dtype is kept). See `lincomb` for the rules.
 
     Examples
     --------
@@ -529,7 +532,7 @@ def lerp(a: Any, b: Any, t: Any, /) -> Any:
     Parameters
     ----------
     a, b
-        Models of the same structure (see :func:`add`).
+        Models of the same structure (see `add`).
     t
         A real Python number (or NumPy scalar), or a real 0-d array of the
         parameters' namespace and device whose dtype does not promote them
@@ -613,7 +616,7 @@ def dot(a: Any, b: Any, /) -> Any:
     ValueError
         The models have no parameters.
     StructureError, PolicyError
-        As for :func:`add`; :class:`PolicyError` also when the parameters span
+        As for `add`; `PolicyError` also when the parameters span
         several namespaces or devices (no single place for the result).
 
     Examples
@@ -648,8 +651,9 @@ def norm(a: Any, /, *, ord: float = 2) -> Any:
 
     Returns
     -------
-    A 0-d array in the parameters' namespace and on their device (real
-    dtype for complex parameters); nothing is moved to the host.
+    norm : array
+        A 0-d array in the parameters' namespace and on their device (real
+        dtype for complex parameters); nothing is moved to the host.
 
     Raises
     ------
@@ -801,8 +805,9 @@ def filter_normalize(
 
     Returns
     -------
-    A new model of `direction`'s node types; constants come from `direction`
-    (arrays copied). Dtypes are kept.
+    model : Any
+        A new model of `direction`'s node types; constants come from `direction`
+        (arrays copied). Dtypes are kept.
 
     Examples
     --------

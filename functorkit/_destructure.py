@@ -5,7 +5,7 @@ model's distinct leaves (the tree definition's rules: ties once, shared
 sub-trees once, a leaf trainable when one of its positions is). Their kinds
 (namespace, dtype, device) are checked against the policy table, their memory
 against aliasing, and the flat vector is filled by the adapter of its
-namespace. :class:`Restructure` (``_flat.py``) is the rebuilding half.
+namespace. `Restructure` (``_flat.py``) is the rebuilding half.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
         nodes, ``nn.Module``...), up to any depth.
     policy
         ``"strict"`` (default): no conversion anywhere; parameters that differ
-        in dtype or device raise :class:`PolicyError` here, and ``re(p)``
+        in dtype or device raise `PolicyError` here, and ``re(p)``
         requires `p` to match. ``"model"``: ``re(p)`` casts/moves each slice
         to its parameter's own dtype/device. ``"flat"``: every rebuilt
         parameter takes `p`'s dtype/device. Parameters of two namespaces
@@ -60,7 +60,7 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
 
     Returns
     -------
-    flat
+    flat : array
         A new 1-D array (never aliasing the model, never carrying autograd
         history) of dtype ``result_type`` of the parameters, on the first
         parameter's device. A model without parameters gives an empty array

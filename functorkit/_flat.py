@@ -1,7 +1,7 @@
 """destructure and Restructure: flatten a model's parameters to one vector, rebuild it fast.
 
-The plan is made once, in :func:`destructure`, on the model's recorded tree
-definition (:func:`functorkit._record.record`): its distinct leaves in
+The plan is made once, in `destructure`, on the model's recorded tree
+definition (`functorkit._record.record`): its distinct leaves in
 walk order, of which the trainable floating and complex arrays are the
 parameters (the rules of ties, shared sub-trees and trainable positions are
 the tree definition's), and a table of the parameters' offsets, shapes and
@@ -99,7 +99,7 @@ def _new_flat(kind: Kind, n: int, leaves: list[Any], offsets: list[int], shapes:
 
 
 class Restructure:
-    """Rebuilds a model from a flat vector: the second result of :func:`destructure`.
+    """Rebuilds a model from a flat vector: the second result of `destructure`.
 
     ``re(p, policy=None, copy=None)`` returns the model with its parameters
     taken from the 1-D array ``p`` (constants carried unchanged, ties
@@ -322,7 +322,7 @@ class Restructure:
 
     @property
     def policy(self) -> str:
-        """The policy ``re(p)`` uses when none is given (the one given to :func:`destructure`)."""
+        """The policy ``re(p)`` uses when none is given (the one given to `destructure`)."""
         return self._policy
 
     @property
@@ -350,13 +350,24 @@ class Restructure:
     def __call__(self, p: Any, /, *, policy: str | None = None, copy: bool | None = None) -> Any:
         """Rebuild the model with its parameters taken from the 1-D array `p`.
 
+        The dtype (and device and namespace) of each rebuilt parameter follows
+        one rule per policy, and is never converted silently: under
+        ``"strict"`` it is the parameter's own, which `p` must already have
+        (anything else raises `PolicyError`); under ``"model"`` it is the
+        parameter's own (its slice of `p` is cast and moved; a complex `p`
+        into a real parameter takes the real part only when the model itself
+        has complex parameters, and raises otherwise); under ``"flat"`` it is
+        `p`'s (real parameters become complex only when `p` is complex).
+        Constants come back as they were. `Restructure.explain` shows the
+        outcome per parameter.
+
         Parameters
         ----------
         p
             A 1-D array of length ``len(re)``.
         policy
-            ``"strict"``, ``"model"`` or ``"flat"`` (see :func:`destructure`);
-            default: the policy given to :func:`destructure`.
+            ``"strict"``, ``"model"`` or ``"flat"`` (see `destructure`);
+            default: the policy given to `destructure`.
         copy
             ``None``: views of `p` wherever no conversion is needed; ``True``:
             always copies; ``False``: raise ``ValueError`` where a view is
@@ -364,7 +375,8 @@ class Restructure:
 
         Returns
         -------
-        The model, of the original node types, with parameters from `p`.
+        model : Any
+            The model, of the original node types, with parameters from `p`.
 
         Raises
         ------
@@ -471,7 +483,7 @@ class Restructure:
         Returns
         -------
         Explanation
-            ``print()`` it for a text table; ``.rows`` holds :class:`ExplainRow`
+            ``print()`` it for a text table; ``.rows`` holds `ExplainRow`
             tuples ``(path, shape, model_dtype, model_device, result_dtype,
             result_device, how, rule, error)``.
 
@@ -505,7 +517,7 @@ class Restructure:
         Parameters
         ----------
         model
-            A model of the structure given to :func:`destructure` (node types,
+            A model of the structure given to `destructure` (node types,
             keys, lengths, ties; parameters of the same shapes). Constants are
             not compared.
         out
@@ -516,11 +528,12 @@ class Restructure:
             How a parameter of another dtype/device than the flat vector is
             treated: ``"strict"`` raises PolicyError, ``"model"``/``"flat"``
             convert it (complex into a real flat vector always raises).
-            Default: the policy given to :func:`destructure`.
+            Default: the policy given to `destructure`.
 
         Returns
         -------
-        The flat vector (`out` if given). It never carries autograd history.
+        flat : array
+            The flat vector (`out` if given). It never carries autograd history.
 
         Raises
         ------

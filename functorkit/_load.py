@@ -187,7 +187,8 @@ def load_into(dst: Any, src: Any, /) -> Any:
 
     Returns
     -------
-    `dst` itself.
+    dst : Any
+        `dst` itself.
 
     Raises
     ------

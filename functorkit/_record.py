@@ -1,4 +1,4 @@
-"""The one walk: :func:`record` a tree into its distinct leaves and a :class:`TreeDef`.
+"""The one walk: `record` a tree into its distinct leaves and a `TreeDef`.
 
 The rules it applies (ties, shared sub-trees, trainable leaves, cycles) are
 stated in ``_treedef.py``'s module docstring and in ``docs/treedef.md``.
@@ -39,7 +39,7 @@ __all__ = ["flatten", "record", "record_plain", "unflatten"]
 def record(
     tree: Any, is_leaf: Callable[[Any], bool] | None = None, *, track: bool = True
 ) -> tuple[list[Any], TreeDef]:
-    """Walk `tree` once: its distinct leaves in walk order and its :class:`TreeDef`.
+    """Walk `tree` once: its distinct leaves in walk order and its `TreeDef`.
 
     With ``track=False`` no node's ``trainable`` function is called (maps that do not
     need trainability skip that work, and a lazy torch module can still be listed);
@@ -51,7 +51,7 @@ def record(
 class _Recorder:
     """The single walk: an explicit stack of iterators over children (C-level iteration per node;
     depth bounded by memory). Trainability is not computed during the walk: the nodes' trainable
-    key sets are kept by program entry and resolved afterwards, over the program (:func:`_trainable`),
+    key sets are kept by program entry and resolved afterwards, over the program (`_trainable`),
     only when some node declared one."""
 
     __slots__ = ("forced", "is_leaf", "its", "keep", "opens", "prog", "refs", "track", "tsets")
@@ -309,7 +309,7 @@ def _trainable(td: TreeDef, tsets: dict[int, frozenset[Any]]) -> tuple[bool, ...
 
 
 def flatten(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None) -> tuple[list[Any], TreeDef]:
-    """The distinct leaves of `tree` in walk order, and its :class:`TreeDef`.
+    """The distinct leaves of `tree` in walk order, and its `TreeDef`.
 
     Each identity-cached leaf (anything but a Python scalar, string, bytes
     or None) is listed once, at its first position; scalars at every
@@ -351,7 +351,7 @@ def flatten(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None) -> tu
 
 
 def unflatten(treedef: TreeDef, leaves: Iterable[Any], /) -> Any:
-    """Rebuild a tree from its :class:`TreeDef` and one value per distinct leaf (``treedef.unflatten``).
+    """Rebuild a tree from its `TreeDef` and one value per distinct leaf (``treedef.unflatten``).
 
     Examples
     --------

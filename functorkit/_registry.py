@@ -1,6 +1,6 @@
 """The node table: which types are nodes, how to take them apart and rebuild them.
 
-One global, thread-safe table maps an exact type to a :class:`NodeDef` (a node)
+One global, thread-safe table maps an exact type to a `NodeDef` (a node)
 or to the leaf marker. Types not registered are resolved once and cached:
 namedtuples and dataclasses are nodes by default, objects of a backend with an
 adapter (``torch.nn.Module``) are handed to that adapter, loaded lazily, and
@@ -37,9 +37,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Marker returned by :func:`resolve` for leaves that are never identity-cached.
+#: Marker returned by `resolve` for leaves that are never identity-cached.
 SCALAR = object()
-#: Marker stored in the table for classes registered with :func:`register_leaf`.
+#: Marker stored in the table for classes registered with `register_leaf`.
 _LEAF = object()
 
 SCALAR_TYPES = frozenset({bool, int, float, complex, str, bytes, type(None)})
@@ -338,7 +338,7 @@ def _check_class(cls: Any, what: str) -> None:
 
 
 def registered_leaf(cls: type) -> bool:
-    """True if `cls` was registered with :func:`register_leaf` (a leaf on purpose)."""
+    """True if `cls` was registered with `register_leaf` (a leaf on purpose)."""
     return _TABLE.get(cls) is _LEAF
 
 

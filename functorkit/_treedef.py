@@ -1,8 +1,8 @@
-"""The one engine: walk a tree once, record its structure as a :class:`TreeDef`.
+"""The one engine: walk a tree once, record its structure as a `TreeDef`.
 
-:func:`record` walks a tree with an explicit stack (depth is bounded by
+`record` walks a tree with an explicit stack (depth is bounded by
 memory, not by the interpreter) and returns its distinct leaves in walk order
-and a :class:`TreeDef`: the structure, written as a post-order *program*.
+and a `TreeDef`: the structure, written as a post-order *program*.
 Every operation of functorkit runs on it: the maps rebuild from it, the flat
 vector is planned from it (and ``re(p)`` is generated code compiled from it),
 the arithmetic and ``load_into`` match their other trees against it.
@@ -23,7 +23,7 @@ The rules, written once here (see ``docs/concepts.md``):
   its positions is (so a leaf tied between a frozen and a trainable slot is
   one trainable leaf, and its tie is kept everywhere). Parameters are the
   trainable floating and complex arrays.
-* **Cycles** raise :class:`StructureError` naming the path where they close.
+* **Cycles** raise `StructureError` naming the path where they close.
 
 The program
 -----------
@@ -31,7 +31,7 @@ A list of entries in post-order:
 
 * ``None``: one leaf position;
 * ``(nd, keys, n, leafy, aux, named)``: a node with ``n`` children, rebuilt
-  with ``nd`` (a :class:`NodeDef`). When ``leafy`` its children are the next
+  with ``nd`` (a `NodeDef`). When ``leafy`` its children are the next
   ``n`` leaf positions; otherwise they are the last ``n`` values built. For
   the built-in list and tuple ``keys`` is ``None`` (the indices);
 * an ``int`` ``k``: the shared sub-tree built at entry ``k``, again.
@@ -166,7 +166,7 @@ def _keys_hash(keys: Any) -> int:
 class TreeDef:
     """The recorded structure of a tree: node types, keys, aux data, ties, shared sub-trees, trainable leaves.
 
-    Made by :func:`flatten` (``leaves, treedef = fk.flatten(tree)``).
+    Made by `flatten` (``leaves, treedef = fk.flatten(tree)``).
     Immutable, hashable, picklable; ``==`` is true for trees of the same
     structure (node types, keys, aux data, ties and trainable leaves).
 

@@ -3,16 +3,16 @@
 The one home for describing and comparing dtypes, devices and namespaces
 (every message and every policy decision uses these):
 
-* :func:`describe_dtype` shows byte order where it is not native
+* `describe_dtype` shows byte order where it is not native
   (``float64 (big-endian)``), so two dtypes that differ never read the same;
-* :func:`same_device` has one rule: a device that cannot be determined
+* `same_device` has one rule: a device that cannot be determined
   (``None``, e.g. a JAX tracer under ``jit``) counts as equal to any device
   (SPEC section 4);
-* :func:`is_complex` answers for an array or a :class:`Kind`.
+* `is_complex` answers for an array or a `Kind`.
 
-Classification (:func:`is_array`, :func:`is_inexact_array`) is cached per
+Classification (`is_array`, `is_inexact_array`) is cached per
 type; ``np.matrix`` is refused here, where a leaf is classified, with a
-:class:`TypeError` that says how to fix it (callers add the path).
+`TypeError` that says how to fix it (callers add the path).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def is_array(x: Any) -> bool:
     Raises
     ------
     TypeError
-        For an ``np.matrix`` (see :data:`MATRIX_MESSAGE`).
+        For an ``np.matrix`` (see `MATRIX_MESSAGE`).
     """
     t = type(x)
     try:
@@ -117,7 +117,7 @@ def _is_kind(xp: Any, dtype: Any, kind: Any) -> bool:
 
 
 def is_complex(x: Any) -> bool:
-    """True if array `x` (or a :class:`Kind`) has a complex floating dtype."""
+    """True if array `x` (or a `Kind`) has a complex floating dtype."""
     if type(x) is Kind:
         return _is_kind(x.xp, x.dtype, "complex floating")
     return _is_kind(namespace(x), x.dtype, "complex floating")

@@ -1,6 +1,6 @@
 """The array-ops protocol every backend adapter implements, and the lookup.
 
-:class:`ArrayAdapter` is both the protocol and the generic implementation:
+`ArrayAdapter` is both the protocol and the generic implementation:
 its methods use only the array API standard (plus DLPack to see host
 memory), so an array library functorkit has never heard of (array-api-strict,
 say) works through the base class itself. A family module
@@ -9,9 +9,9 @@ subclasses it and overrides a method only where the generic code is slower
 (each override names the benchmark row) or wrong for that library (each
 names the reason).
 
-Lookup: :func:`adapter_for` maps an array namespace to its adapter through
-:data:`FAMILIES`, a table from the namespace's module name to the adapter
-module, imported with :mod:`importlib` the first time such a namespace is
+Lookup: `adapter_for` maps an array namespace to its adapter through
+`FAMILIES`, a table from the namespace's module name to the adapter
+module, imported with `importlib` the first time such a namespace is
 met; so ``import functorkit`` imports no backend. Results are kept in plain
 dicts without a lock: two threads racing on a first lookup may each build an
 adapter, one of which is kept; adapters hold no state but their namespace,
@@ -30,7 +30,7 @@ import numpy as np
 
 __all__ = ["FAMILIES", "KNOWN_NAMESPACES", "ArrayAdapter", "Layout", "adapter_for", "adapter_of", "normalise_layout"]
 
-#: namespace module name -> adapter module (anything else: the generic :class:`ArrayAdapter`)
+#: namespace module name -> adapter module (anything else: the generic `ArrayAdapter`)
 FAMILIES: dict[str, str] = {
     "array_api_compat.numpy": "functorkit.adapters.numpy",
     "numpy": "functorkit.adapters.numpy",
@@ -99,7 +99,7 @@ class Layout(NamedTuple):
 def normalise_layout(
     space: tuple[str, int], ptr: int, shape: Sequence[int], strides: Sequence[int], itemsize: int
 ) -> Layout | None:
-    """The :class:`Layout` of `shape`/byte `strides` at `ptr`, or None for an empty array."""
+    """The `Layout` of `shape`/byte `strides` at `ptr`, or None for an empty array."""
     if itemsize <= 0:
         return None
     dims = []
@@ -169,7 +169,7 @@ class ArrayAdapter:
 
     A family adapter subclasses this and overrides what is faster or
     different for its library. Every method takes and returns arrays of this
-    adapter's namespace :attr:`xp` unless it says otherwise.
+    adapter's namespace `xp` unless it says otherwise.
     """
 
     #: the family name, for messages and ``repr`` only (never compared by the core)
@@ -227,7 +227,7 @@ class ArrayAdapter:
     def view_source(self, offsets: list[int], shapes: list[tuple[int, ...]], glb: dict[str, Any]) -> list[str]:
         """Source lines (4-space indent) binding ``v0..v{k-1}`` to the views of a local ``p``.
 
-        ``p`` has already been checked (:meth:`check_source`) to be exactly
+        ``p`` has already been checked (`check_source`) to be exactly
         the flat vector's type, shape, dtype and device. Globals go into `glb`.
         """
         glb["RESHAPE"] = self.xp.reshape
@@ -339,7 +339,7 @@ class ArrayAdapter:
         return None
 
     def stage(self, dst: Any, src: Any) -> Any:
-        """`src` (any namespace) as an array that :meth:`write` can copy into `dst` without failing:
+        """`src` (any namespace) as an array that `write` can copy into `dst` without failing:
         this namespace, ``dst``'s dtype, device and shape. Every conversion happens here."""
         from .._xp import same_device
 
@@ -360,11 +360,11 @@ class ArrayAdapter:
         dst[...] = src
 
     def backup(self, x: Any) -> Any:
-        """A plain copy of `x`'s current values, to restore them with :meth:`write`."""
+        """A plain copy of `x`'s current values, to restore them with `write`."""
         return self.copy(self.detach(x))
 
     def backups(self, xs: list[Any]) -> list[Any]:
-        """:meth:`backup` of each array in `xs`."""
+        """`backup` of each array in `xs`."""
         return [self.backup(x) for x in xs]
 
     # ---- memory ------------------------------------------------------------------
@@ -405,7 +405,7 @@ class ArrayAdapter:
     # ---- arithmetic --------------------------------------------------------------
 
     def inplace_ok(self, arrays: Sequence[Any]) -> bool:
-        """Whether a fresh result may be accumulated into in place (:meth:`axpy` with ``inplace``)."""
+        """Whether a fresh result may be accumulated into in place (`axpy` with ``inplace``)."""
         return False
 
     def axpy(self, acc: Any, x: Any, c: Any, inplace: bool) -> Any:
@@ -432,7 +432,7 @@ class ArrayAdapter:
         return xp.vecdot(xp.reshape(x, (-1,)), xp.reshape(y, (-1,)))
 
     def sum_squares(self, x: Any) -> Any:
-        """``sum(|x|**2)``, a real 0-d array (used when :attr:`fast_sum_squares`)."""
+        """``sum(|x|**2)``, a real 0-d array (used when `fast_sum_squares`)."""
         xp = self.xp
         xf = xp.reshape(x, (-1,))
         s = xp.vecdot(xf, xf)
@@ -460,7 +460,7 @@ def method_views(p: Any, offsets: list[int], shapes: list[tuple[int, ...]]) -> l
 
 
 def method_view_source(offsets: list[int], shapes: list[tuple[int, ...]]) -> list[str]:
-    """The generated form of :func:`method_views`: ``v{k} = p[a:b].reshape(s)`` lines."""
+    """The generated form of `method_views`: ``v{k} = p[a:b].reshape(s)`` lines."""
     out = []
     for k, (o, s) in enumerate(zip(offsets, shapes, strict=True)):
         sl = f"p[{o}:{o + _size(s)}]"

@@ -39,7 +39,7 @@ class Adapter(ArrayAdapter):
             return None
 
     def views(self, p: Any, offsets: list[int], shapes: list[tuple[int, ...]]) -> list[Any]:
-        """One ``split`` for up to :data:`SPLIT_MAX` parameters (bench_flat jax ``re(p)`` rows:
+        """One ``split`` for up to `SPLIT_MAX` parameters (bench_flat jax ``re(p)`` rows:
         eager JAX pays a dispatch per slice); method slices beyond."""
         if len(shapes) <= SPLIT_MAX:
             chunks = self.xp.split(p, offsets[1:])
@@ -47,7 +47,7 @@ class Adapter(ArrayAdapter):
         return method_views(p, offsets, shapes)
 
     def view_source(self, offsets: list[int], shapes: list[tuple[int, ...]], glb: dict[str, Any]) -> list[str]:
-        """The generated form of :meth:`views`."""
+        """The generated form of `views`."""
         if len(shapes) <= SPLIT_MAX:
             glb.update(SPLIT=self.xp.split, IDX=list(offsets[1:]))
             lines = ["    s = SPLIT(p, IDX)"]

@@ -1,5 +1,5 @@
-"""PyTorch: tensors as arrays (the :class:`Adapter`) and ``torch.nn.Module`` as a node
-(:func:`node_for`); imported only once torch is.
+"""PyTorch: tensors as arrays (the `Adapter`) and ``torch.nn.Module`` as a node
+(`node_for`); imported only once torch is.
 
 Array operations
 ----------------
@@ -9,11 +9,11 @@ concatenation in backward) or ``as_strided``, and NumPy views of CPU tensors
 where NumPy is faster. Two private torch APIs are feature-detected once, at
 import, each with a fallback (tests monkeypatch these module globals):
 
-* :data:`is_functorch_wrapped` (``torch._C._functorch.is_functorch_wrapped_tensor``):
+* `is_functorch_wrapped` (``torch._C._functorch.is_functorch_wrapped_tensor``):
   tensors inside ``torch.func`` transforms must not be written in place or
   viewed with ``as_strided``. Fallback: every tensor counts as wrapped (always
   the out-of-place / ``split_with_sizes`` path: correct, a little slower).
-* :data:`has_python_dispatch` (``torch._C._dispatch_keys`` and
+* `has_python_dispatch` (``torch._C._dispatch_keys`` and
   ``DispatchKey.Python``): wrapper subclasses such as ``FakeTensor`` have no
   real memory. Fallback: every tensor subclass counts as such (no alias check
   for subclasses; plain tensors are unaffected).
@@ -146,7 +146,7 @@ class Adapter(ArrayAdapter):
 
     def view_source(self, offsets: list[int], shapes: list[tuple[int, ...]], glb: dict[str, Any]) -> list[str]:
         """``as_strided`` (cheapest: bench_flat torch ``re(p)`` rows) unless autograd, a functorch
-        wrapper or a strided ``p`` is involved; then one ``split_with_sizes`` (see :meth:`views`)."""
+        wrapper or a strided ``p`` is involved; then one ``split_with_sizes`` (see `views`)."""
         glb["WRAPPED"] = is_functorch_wrapped
         glb["SIZES"] = [_size(s) for s in shapes]
         lines = [
@@ -183,7 +183,7 @@ class Adapter(ArrayAdapter):
     def new_flat(
         self, dtype: Any, device: Any, n: int, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]
     ) -> Any:
-        """:meth:`empty` + :meth:`fill` (no autograd history: filled under ``no_grad``)."""
+        """`empty` + `fill` (no autograd history: filled under ``no_grad``)."""
         out = self.empty(dtype, device, n)
         self.fill(out, leaves, offsets, shapes)
         return out
