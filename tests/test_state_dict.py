@@ -68,7 +68,7 @@ def test_colliding_dotted_keys_are_an_error_naming_both_paths(xp: Any) -> None:
     tree = {"a.b": xp.asarray([1.0]), "a": {"b": xp.asarray([2.0])}}
     with pytest.raises(fk.StructureError, match=r"\['a\.b'\] and a\.b both read 'a\.b'"):
         fk.state_dict(tree)
-    with pytest.raises(fk.StructureError, match="both read 'a.b'"):
+    with pytest.raises(fk.StructureError, match=r"both read 'a\.b'"):
         fk.load_state_dict(tree, {"a.b": xp.asarray([3.0])})
 
 
@@ -199,7 +199,7 @@ def test_bad_arguments(xp: Any) -> None:
     dst = {"a": xp.asarray([1.0])}
     with pytest.raises(TypeError, match="`mapping` must be a Mapping"):
         fk.load_state_dict(dst, [("a", xp.asarray([1.0]))])  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="keys must be str.*the int key 0"):
+    with pytest.raises(TypeError, match=r"keys must be str.*the int key 0"):
         fk.load_state_dict(dst, {0: xp.asarray([1.0])})  # type: ignore[dict-item]
     with pytest.raises(TypeError, match="`strict` must be True or False"):
         fk.load_state_dict(dst, {"a": xp.asarray([1.0])}, strict=1)  # type: ignore[call-overload]
@@ -237,3 +237,154 @@ def test_read_only_mapping_values_are_read_not_written() -> None:
     assert dst["b"].dtype == np.float64
     np.testing.assert_array_equal(dst["a"], mapping["a"])
     assert not np.shares_memory(dst["a"], mapping["a"])
+
+
+# ------------------------------------------------------------------ torch modules
+
+
+def _torch_zoo() -> dict[str, Any]:
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(5, 3)
+            self.blocks = nn.ModuleList([nn.Linear(3, 3), nn.Linear(3, 3, bias=False)])
+            self.lm_head = nn.Linear(3, 5, bias=False)
+            self.lm_head.weight = self.embed.weight
+            self.register_buffer("inv_freq", torch.arange(3.0), persistent=False)  # not in torch's state_dict
+            self.register_buffer("scale", torch.ones(1))
+
+    class Sym(nn.Module):
+        def forward(self, x: Any) -> Any:
+            return x.triu() + x.triu(1).T
+
+    sym = nn.Linear(3, 3)
+    torch.nn.utils.parametrize.register_parametrization(sym, "weight", Sym())
+    shared = nn.Linear(2, 2)
+    return {
+        "sequential": nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)),
+        "nested": nn.Sequential(nn.Sequential(nn.Linear(2, 2)), nn.ModuleDict({"head": nn.Linear(2, 1)})),
+        "batchnorm": nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)),
+        "tied": Tied(),
+        "weight_norm": nn.utils.parametrizations.weight_norm(nn.Linear(2, 3)),
+        "parametrize": sym,
+        "shared_submodule": nn.Sequential(shared, nn.Tanh(), shared),
+        "lstm": nn.LSTM(2, 3, num_layers=2),
+        "attention": nn.MultiheadAttention(4, 2),
+        "frozen": nn.Sequential(nn.Linear(2, 2).requires_grad_(False), nn.Linear(2, 2)),
+    }
+
+
+TORCH_MODELS = [
+    "sequential",
+    "nested",
+    "batchnorm",
+    "tied",
+    "weight_norm",
+    "parametrize",
+    "shared_submodule",
+    "lstm",
+    "attention",
+    "frozen",
+]
+
+
+@pytest.mark.parametrize("name", TORCH_MODELS)
+def test_torch_keys_and_values_are_module_state_dict(name: str) -> None:
+    torch = pytest.importorskip("torch")
+    m = _torch_zoo()[name]
+    want = m.state_dict()
+    sd = fk.state_dict(m)
+    assert list(sd) == list(want)
+    for k, v in sd.items():
+        assert type(v) is torch.Tensor, k  # detached, as torch's
+        assert not v.requires_grad, k
+        assert v.data_ptr() == want[k].data_ptr(), k  # an alias of the model's array
+        assert (v.dtype, v.shape) == (want[k].dtype, want[k].shape), k
+    if name == "weight_norm":
+        assert list(sd) == ["bias", "parametrizations.weight.original0", "parametrizations.weight.original1"]
+    if name == "tied":
+        assert m.lm_head.weight is m.embed.weight
+        assert sd["lm_head.weight"] is sd["embed.weight"]
+        assert "inv_freq" not in sd
+    if name == "batchnorm":
+        assert {"1.running_mean", "1.running_var", "1.num_batches_tracked"} <= set(sd)
+
+
+@pytest.mark.parametrize("name", TORCH_MODELS)
+@pytest.mark.parametrize("source", ["fk", "torch", "safetensors"])
+def test_torch_load_into_an_independently_built_model(name: str, source: str, tmp_path: Any) -> None:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    src = _torch_zoo()[name]
+    with torch.no_grad():
+        for b in src.buffers():
+            b.add_(3)  # buffers too (running stats, num_batches_tracked)
+    torch.manual_seed(1)
+    dst = _torch_zoo()[name]
+    if source == "fk":
+        mapping = fk.state_dict(src)
+    elif source == "torch":
+        mapping = src.state_dict()
+    else:
+        st = pytest.importorskip("safetensors.torch")
+        st.save_model(src, str(tmp_path / "m.safetensors"))  # a tie is stored once, under one key
+        mapping = st.load_file(str(tmp_path / "m.safetensors"))
+    params = {k: id(v) for k, v in dst.named_parameters(remove_duplicate=False)}
+    snap = {k: v.clone() for k, v in mapping.items()}
+    assert fk.load_state_dict(dst, mapping) is dst
+    want = src.state_dict()
+    got = dst.state_dict()
+    assert list(got) == list(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0, msg=k)
+        assert got[k].data_ptr() != want[k].data_ptr(), k  # no aliasing with the source
+    for k in mapping:
+        assert torch.equal(mapping[k], snap[k])
+        assert mapping[k].data_ptr() != got.get(k, snap[k]).data_ptr()
+    assert {k: id(v) for k, v in dst.named_parameters(remove_duplicate=False)} == params  # same Parameters
+    if name == "tied":
+        assert dst.lm_head.weight is dst.embed.weight
+        torch.testing.assert_close(dst.inv_freq, torch.arange(3.0))  # non-persistent: not loaded
+    if name == "batchnorm":
+        x = torch.randn(2, 1, 5, 5)
+        torch.testing.assert_close(dst.eval()(x), src.eval()(x))
+
+
+def test_torch_strict_error_lists_all_and_hints_at_a_prefix() -> None:
+    torch = pytest.importorskip("torch")
+    src = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    dst = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    before = {k: v.clone() for k, v in dst.state_dict().items()}
+    wrapped = {"module." + k: v for k, v in src.state_dict().items()}  # as DataParallel saves
+    with pytest.raises(fk.StructureError) as info:
+        fk.load_state_dict(dst, wrapped)
+    msg = str(info.value)
+    assert "7 missing" in msg
+    assert "7 unexpected" in msg
+    assert "every mapping key has the extra prefix 'module.'" in msg
+    assert all(torch.equal(v, before[k]) for k, v in dst.state_dict().items())
+    res = fk.load_state_dict(dst, {"0.weight": torch.ones(3, 2), "1.bias": torch.ones(4)}, strict=False)
+    assert res.mismatched == ["1.bias"]
+    assert "0.weight" not in res.missing
+    assert "1.running_mean" in res.missing
+    assert torch.equal(dst[0].weight, torch.ones(3, 2))
+    assert isinstance(dst[0].weight, torch.nn.Parameter)
+
+
+def test_torch_module_vs_dict_message_names_both_types() -> None:
+    torch = pytest.importorskip("torch")
+    m = torch.nn.Linear(2, 3)
+    runs = [
+        ("dict", lambda: fk.load_into(m, dict(m.state_dict()))),
+        ("OrderedDict", lambda: fk.fmap(lambda a, b: a, m, m.state_dict())),
+    ]
+    for other, run in runs:
+        with pytest.raises(fk.StructureError) as info:
+            run()
+        lines = str(info.value).splitlines()
+        assert lines[0] == f"at <root>: Linear keys {{'weight', 'bias'}} vs {other} keys {{'weight', 'bias'}}"
+        assert lines[1].startswith(f"The node types differ (Linear vs {other}): ")
+        assert "fk.load_state_dict(model, mapping)" in lines[1]
