@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -388,3 +390,41 @@ def test_torch_module_vs_dict_message_names_both_types() -> None:
         assert lines[0] == f"at <root>: Linear keys {{'weight', 'bias'}} vs {other} keys {{'weight', 'bias'}}"
         assert lines[1].startswith(f"The node types differ (Linear vs {other}): ")
         assert "fk.load_state_dict(model, mapping)" in lines[1]
+
+
+def test_state_dict_page_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """The python blocks of docs/state_dict.md run, in order, as one script; the shown output is printed."""
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    page = Path(__file__).resolve().parent.parent / "docs" / "state_dict.md"
+    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.MULTILINE | re.DOTALL)
+    assert len(blocks) >= 8
+    namespace: dict[str, object] = {"__name__": "state_dict_docs"}
+    for i, block in enumerate(blocks):
+        try:
+            exec(compile(block, f"docs/state_dict.md block {i + 1}", "exec"), namespace)
+        except Exception as e:
+            e.add_note(f"in docs/state_dict.md python block {i + 1}:\n{block}")
+            raise
+    out = capsys.readouterr().out.splitlines()
+    shown = [  # the output the page shows in its comments
+        "['0.weight', '0.bias', '1.weight', '1.bias', '1.running_mean', '1.running_var', '1.num_batches_tracked', "
+        "'2.weight', '2.bias']",
+        "['layers.0.w', 'layers.0.b', 'steps']",
+        "  1 missing (in the model, not in the mapping): '1.running_mean'",
+        "  1 unexpected (in the mapping, not in the model): 'head.weight'",
+        "    '1.num_batches_tracked': dtype int64 (integer) in the model vs float32 (real floating) in the mapping",
+        "    '2.weight': shape (1, 3) in the model vs (2, 3) in the mapping",
+        "IncompatibleKeys(missing=['1.running_mean'], unexpected=['head.weight'], "
+        "mismatched=['1.num_batches_tracked', '2.weight'])",
+        "at <root>: Linear keys {'weight', 'bias'} vs dict keys {'weight', 'bias'}",
+    ]
+    for line in shown:
+        assert line in out
+    starts = [
+        "fk.state_dict: the paths ['a.b'] and a.b both read 'a.b' in dotted form",
+        "at embed.weight and lm_head.weight: `dst` has one array at both places (a tie)",
+        "The node types differ (Linear vs dict)",
+    ]
+    for start in starts:
+        assert any(o.startswith(start) for o in out), start
