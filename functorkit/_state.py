@@ -49,6 +49,15 @@ class IncompatibleKeys(NamedTuple):
     mismatched
         Keys present in both whose value has another shape or dtype kind than the
         model's array, or is not an array; not loaded. ``strict=True`` says why.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> dst = {"w": np.zeros(2), "b": np.zeros(1)}
+    >>> missing, unexpected, mismatched = fk.load_state_dict(dst, {"w": np.ones(2), "v": np.ones(2)}, strict=False)
+    >>> missing, unexpected, mismatched, dst["w"]
+    (['b'], ['v'], [], array([1., 1.]))
     """
 
     missing: list[str]

@@ -428,3 +428,17 @@ def test_state_dict_page_examples_run(capsys: pytest.CaptureFixture[str]) -> Non
     ]
     for start in starts:
         assert any(o.startswith(start) for o in out), start
+
+
+def test_deep_nesting_and_a_bare_array() -> None:
+    tree: Any = np.ones(2)
+    for _ in range(10_000):
+        tree = [tree]
+    (key,) = fk.state_dict(tree)
+    assert key == ".".join(["0"] * 10_000)
+    fk.load_state_dict(tree, {key: np.zeros(2)})
+    assert fk.KeyPath.parse(key).get(tree).tolist() == [0.0, 0.0]
+    bare = np.ones(2)
+    assert list(fk.state_dict(bare)) == [""]  # the root path
+    fk.load_state_dict(bare, {"": np.arange(2.0)})
+    assert bare.tolist() == [0.0, 1.0]
