@@ -36,7 +36,13 @@ _KINDS = (
 )
 
 
-class IncompatibleKeys(NamedTuple):
+class _Keys(NamedTuple):
+    missing: list[str]
+    unexpected: list[str]
+    mismatched: list[str]
+
+
+class IncompatibleKeys(_Keys):
     """What ``fk.load_state_dict(..., strict=False)`` did not load (each a list of keys, in order).
 
     Attributes
@@ -60,9 +66,14 @@ class IncompatibleKeys(NamedTuple):
     (['b'], ['v'], [], array([1., 1.]))
     """
 
-    missing: list[str]
-    unexpected: list[str]
-    mismatched: list[str]
+    __slots__ = ()
+
+    def __new__(cls, missing: list[str], unexpected: list[str], mismatched: list[str]) -> IncompatibleKeys:
+        for name, keys in (("missing", missing), ("unexpected", unexpected), ("mismatched", mismatched)):
+            if type(keys) is not list or not all(type(k) is str for k in keys):
+                msg = f"`{name}` must be a list of str keys, got {safe_repr(keys)}."
+                raise TypeError(msg)
+        return super().__new__(cls, missing, unexpected, mismatched)
 
 
 def _skipped_positions(td: TreeDef) -> set[int]:
@@ -295,7 +306,7 @@ def load_state_dict(dst: Any, mapping: Mapping[str, Any], /, *, strict: bool = T
         if type(k) is not str:
             msg = (
                 f"`mapping` keys must be str (dotted paths like 'layers.0.weight'), found the "
-                f"{type(k).__name__} key {safe_repr(k)}; fix: convert keys with str(fk.KeyPath(...).dotted)."
+                f"{type(k).__name__} key {safe_repr(k)}; fix: use dotted string keys, e.g. fk.KeyPath(entries).dotted."
             )
             raise TypeError(msg)
     entries = _entries(dst, "fk.load_state_dict")
