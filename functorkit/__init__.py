@@ -27,6 +27,9 @@ from ._record import unflatten as unflatten
 from ._registry import register as register
 from ._registry import register_dataclass as register_dataclass
 from ._registry import register_leaf as register_leaf
+from ._state import IncompatibleKeys as IncompatibleKeys
+from ._state import load_state_dict as load_state_dict
+from ._state import state_dict as state_dict
 from ._structured import Diagonal as Diagonal
 from ._structured import Transpose as Transpose
 from ._treedef import TreeDef as TreeDef
@@ -40,6 +43,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Diagonal",
+    "IncompatibleKeys",
     "KeyPath",
     "PolicyError",
     "Restructure",
@@ -60,6 +64,7 @@ __all__ = [
     "lerp",
     "lincomb",
     "load_into",
+    "load_state_dict",
     "mean",
     "norm",
     "normalize",
@@ -67,6 +72,7 @@ __all__ = [
     "register_dataclass",
     "register_leaf",
     "scale",
+    "state_dict",
     "sub",
     "unflatten",
 ]

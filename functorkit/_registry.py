@@ -65,9 +65,12 @@ class NodeDef:
     dataclass), so the walk need not keep the ``values`` list alive to keep
     the children's identities unique; ``fast`` marks the built-in
     containers the walk handles inline.
+
+    ``state_skip(aux)`` (optional) returns the child keys that are not part
+    of the node's state dict (torch: non-persistent buffers), or None.
     """
 
-    __slots__ = ("cls", "fast", "flatten", "kind", "owns", "trainable", "unflatten")
+    __slots__ = ("cls", "fast", "flatten", "kind", "owns", "state_skip", "trainable", "unflatten")
 
     def __init__(
         self,
@@ -79,6 +82,7 @@ class NodeDef:
         *,
         owns: bool = False,
         kind: Any = None,
+        state_skip: Callable[[Any], Any] | None = None,
     ) -> None:
         self.cls = cls
         self.kind = cls if kind is None else kind
@@ -87,6 +91,7 @@ class NodeDef:
         self.trainable = trainable
         self.fast = fast
         self.owns = owns
+        self.state_skip = state_skip
 
     def __repr__(self) -> str:
         return f"NodeDef({self.cls.__qualname__})"

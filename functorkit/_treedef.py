@@ -114,6 +114,15 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
+def _type_named(desc: str) -> str | None:
+    """The type named by a `describe_found` text (``Linear keys {...}``, ``list of length 2``), or None."""
+    for sep in (" keys {", " of length "):
+        head, found, _ = desc.partition(sep)
+        if found:
+            return head
+    return None
+
+
 def mismatch(
     path: KeyPath, left: str, right: str, which: int = 1, names: tuple[str, ...] | None = None
 ) -> StructureError:
@@ -125,8 +134,21 @@ def mismatch(
         differs = f"`{names[which]}` differs from `{names[0]}` here"
     else:
         differs = f"the {_ordinal(which + 1)} tree differs from the first here"
+    ltype, rtype = _type_named(left), _type_named(right)
+    types = ""
+    if ltype is not None and rtype is not None and ltype != rtype:
+        types = (
+            f"The node types differ ({ltype} vs {rtype}): a node matches only a node of its own type, "
+            "whatever its keys."
+        )
+        if "dict" in (ltype, rtype) or "OrderedDict" in (ltype, rtype):
+            types += (
+                " To load a flat mapping of dotted keys (a state dict) into a model, use "
+                "fk.load_state_dict(model, mapping)."
+            )
+        types += "\n"
     msg = (
-        f"at {path.display}: {left} vs {right}\n"
+        f"at {path.display}: {left} vs {right}\n{types}"
         "Every tree must have the structure of the first one (node types, keys, "
         f"lengths); {differs}. Fix that tree, or pass `is_leaf` to stop the walk "
         "above this point."

@@ -1069,6 +1069,66 @@ CASES: list[Bad] = [
         "the path; an array of the same shape expected (a structure mismatch, on every backend)",
         path="w",
     ),
+    Bad(
+        "state_dict-colliding-keys",
+        "state_dict",
+        "a dict key `'a.b'` next to `{'a': {'b': ...}}`",
+        lambda c: fk.state_dict({"a.b": c.arr(1.0), "a": {"b": c.arr(2.0)}}),
+        fk.StructureError,
+        "both paths read one dotted key; rename one",
+        path="a.b",
+        names=(r"\['a\.b'\] and a\.b",),
+    ),
+    Bad(
+        "load_state_dict-not-a-mapping",
+        "load_state_dict",
+        "a list of pairs as `mapping`",
+        lambda c: fk.load_state_dict(c.model(), [("layers.0.w", c.arr(1.0, 2.0))]),
+        TypeError,
+        "`mapping` must be a Mapping; pass dict(pairs)",
+        names=("`mapping`",),
+    ),
+    Bad(
+        "load_state_dict-key-not-str",
+        "load_state_dict",
+        "an int key in `mapping`",
+        lambda c: fk.load_state_dict(c.model(), {0: c.arr(1.0, 2.0)}),
+        TypeError,
+        "`mapping` keys must be str",
+        names=("`mapping` keys",),
+    ),
+    Bad(
+        "load_state_dict-strict-not-bool",
+        "load_state_dict",
+        "`strict='yes'`",
+        lambda c: fk.load_state_dict(c.model(), {}, strict="yes"),
+        TypeError,
+        "`strict` must be True or False",
+        names=("`strict`",),
+    ),
+    Bad(
+        "load_state_dict-keys-do-not-fit",
+        "load_state_dict",
+        "a wrong shape, a missing and an unexpected key",
+        lambda c: fk.load_state_dict(c.model(), {"layers.0.w": c.arr(1.0, 2.0, 3.0), "extra": c.arr(1.0)}),
+        fk.StructureError,
+        "every missing, unexpected and mismatched key at once; or pass strict=False (on every backend)",
+        path="layers.0.w",
+        names=("missing.*'layers.0.b'", "unexpected.*'extra'", "mismatched", "strict=False"),
+    ),
+    Bad(
+        "load_state_dict-tie-fed-two-values",
+        "load_state_dict",
+        "a tie in `dst` given two different values",
+        lambda c: (lambda w: fk.load_state_dict({"a": w, "b": w}, {"a": c.arr(1.0, 2.0), "b": c.arr(3.0, 4.0)}))(
+            c.mutable(0.0, 0.0)
+        ),
+        fk.StructureError,
+        "both keys' paths; make the mapping agree (JAX/Dask: immutable `dst`)",
+        path="a",
+        names=(r"\bb\b",),
+        immutable_error=TypeError,
+    ),
 ]
 
 # ---------------------------------------------------------------------------
@@ -1295,6 +1355,15 @@ PLAIN_CASES: list[Bad] = [
         TypeError,
         "made by fk.destructure(model)",
         names=("destructure",),
+    ),
+    Bad(
+        "IncompatibleKeys-not-lists",
+        "IncompatibleKeys",
+        "a str instead of a list of keys",
+        lambda c: fk.IncompatibleKeys("a", [], []),
+        TypeError,
+        "`missing` must be a list of str keys",
+        names=("`missing`",),
     ),
 ]
 

@@ -447,6 +447,12 @@ def _trainable(m: Any) -> frozenset[Any]:
     return frozenset(out)
 
 
+def _state_skip(aux: Any) -> frozenset[Any] | None:
+    """The child keys ``state_dict()`` leaves out: the module's non-persistent buffers."""
+    names = aux[1].get("_non_persistent_buffers_set")
+    return frozenset(map(_key, names)) if names else None
+
+
 def _kind_of(cls: type) -> Any:
     """The node kind two trees are matched by. ``torch.nn.utils.parametrize`` gives every
     parametrized module a class of its own (``ParametrizedLinear``, made per instance, subclassing
@@ -478,6 +484,12 @@ def node_for(cls: type) -> NodeDef | None:
         elif _is_compiled_module(cls):
             fixup = _refresh_compiled
         nd = _DEFS[cls] = NodeDef(
-            cls, _flatten, _make_unflatten(copied, fixup), _trainable, owns=True, kind=_kind_of(cls)
+            cls,
+            _flatten,
+            _make_unflatten(copied, fixup),
+            _trainable,
+            owns=True,
+            kind=_kind_of(cls),
+            state_skip=_state_skip,
         )
     return nd
