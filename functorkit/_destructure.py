@@ -11,12 +11,11 @@ namespace. :class:`Restructure` (``_flat.py``) is the rebuilding half.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
 from typing import Any
 
 from ._alias import check_no_aliases
-from ._errors import StructureError
 from ._flat import Restructure, _check_readable, _default_float, _new_flat, _size
+from ._holders import unknown_holder_error, unknown_holders
 from ._keypath import KeyPath
 from ._policy import (
     Kind,
@@ -27,7 +26,7 @@ from ._policy import (
     same_device,
 )
 from ._record import record
-from ._registry import SCALAR_TYPES, registered_leaf
+from ._registry import SCALAR_TYPES, export_pending, export_static
 from ._treedef import TreeDef, add_note
 from ._xp import device_of, is_array, is_inexact_array, namespace
 from .adapters import adapter_of
@@ -102,7 +101,10 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
         raise
     params = [leaves[j] for j in param_idx]
     if decide_unknown_holder(pol):
-        _refuse_unknown_holders(leaves, param_idx, td)
+        found = unknown_holders(leaves, td.paths, set(param_idx)) if not _all_plain(leaves) else []
+        if found:
+            raise unknown_holder_error(*found[0])
+    export_pending()
     leaf_paths: tuple[KeyPath, ...] | None = None
 
     def path_of(k: int) -> KeyPath:
@@ -188,37 +190,9 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
     return flat, re
 
 
-def _holds_arrays(x: Any) -> bool:
-    """True for an object no registry knows that holds arrays one level down (attributes, or the
-    items of a Mapping/Sequence subclass)."""
-    t = type(x)
-    if t in SCALAR_TYPES or registered_leaf(t) or callable(x) or is_array(x):
-        return False
-    if isinstance(x, Mapping):
-        vals: Any = x.values()
-    elif isinstance(x, (list, tuple)):
-        vals = x
-    else:
-        d = getattr(x, "__dict__", None)
-        if type(d) is not dict:
-            return False
-        vals = d.values()
-    return any(is_array(v) for v in vals)
-
-
-def _refuse_unknown_holders(leaves: list[Any], param_idx: list[int], td: TreeDef) -> None:
-    params = set(param_idx)
-    for j, x in enumerate(leaves):
-        if j not in params and _holds_arrays(x):
-            name = type(x).__qualname__
-            msg = (
-                f"at {td.paths[j].display}: fk.destructure found a {name} that holds arrays, but no registry "
-                f"knows {name}, so it would silently be a constant (its arrays not parameters). Expected "
-                f"registered nodes; fix: register it (fk.register({name}, children=..., rebuild=...), or "
-                f"@fk.register_dataclass), or fk.register_leaf({name}) to keep it a constant on purpose, or "
-                "pass policy='model'/'flat' to carry it unchanged."
-            )
-            raise StructureError(msg)
+def _all_plain(leaves: list[Any]) -> bool:
+    """True when every leaf is an array or a built-in scalar (the common case: nothing to look into)."""
+    return all(type(x) in SCALAR_TYPES or is_array(x) for x in leaves)
 
 
 class _LazyPaths:
@@ -249,3 +223,9 @@ class _Deferred:
     @property
     def display(self) -> str:
         return str(self._f(self._j).display)
+
+
+# Restructure and TreeDef are pytrees with no leaves (themselves their static aux data) in JAX and
+# torch, so they can be passed to jax.jit-ed functions and torch.func.vmap (docs/interop.md)
+export_static(TreeDef)
+export_static(Restructure)

@@ -32,9 +32,11 @@ class Explanation:
     ``explanation.rows`` is a list of :class:`ExplainRow`; iterating gives the rows.
     """
 
-    def __init__(self, header: str, rows: list[ExplainRow]) -> None:
+    def __init__(self, header: str, rows: list[ExplainRow], holders: list[tuple[KeyPath, str]] | None = None) -> None:
         self.header = header
         self.rows = rows
+        #: ``(path, class name)`` of constants no registry knows that hold arrays (carried unchanged)
+        self.holders = [] if holders is None else holders
 
     def __iter__(self) -> Iterator[ExplainRow]:
         return iter(self.rows)
@@ -81,6 +83,11 @@ class Explanation:
             lines.append("(no parameters)")
         for key, number in notes.items():
             lines.append(f"[{number}] {shown[key]}")
+        for path, name in self.holders:
+            lines.append(
+                f"constant at {path.display}: a {name} that holds arrays, but no registry knows {name}: carried "
+                f"unchanged, its arrays are not parameters (fk.register / @fk.register_dataclass to make them so)"
+            )
         return "\n".join(lines)
 
 
