@@ -334,7 +334,7 @@ def _mark_export(cls: type, export: bool) -> None:
         with _lock:
             if all(c is not cls for c, _ in _EXPORTS):
                 _EXPORTS.append((cls, False))
-        export_pending()
+    export_pending()
 
 
 def _is_namedtuple(cls: type) -> bool:
