@@ -191,8 +191,9 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
 
 
 def _all_plain(leaves: list[Any]) -> bool:
-    """True when every leaf is an array or a built-in scalar (the common case: nothing to look into)."""
-    return all(type(x) in SCALAR_TYPES or is_array(x) for x in leaves)
+    """True when every leaf is an array or a built-in scalar (the common case: nothing to look into);
+    one leaf per type is looked at."""
+    return all(t in SCALAR_TYPES or is_array(x) for t, x in {type(x): x for x in leaves}.items())
 
 
 class _LazyPaths:
