@@ -5,6 +5,7 @@ functorkit nodes; functorkit's nodes are JAX and torch nodes; ``Restructure``/``
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import subprocess
 import sys
@@ -474,3 +475,22 @@ def test_jax_class_met_before_its_jax_registration_is_not_silent(jax: Any) -> No
     jax.tree_util.register_pytree_node(Late, lambda x: ((x.w,), None), lambda aux, ch: Late(*ch))
     with pytest.raises(fk.StructureError, match=r"at h: .*Late"):
         fk.destructure({"h": obj})
+
+
+def test_torch_registration_mirrored_into_optree_keeps_torch_keys() -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("optree")
+    importlib.import_module("torch.utils._cxx_pytree")  # copies torch registrations into optree's "torch"
+    pytree = torch.utils._pytree
+
+    class Mirrored:
+        def __init__(self, w: Any) -> None:
+            self.w = w
+
+    pytree.register_pytree_node(
+        Mirrored,
+        lambda m: ([m.w], None),
+        lambda vals, ctx: Mirrored(vals[0]),
+        flatten_with_keys_fn=lambda m: ([(pytree.GetAttrKey("w"), m.w)], None),
+    )
+    assert [str(p) for p, _ in fk.leaves_with_path({"m": Mirrored(torch.ones(1))})] == ["m.w"]

@@ -2,7 +2,8 @@
 
 :func:`node_for` makes a functorkit node of a class optree knows as a node:
 registered in optree's global namespace, else in exactly one named namespace
-(``optree.register_pytree_node(..., namespace="mine")``; optree has no public
+(``optree.register_pytree_node(..., namespace="mine")``; not ``"torch"``, which
+torch fills with copies of its own registrations; optree has no public
 way to list the namespaces of a class, so its registry dict is read, feature
 detected). Children come from its ``flatten_func``; the entries it returns
 become path entries when they are distinct and hashable, else positions; the
@@ -27,11 +28,20 @@ __all__ = ["node_for"]
 _REGISTRY: Any = getattr(getattr(optree, "registry", None), "_NODETYPE_REGISTRY", None)
 
 
+#: namespaces other libraries fill with copies of their own registries (torch's ``_cxx_pytree`` copies
+#: every ``torch.utils._pytree`` registration into "torch", without keys): read from the original
+_MIRRORS = frozenset({"torch"})
+
+
 def _lookup(cls: type) -> Any:
     entry = optree.register_pytree_node.get(cls)
     if entry is not None or not isinstance(_REGISTRY, dict):
         return entry
-    found = [v for k, v in list(_REGISTRY.items()) if type(k) is tuple and len(k) == 2 and k[1] is cls]
+    found = [
+        v
+        for k, v in list(_REGISTRY.items())
+        if type(k) is tuple and len(k) == 2 and k[1] is cls and k[0] not in _MIRRORS
+    ]
     return found[0] if len(found) == 1 else None
 
 
