@@ -30,6 +30,8 @@ class Explanation:
 
     ``str(explanation)`` is a text table (errors as numbered notes below it);
     ``explanation.rows`` is a list of :class:`ExplainRow`; iterating gives the rows.
+    ``explanation.holders`` lists ``(path, class name)`` of the constants that no
+    registry knows but that hold arrays (carried unchanged; see ``docs/interop.md``).
     """
 
     def __init__(self, header: str, rows: list[ExplainRow], holders: list[tuple[KeyPath, str]] | None = None) -> None:
