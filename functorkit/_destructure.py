@@ -13,12 +13,11 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from collections.abc import Mapping
 from typing import Any
 
 from ._alias import check_no_aliases
-from ._errors import StructureError
 from ._flat import Restructure, _check_readable, _default_float, _new_flat
+from ._holders import unknown_holder_error, unknown_holders
 from ._keypath import KeyPath
 from ._policy import (
     Kind,
@@ -29,7 +28,7 @@ from ._policy import (
     same_device,
 )
 from ._record import record_plain
-from ._registry import SCALAR_TYPES, registered_leaf
+from ._registry import SCALAR_TYPES, export_pending, export_static
 from ._treedef import TreeDef, add_note
 from ._xp import _INEXACT, _IS_ARRAY, device_of, is_array, is_inexact_array, namespace
 from .adapters import adapter_of
@@ -92,6 +91,7 @@ def destructure(model: Any, /, *, policy: str = "strict") -> tuple[Any, Restruct
     """
     pol = check_policy(policy, "fk.destructure")
     leaves, td = record_plain(model, track=True)
+    export_pending()
     plans = td._fast_plans
     if plans is not None:
         plan: _Plan | None = plans.get(pol)
@@ -325,37 +325,12 @@ def _kinds(params: list[Any], pol: str, path_of: Any) -> tuple[list[Kind], list[
     return kinds, param_kind, param_types
 
 
-def _holds_arrays(x: Any) -> bool:
-    """True for an object no registry knows that holds arrays one level down (attributes, or the
-    items of a Mapping/Sequence subclass)."""
-    t = type(x)
-    if t in SCALAR_TYPES or registered_leaf(t) or callable(x) or is_array(x):
-        return False
-    if isinstance(x, Mapping):
-        vals: Any = x.values()
-    elif isinstance(x, (list, tuple)):
-        vals = x
-    else:
-        d = getattr(x, "__dict__", None)
-        if type(d) is not dict:
-            return False
-        vals = d.values()
-    return any(is_array(v) for v in vals)
-
-
 def _refuse_unknown_holders(leaves: list[Any], param_idx: list[int], td: TreeDef) -> None:
-    params = set(param_idx)
-    for j, x in enumerate(leaves):
-        if j not in params and _holds_arrays(x):
-            name = type(x).__qualname__
-            msg = (
-                f"at {td.paths[j].display}: fk.destructure found a {name} that holds arrays, but no registry "
-                f"knows {name}, so it would silently be a constant (its arrays not parameters). Expected "
-                f"registered nodes; fix: register it (fk.register({name}, children=..., rebuild=...), or "
-                f"@fk.register_dataclass), or fk.register_leaf({name}) to keep it a constant on purpose, or "
-                "pass policy='model'/'flat' to carry it unchanged."
-            )
-            raise StructureError(msg)
+    """Under a policy that refuses them: the first object no registry knows that holds arrays
+    (``_holders.py``) is a StructureError naming its path."""
+    found = unknown_holders(leaves, td.paths, set(param_idx))
+    if found:
+        raise unknown_holder_error(*found[0])
 
 
 class _LazyPaths:
@@ -386,3 +361,9 @@ class _Deferred:
     @property
     def display(self) -> str:
         return str(self._f(self._j).display)
+
+
+# Restructure and TreeDef are pytrees with no leaves (themselves their static aux data) in JAX and
+# torch, so they can be passed to jax.jit-ed functions and torch.func.vmap (docs/interop.md)
+export_static(TreeDef)
+export_static(Restructure)

@@ -59,7 +59,9 @@ class Explanation:
     (errors as numbered notes below it); ``explanation.rows`` is a list of
     `ExplainRow`, one per parameter in walk order; iterating, ``len`` and
     indexing go over the rows; ``explanation.ok`` is true when ``re(p)`` would
-    succeed.
+    succeed. ``explanation.holders`` lists ``(path, class name)`` of the
+    constants that no registry knows but that hold arrays (carried unchanged;
+    see ``docs/interop.md``).
 
     Examples
     --------
@@ -75,9 +77,11 @@ class Explanation:
     ...
     """
 
-    def __init__(self, header: str, rows: list[ExplainRow]) -> None:
+    def __init__(self, header: str, rows: list[ExplainRow], holders: list[tuple[KeyPath, str]] | None = None) -> None:
         self.header = header
         self.rows = rows
+        #: ``(path, class name)`` of constants no registry knows that hold arrays (carried unchanged)
+        self.holders = [] if holders is None else holders
 
     def __iter__(self) -> Iterator[ExplainRow]:
         return iter(self.rows)
@@ -124,6 +128,11 @@ class Explanation:
             lines.append("(no parameters)")
         for key, number in notes.items():
             lines.append(f"[{number}] {shown[key]}")
+        for path, name in self.holders:
+            lines.append(
+                f"constant at {path.display}: a {name} that holds arrays, but no registry knows {name}: carried "
+                f"unchanged, its arrays are not parameters (fk.register / @fk.register_dataclass to make them so)"
+            )
         return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ from ._alias import layouts_overlap, memory_layout, separate_allocations
 from ._codegen import CODEGEN_MAX, build_source, compile_source, entry_of_error
 from ._errors import PolicyError, StructureError
 from ._explain import ExplainRow, Explanation, explain_rows
+from ._holders import unknown_holders
 from ._keypath import KeyPath
 from ._policy import (
     POLICIES,
@@ -44,6 +45,7 @@ from ._policy import (
     rebuild_error,
     same_device,
 )
+from ._registry import SCALAR_TYPES
 from ._treedef import BUILD_SAME, TreeDef, add_note
 from ._xp import is_array, is_inexact_array, namespace
 from .adapters import ArrayAdapter, adapter_for, adapter_of
@@ -338,6 +340,22 @@ class Restructure:
         """The shape of each parameter, in walk order."""
         return tuple(self._shapes)
 
+    def __eq__(self, other: object) -> bool:
+        """Equal when both rebuild alike: equal tree definitions, parameter table and policy, and the
+        same constants (identical objects, or equal built-in scalars). Hashable by structure, so two
+        equal ones hit one ``jax.jit`` cache entry (docs/interop.md)."""
+        if not isinstance(other, Restructure):
+            return NotImplemented
+        return self is other or (
+            self._td == other._td
+            and (self._shapes, self._param_kind, self._policy) == (other._shapes, other._param_kind, other._policy)
+            and (self._kinds, self._flat_kind) == (other._kinds, other._flat_kind)
+            and all(_same_constant(a, b) for a, b in zip(self._template, other._template, strict=True))
+        )
+
+    def __hash__(self) -> int:
+        return hash((self._td, self._n, self._policy))
+
     def __repr__(self) -> str:
         k = self._flat_kind
         return (
@@ -507,7 +525,7 @@ class Restructure:
         rows = explain_rows(
             pol, pk, copy, self._decide(pol, pk), self._param_kind, self._kinds, self.paths, self._shapes
         )
-        return Explanation(header, rows)
+        return Explanation(header, rows, unknown_holders(self._template, self._td.paths, set()))
 
     # ---------------------------------------------------------------- flatten
 
@@ -696,6 +714,10 @@ class Restructure:
             "param_types": [portable_type(t) for t in self._param_types],
         }
         return (restore, (state,))
+
+
+def _same_constant(a: Any, b: Any) -> bool:
+    return a is b or (type(a) is type(b) and type(a) in SCALAR_TYPES and a == b)
 
 
 def _flatten_mismatch(path: KeyPath, expected: str, found: str) -> StructureError:

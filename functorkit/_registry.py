@@ -3,8 +3,11 @@
 One global, thread-safe table maps an exact type to a `NodeDef` (a node)
 or to the leaf marker. Types not registered are resolved once and cached:
 namedtuples and dataclasses are nodes by default, objects of a backend with an
-adapter (``torch.nn.Module``) are handed to that adapter, loaded lazily, and
-everything else is a leaf.
+adapter (``torch.nn.Module``) are handed to that adapter, loaded lazily, a class
+that an imported pytree library (JAX, optree, torch ``_pytree``) knows as a node
+is taken apart through that library, and everything else is a leaf. Classes
+registered here are exported to JAX and torch ``_pytree`` in turn (see
+``docs/interop.md``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from .adapters._pytrees import EXPORT_TO, PYTREES
+
 __all__ = [
     "GENERATION",
     "KNOWN_TYPES",
@@ -27,6 +32,8 @@ __all__ = [
     "NodeDef",
     "child_items",
     "dispatch",
+    "export_pending",
+    "export_static",
     "register",
     "register_dataclass",
     "register_leaf",
@@ -277,6 +284,63 @@ GENERATION: list[int] = [0]
 # library is met (only possible once the library itself is imported).
 _ADAPTERS: tuple[tuple[str, str], ...] = (("torch", "functorkit.adapters.torch"),)
 
+# ---------------------------------------------------------------- other libraries' pytree registries
+# (SPEC section 9; docs/interop.md). In: a class that no functorkit rule claims is looked up, when
+# first met, in the registries of the libraries already imported (adapters/_pytrees.py); the glue module's
+# ``node_for(cls)`` gives a NodeDef or None. Out: the classes registered with functorkit (and the
+# static ``Restructure``/``TreeDef``) are given to each library's ``export(cls, static)`` once it is
+# imported: at a registration, when a new type is first met, or at ``fk.destructure``.
+#: classes to export, in registration order: (cls, static)
+_EXPORTS: list[tuple[type, bool]] = []
+#: per library: how many of _EXPORTS it has been given
+_EXPORTED: dict[str, int] = {name: 0 for name, _ in EXPORT_TO}
+
+
+def _bridged(cls: type) -> NodeDef | None:
+    """The NodeDef of an imported pytree library that knows `cls` as a node, or None."""
+    for modname, glue in PYTREES:
+        if sys.modules.get(modname) is not None:
+            nd: NodeDef | None = importlib.import_module(glue).node_for(cls)
+            if nd is not None:
+                return nd
+    return None
+
+
+def export_pending() -> None:
+    """Give every pytree library imported by now the classes registered since it was last given any
+    (a no-op when there are none: two comparisons per library)."""
+    n = len(_EXPORTS)
+    for modname, glue in EXPORT_TO:
+        if _EXPORTED[modname] < n and sys.modules.get(modname) is not None:
+            with _lock:
+                mod = importlib.import_module(glue)
+                while _EXPORTED[modname] < len(_EXPORTS):
+                    cls, static = _EXPORTS[_EXPORTED[modname]]
+                    _EXPORTED[modname] += 1
+                    mod.export(cls, static)
+
+
+def export_static(cls: type) -> None:
+    """Make `cls` a pytree with no leaves, the object itself its static aux data, in JAX and torch
+    (``Restructure``, ``TreeDef``: hashable by structure)."""
+    with _lock:
+        _EXPORTS.append((cls, True))
+    export_pending()
+
+
+def _check_export(export: Any, what: str) -> None:
+    if type(export) is not bool:
+        msg = f"`export` must be True or False, got {type(export).__name__} ({export!r}) ({what})."
+        raise TypeError(msg)
+
+
+def _mark_export(cls: type, export: bool) -> None:
+    if export:
+        with _lock:
+            if all(c is not cls for c, _ in _EXPORTS):
+                _EXPORTS.append((cls, False))
+    export_pending()
+
 
 def _is_namedtuple(cls: type) -> bool:
     return issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)
@@ -292,6 +356,8 @@ def resolve(cls: type) -> Any:
             out = SCALAR
         elif _is_namedtuple(cls):
             out = _namedtuple_def(cls)
+        elif (bridged := _bridged(cls)) is not None:
+            out = bridged
         elif dataclasses.is_dataclass(cls):
             out = _dataclass_def(cls)
         else:
@@ -305,6 +371,7 @@ def resolve(cls: type) -> Any:
                         out = nd
                         break
         _DISPATCH[cls] = out
+        export_pending()
         if not isinstance(out, NodeDef):
             LEAF_TYPES.add(cls)
         KNOWN_TYPES.add(cls)
@@ -374,6 +441,7 @@ def register(
     rebuild: Callable[[Any, Any], T],
     trainable: Callable[[T], Iterable[Any]] | None = None,
     replace: bool = False,
+    export: bool = True,
 ) -> type[T]:
     """Register `cls` (by exact type) as a node.
 
@@ -394,6 +462,11 @@ def register(
         (default: all children).
     replace
         Replace an existing entry instead of raising ``ValueError``.
+    export
+        Also make `cls` a pytree node of JAX and of torch's ``_pytree``
+        (default ``True``): at once for a library already imported, else when
+        functorkit first meets it (see ``docs/interop.md``); a class that
+        library already knows is left alone. ``False`` opts out.
 
     Returns
     -------
@@ -433,16 +506,20 @@ def register(
             f"got {type(trainable).__name__}."
         )
         raise TypeError(msg)
+    _check_export(export, "fk.register")
     _store(cls, _user_def(cls, children, rebuild, trainable), replace, "fk.register")
+    _mark_export(cls, export)
     return cls
 
 
-def register_dataclass(cls: Any = None, /, *, replace: bool = False) -> Any:
+def register_dataclass(cls: Any = None, /, *, replace: bool = False, export: bool = True) -> Any:
     """Register a dataclass as a node (a decorator; plain dataclasses are nodes anyway).
 
     Fields with ``field(metadata={"static": True})`` are static data, not
     children. The rebuilt object is made without calling ``__init__`` or
     ``__post_init__``; non-field instance attributes are carried over.
+    Registered classes become JAX and torch pytree nodes too, as with
+    :func:`register` (``export=False`` opts out).
 
     Examples
     --------
@@ -457,7 +534,8 @@ def register_dataclass(cls: Any = None, /, *, replace: bool = False) -> Any:
     {'w': 3.0}
     """
     if cls is None:
-        return lambda c: register_dataclass(c, replace=replace)
+        return lambda c: register_dataclass(c, replace=replace, export=export)
+    _check_export(export, "fk.register_dataclass")
     _check_class(cls, "fk.register_dataclass")
     if not dataclasses.is_dataclass(cls):
         msg = (
@@ -467,6 +545,7 @@ def register_dataclass(cls: Any = None, /, *, replace: bool = False) -> Any:
         raise TypeError(msg)
     dcls: type = cls  # type: ignore[assignment]
     _store(dcls, _dataclass_def(dcls), replace, "fk.register_dataclass")
+    _mark_export(dcls, export)
     return cls
 
 
