@@ -111,7 +111,13 @@ def _register_jax_pair() -> None:
         return
     import jax
 
-    jax.tree_util.register_pytree_node(JaxPair, lambda o: ((o.w, o.b), None), lambda _, c: JaxPair(*c))
+    keys = (jax.tree_util.GetAttrKey("w"), jax.tree_util.GetAttrKey("b"))
+    jax.tree_util.register_pytree_with_keys(
+        JaxPair,
+        lambda o: (tuple(zip(keys, (o.w, o.b), strict=True)), None),
+        lambda _, c: JaxPair(*c),
+        flatten_func=lambda o: ((o.w, o.b), None),
+    )
     _JAX_REGISTERED = True
 
 
