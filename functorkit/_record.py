@@ -16,6 +16,7 @@ import numpy as np
 from ._codegen import build_source, compile_source
 from ._errors import StructureError
 from ._keypath import KeyPath, make_path, safe_repr
+from ._messages import _cycle, _visiting
 from ._registry import (
     _DISPATCH,
     DICT,
@@ -28,7 +29,7 @@ from ._registry import (
     NodeDef,
     resolve,
 )
-from ._treedef import _KEYS, _LEAFY, _MISS, _N, _NO_AUX, TreeDef, _cycle, _visiting, add_note
+from ._treedef import _KEYS, _LEAFY, _MISS, _N, _NO_AUX, TreeDef, add_note
 
 __all__ = ["flatten", "record", "record_plain", "unflatten"]
 
