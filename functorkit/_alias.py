@@ -57,7 +57,7 @@ from ._record import all_distinct
 from .adapters._base import _HOST, Layout, adapter_of, normalise_layout
 from .adapters._base import extent as _extent
 
-__all__ = ["Layout", "check_no_aliases", "layouts_overlap", "memory_layout", "separate_allocations"]
+__all__ = ["Layout", "check_no_aliases", "layouts_overlap", "may_overlap", "memory_layout", "separate_allocations"]
 
 #: above this many contiguous runs in one cluster, fall back to pairwise tests
 _RUN_LIMIT = 1 << 21
@@ -291,6 +291,23 @@ def separate_allocations(arrays: list[Any]) -> bool:
         and all(map(operator.is_, map(_base_of, arrays), itertools.repeat(None)))
         and all_distinct(arrays)
     )
+
+
+def may_overlap(dsts: list[Any], srcs: list[Any]) -> list[bool]:
+    """For each of `srcs`: could its memory overlap some array of `dsts`? False only where that is
+    certain without reading a pointer: every `dst` is a NumPy array whose memory an ndarray owns,
+    and the source is a NumPy array owned by another ndarray (bench_scale ``fk.load_into`` row)."""
+    owners: set[int] = set()
+    for d in dsts:
+        o = _np_owner(d) if type(d) is np.ndarray else None
+        if o is None:
+            return [s is not None for s in srcs]  # foreign or non-NumPy memory: look at every source
+        owners.add(o)
+    out = []
+    for s in srcs:
+        o = _np_owner(s) if type(s) is np.ndarray else None
+        out.append(o is None or o in owners)
+    return out
 
 
 def check_no_aliases(entries: Iterable[tuple[KeyPath, Any]], what: str) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from ._alias import check_no_aliases, memory_layout
+from ._alias import check_no_aliases, may_overlap, memory_layout
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._walk import BUILD_NONE, walk
@@ -295,12 +295,14 @@ class Loader:
         """Write every staged value (after the alias checks); on any failure restore `dst`, re-raise."""
         plan = self.plan
         check_no_aliases([(p, d) for p, _, d, _ in plan], "fk.load_into")
-        mem = _dst_memory([d for _, _, d, _ in plan])
+        dsts = [d for _, _, d, _ in plan]
+        maybe = may_overlap(dsts, [s for _, _, _, s in plan])
+        mem = _dst_memory(dsts) if any(maybe) else {}
         writes: list[tuple[KeyPath, ArrayAdapter, Any, Any]] = []
-        for path, ad, d, s in plan:
+        for (path, ad, d, s), m in zip(plan, maybe, strict=True):
             if s is None or s is d:
                 continue  # meta into meta, or an array loaded into itself
-            if mem and _inside_dst(s, mem):
+            if m and mem and _inside_dst(s, mem):
                 s = ad.copy(s)  # read every value before any write
             writes.append((path, ad, d, s))
         _write_all(writes)

@@ -43,6 +43,7 @@ __all__ = [
 _IS_ARRAY: dict[type, bool] = {}
 _NAMESPACE: dict[type, Any] = {}
 _INEXACT: dict[tuple[type, Any], bool] = {}
+_COMPLEX: dict[tuple[type, Any], bool] = {}
 
 #: why ``np.matrix`` is refused (a constant: one text wherever it is met)
 MATRIX_MESSAGE = (
@@ -117,10 +118,15 @@ def _is_kind(xp: Any, dtype: Any, kind: Any) -> bool:
 
 
 def is_complex(x: Any) -> bool:
-    """True if array `x` (or a `Kind`) has a complex floating dtype."""
+    """True if array `x` (or a `Kind`) has a complex floating dtype (cached per type and dtype)."""
     if type(x) is Kind:
         return _is_kind(x.xp, x.dtype, "complex floating")
-    return _is_kind(namespace(x), x.dtype, "complex floating")
+    key = (type(x), x.dtype)
+    try:
+        return _COMPLEX[key]
+    except KeyError:
+        out = _COMPLEX[key] = _is_kind(namespace(x), x.dtype, "complex floating")
+        return out
 
 
 def device_of(x: Any) -> Any:

@@ -121,6 +121,13 @@ class Adapter(MethodSlices):
         lo, hi = extent(x.__array_interface__["data"][0], x.shape, x.strides, x.itemsize)
         return _HOST, lo, hi
 
+    def overlap_problem(self, x: Any) -> str | None:
+        """A C- or Fortran-contiguous array has no two elements in one place: no layout to compute
+        (bench_scale ``fk.load_into`` row)."""
+        if x.flags.forc:
+            return None
+        return super().overlap_problem(x)
+
     def memory_layout(self, x: Any) -> Layout | None:
         if x.size == 0:
             return None
