@@ -16,6 +16,9 @@ from ._arith import norm as norm
 from ._arith import normalize as normalize
 from ._arith import scale as scale
 from ._arith import sub as sub
+from ._checkpoint import load as load
+from ._checkpoint import open as open  # noqa: A004 -- fk.open (SPEC section 11)
+from ._checkpoint import save as save
 from ._destructure import destructure as destructure
 from ._errors import PolicyError as PolicyError
 from ._errors import StructureError as StructureError
@@ -59,13 +62,16 @@ __all__ = [
     "leaves_with_path",
     "lerp",
     "lincomb",
+    "load",
     "load_into",
     "mean",
     "norm",
     "normalize",
+    "open",
     "register",
     "register_dataclass",
     "register_leaf",
+    "save",
     "scale",
     "sub",
     "unflatten",
