@@ -197,6 +197,9 @@ def save(
     if ties:
         meta[_TIES] = json.dumps(ties)
     parent = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(parent):
+        msg = f"fk.save: the directory {parent} does not exist; create it first (os.makedirs)."
+        raise FileNotFoundError(msg)
     tmp = os.path.join(parent, f".{os.path.basename(target)}.fk-tmp-{uuid.uuid4().hex[:12]}")
     try:
         if size is None:
