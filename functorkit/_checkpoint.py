@@ -287,6 +287,8 @@ def _write_file(file: str, items: list[_Item], meta: dict[str, str]) -> None:
         for it in order:
             blocks = it.ad.host_blocks(it.x, BATCH_BYTES)
             if blocks is None:
+                _flush(f, batch)  # the file is written in order: pending lazy pieces first
+                batch, batch_bytes = [], 0
                 _write_array(f, it, _to_host(it), it.nbytes)
                 continue
             for b in blocks:
@@ -296,8 +298,7 @@ def _write_file(file: str, items: list[_Item], meta: dict[str, str]) -> None:
                 if batch_bytes >= BATCH_BYTES:
                     _flush(f, batch)
                     batch, batch_bytes = [], 0
-            _flush(f, batch)  # before the next eager array: the file is written in order
-            batch, batch_bytes = [], 0
+        _flush(f, batch)
         if f.tell() != len(head) + pos:
             msg = f"fk.save: wrote {f.tell()} bytes to {file}, expected {len(head) + pos}."
             raise RuntimeError(msg)
