@@ -17,7 +17,7 @@ from ._arith import normalize as normalize
 from ._arith import scale as scale
 from ._arith import sub as sub
 from ._checkpoint import load as load
-from ._checkpoint import open as open  # noqa: A004 -- fk.open (SPEC section 11)
+from ._checkpoint import open as open
 from ._checkpoint import save as save
 from ._destructure import destructure as destructure
 from ._errors import PolicyError as PolicyError

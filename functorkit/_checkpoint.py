@@ -17,7 +17,7 @@ the end (removed on any error), so no partial checkpoint is ever left.
 
 from __future__ import annotations
 
-import io
+import builtins
 import json
 import math
 import os
@@ -49,7 +49,7 @@ __all__ = ["load", "open", "save"]
 INDEX = "model.safetensors.index.json"
 _TIES = "functorkit.ties"
 #: pieces of lazy (Dask) tensors are computed together up to about this many bytes
-BATCH_BYTES = 64 * 2**20
+BATCH_BYTES = 16 * 2**20
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 _SHOWN = 20
 
@@ -247,7 +247,7 @@ def _write_shards(folder: str, items: list[_Item], meta: dict[str, str], size: i
         _write_file(os.path.join(folder, name), shard, meta)
         weight_map.update({it.key: name for it in shard})
     index = {"metadata": {**meta, "total_size": sum(it.nbytes for it in items)}, "weight_map": weight_map}
-    with io.open(os.path.join(folder, INDEX), "w") as f:
+    with builtins.open(os.path.join(folder, INDEX), "w") as f:
         json.dump(index, f, indent=2)
 
 
@@ -280,9 +280,9 @@ def _write_file(file: str, items: list[_Item], meta: dict[str, str]) -> None:
         offsets[it.key] = (pos, pos + it.nbytes)
         pos += it.nbytes
     head = header_bytes([(it.key, it.name, it.shape, *offsets[it.key]) for it in items], meta)
-    with io.open(file, "wb") as f:
+    with builtins.open(file, "wb") as f:
         f.write(head)
-        batch: list[tuple[_Item, Any]] = []
+        batch: list[tuple[_Item, Any, int]] = []
         batch_bytes = 0
         for it in order:
             blocks = it.ad.host_blocks(it.x, BATCH_BYTES)
@@ -317,7 +317,7 @@ def _write_array(f: Any, it: _Item, v: np.ndarray[Any, Any], nbytes: int) -> Non
         msg = f"fk.save: the array at {it.key!r} gave {v.nbytes} bytes, expected {nbytes} ({it.name} {it.shape})."
         raise RuntimeError(msg)
     if nbytes:
-        f.write(memoryview(np.ascontiguousarray(v).reshape(-1).view(np.uint8)))
+        f.write(np.ascontiguousarray(v).reshape(-1).view(np.uint8).data)
 
 
 def _flush(f: Any, batch: list[tuple[_Item, Any, int]]) -> None:
@@ -558,10 +558,10 @@ def load(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:
     return _into_like(ck, like, lambda s, x: adapter_of(x).from_stored(s, x), "load")
 
 
-def open(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:  # noqa: A001 -- SPEC's name
+def open(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:
     """Open a checkpoint lazily: a model whose leaves are Dask arrays over the stored tensors.
 
-    Nothing is read until computed: each chunk (rows of about 64 MiB) maps
+    Nothing is read until computed: each chunk (rows of about 16 MiB) maps
     the file, copies its rows and unmaps it, in whichever process computes
     it (``dask.distributed`` workers included). Dtypes are as stored
     (bfloat16/float8 through ``ml_dtypes``). Arithmetic on the result stays

@@ -84,7 +84,8 @@ def real_dtype(name: str, where: str) -> np.dtype[Any]:
             "which have their own bfloat16."
         )
         raise TypeError(msg) from None
-    return np.dtype(getattr(ml_dtypes, name))
+    out: np.dtype[Any] = np.dtype(getattr(ml_dtypes, name))
+    return out
 
 
 class TensorInfo:
@@ -151,8 +152,8 @@ class SafetensorsFile:
         self.data_start = 8 + n
         data_size = size - self.data_start
         self.tensors: dict[str, TensorInfo] = {}
-        for key, e in head.items():
-            self.tensors[key] = self._entry(key, e, data_size)
+        for key, entry in head.items():
+            self.tensors[key] = self._entry(key, entry, data_size)
         self._map: np.memmap[Any, Any] | None = None
 
     def _entry(self, key: str, e: Any, data_size: int) -> TensorInfo:
@@ -207,8 +208,10 @@ class LazyTensor:
     def __getitem__(self, index: Any) -> np.ndarray[Any, Any]:
         index = index if isinstance(index, tuple) else (index,)
         shape = self.shape
+        out: np.ndarray[Any, Any]
         if not shape:
-            return self._read(0, 1).reshape(())[index]
+            out = self._read(0, 1).reshape(())[index]
+            return out
         first = index[0] if index else slice(None)
         if isinstance(first, slice) and first.step in (None, 1):
             lo, hi, _ = first.indices(shape[0])
@@ -216,7 +219,8 @@ class LazyTensor:
             rest: tuple[Any, ...] = (slice(None), *index[1:])
         else:
             lo, hi, rest = 0, shape[0], index
-        return self._read(lo, hi)[rest]
+        out = self._read(lo, hi)[rest]
+        return out
 
     def _read(self, lo: int, hi: int) -> np.ndarray[Any, Any]:
         """Rows ``lo:hi`` (along the first axis) copied out of a short-lived map of the file."""

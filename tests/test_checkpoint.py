@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import functorkit as fk
+
 from conftest import Backend, importable, to_numpy
 
 
@@ -60,7 +61,8 @@ def test_round_trip_with_like_on_every_backend(xp: Any, backend: Backend, tmp_pa
         if isinstance(a, str):
             continue
         assert type(b) is type(a) or backend is Backend.NUMPY_READONLY
-        assert b.dtype == a.dtype and tuple(b.shape) == tuple(a.shape)
+        assert b.dtype == a.dtype
+        assert tuple(b.shape) == tuple(a.shape)
         np.testing.assert_array_equal(to_numpy(b), to_numpy(a))
         assert b is not a
 
@@ -109,7 +111,8 @@ def test_metadata_is_stored(tmp_path: Path) -> None:
     with safetensors.safe_open(str(path), framework="np") as f:
         meta = f.metadata()
         assert set(f.keys()) == {"a"}
-    assert meta["format"] == "np" and meta["step"] == "10"
+    assert meta["format"] == "np"
+    assert meta["step"] == "10"
     assert json.loads(meta["functorkit.ties"]) == {"b": "a"}
 
 
@@ -162,7 +165,8 @@ def test_torch_keys_are_state_dict_keys_and_safetensors_loads_them(tmp_path: Pat
         for p in other.parameters():
             p.zero_()
     missing, unexpected = st.load_model(other, str(tmp_path / "n.safetensors"))
-    assert not missing and not unexpected
+    assert not missing
+    assert not unexpected
     for k, v in net.state_dict().items():
         assert torch.equal(other.state_dict()[k], v)
 
@@ -182,7 +186,8 @@ def test_torch_tied_model_both_ways(tmp_path: Path) -> None:
     fk.save(tmp_path / "ours.safetensors", lm)
     fresh = _tied_lm()
     missing, unexpected = st.load_model(fresh, str(tmp_path / "ours.safetensors"))
-    assert not missing and not unexpected
+    assert not missing
+    assert not unexpected
     assert fresh.head.weight is fresh.embed.weight
     assert torch.equal(fresh.embed.weight, lm.embed.weight)
     plain = fk.load(tmp_path / "ours.safetensors")
@@ -195,7 +200,8 @@ def test_torch_load_is_zero_copy_over_the_map_and_keeps_parameters(tmp_path: Pat
     fk.save(tmp_path / "n.safetensors", net)
     a = fk.load(tmp_path / "n.safetensors", like=net)
     b = fk.load(tmp_path / "n.safetensors", like=net)
-    assert isinstance(a[0].weight, torch.nn.Parameter) and a[0].weight.requires_grad
+    assert isinstance(a[0].weight, torch.nn.Parameter)
+    assert a[0].weight.requires_grad
     assert not isinstance(a[1].running_mean, torch.nn.Parameter)
     # two loads map the file privately (copy on write): writing one does not change the other
     with torch.no_grad():
@@ -209,7 +215,8 @@ def test_bfloat16_torch_and_numpy(tmp_path: Path) -> None:
     t = {"x": torch.linspace(-2, 2, 5, dtype=torch.bfloat16), "y": torch.ones(2, dtype=torch.float16)}
     fk.save(tmp_path / "b.safetensors", t)
     back = fk.load(tmp_path / "b.safetensors", like=t)
-    assert back["x"].dtype == torch.bfloat16 and torch.equal(back["x"], t["x"])
+    assert back["x"].dtype == torch.bfloat16
+    assert torch.equal(back["x"], t["x"])
     if importable("safetensors"):
         from safetensors.torch import load_file
 
@@ -240,7 +247,8 @@ def test_jax_round_trip_with_bfloat16(tmp_path: Path) -> None:
     m = {"a": w, "b": [w, jnp.ones(2, dtype=jnp.float32)]}
     fk.save(tmp_path / "j.safetensors", m)
     out = fk.load(tmp_path / "j.safetensors", like=m)
-    assert out["a"] is out["b"][0] and out["a"].dtype == jnp.bfloat16
+    assert out["a"] is out["b"][0]
+    assert out["a"].dtype == jnp.bfloat16
     assert bool(jnp.all(out["a"] == w))
 
 
@@ -290,10 +298,16 @@ def test_like_mismatches_are_reported_together_with_keys_and_file(tmp_path: Path
         fk.load(path, like=like)
     msg = str(err.value)
     assert str(path) in msg
-    assert "missing" in msg and "'gone'" in msg
-    assert "unexpected" in msg and "'extra'" in msg
-    assert "'b'" in msg and "(3,)" in msg and "(4,)" in msg
-    assert "'c'" in msg and "float32" in msg and "float64" in msg
+    assert "missing" in msg
+    assert "'gone'" in msg
+    assert "unexpected" in msg
+    assert "'extra'" in msg
+    assert "'b'" in msg
+    assert "(3,)" in msg
+    assert "(4,)" in msg
+    assert "'c'" in msg
+    assert "float32" in msg
+    assert "float64" in msg
     assert "'a'" not in msg
 
 

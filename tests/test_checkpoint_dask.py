@@ -68,12 +68,13 @@ def test_open_is_lazy_for_a_file_and_a_sharded_directory(tmp_path: Path) -> None
     _equal_trees(lazy, fk.load(tmp_path / "one.safetensors"))
     # with like=: the structure of `like` (a list here), Dask leaves
     shaped = fk.open(paths[0], like=models[0])
-    assert isinstance(shaped["h"], list) and isinstance(shaped["h"][0]["w"], da.Array)
+    assert isinstance(shaped["h"], list)
+    assert isinstance(shaped["h"][0]["w"], da.Array)
     _equal_trees(shaped, models[0])
 
 
 def test_arithmetic_on_opened_checkpoints_stays_lazy_and_is_right(tmp_path: Path) -> None:
-    models, paths = checkpoints(tmp_path)
+    _models, paths = checkpoints(tmp_path)
     a, b, c = (fk.open(p) for p in paths)
     na, nb, nc = (fk.load(p) for p in paths)
     with Computes() as counter:
@@ -89,8 +90,10 @@ def test_arithmetic_on_opened_checkpoints_stays_lazy_and_is_right(tmp_path: Path
     assert counter.n == 0
     for tree in lazy.values():
         assert all(isinstance(x, da.Array) for x in fk.leaves(tree))
-    assert isinstance(dot, da.Array) and dot.shape == ()
-    assert isinstance(norm, da.Array) and norm.shape == ()
+    assert isinstance(dot, da.Array)
+    assert dot.shape == ()
+    assert isinstance(norm, da.Array)
+    assert norm.shape == ()
     eager = {
         "add": fk.add(na, nb),
         "sub": fk.sub(na, nb),
@@ -119,7 +122,7 @@ def test_strict_policy_refuses_a_bfloat16_float32_mix(tmp_path: Path) -> None:
 
 
 def test_save_streams_block_by_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    models, paths = checkpoints(tmp_path)
+    _models, paths = checkpoints(tmp_path)
     monkeypatch.setattr(dask_adapter, "CHUNK_BYTES", 256)  # tensors of 64 rows -> 16 blocks of 4 rows
     lazy = [fk.open(p) for p in paths]
     assert lazy[0]["wte"]["weight"].numblocks == (16, 1)
@@ -148,7 +151,7 @@ def test_a_key_missing_from_one_checkpoint_names_key_and_file(tmp_path: Path) ->
 
 
 def test_failure_while_streaming_leaves_no_output(tmp_path: Path) -> None:
-    models, paths = checkpoints(tmp_path, n=2)
+    _models, paths = checkpoints(tmp_path, n=2)
     lazy = fk.mean([fk.open(p) for p in paths])
     shard = sorted(os.listdir(paths[1]))[-2]
     os.remove(paths[1] / shard)  # a shard disappears after opening
@@ -159,12 +162,11 @@ def test_failure_while_streaming_leaves_no_output(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["m0", "m1"]
 
 
-# fork (Linux): worker processes start in about a second instead of ~15 s of fresh imports each
-# (spawn); the workers only run NumPy/Dask tasks. Python 3.12+ warns about fork in a threaded process.
-_START = "fork" if sys.platform.startswith("linux") else "spawn"
+# forkserver (Linux): one fresh server process (no torch/JAX threads in it: JAX refuses plain fork)
+# forks the workers, which start in seconds instead of ~15 s of fresh imports each (spawn).
+_START = "forkserver" if sys.platform.startswith("linux") else "spawn"
 
 
-@pytest.mark.filterwarnings("ignore:.*multi-threaded.*fork:DeprecationWarning")
 def test_distributed_local_cluster_is_bit_identical(tmp_path: Path) -> None:
     distributed = pytest.importorskip("distributed")
     models, paths = checkpoints(tmp_path)

@@ -11,14 +11,15 @@ import pytest
 
 pytest.importorskip("dask.array")
 
-import functorkit as fk  # noqa: E402
+import functorkit as fk
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "merge_checkpoints.py"
 
 
 def _load_example() -> Any:
     spec = importlib.util.spec_from_file_location("merge_checkpoints_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -43,6 +44,7 @@ def test_merge_checkpoints_example(tmp_path: Path) -> None:
     dist = out["distances"]
     assert dist.shape == (5, 5)
     np.testing.assert_array_equal(dist, dist.T)
-    assert np.all(np.diag(dist) == 0) and np.all(dist[~np.eye(5, dtype=bool)] > 0)
+    assert np.all(np.diag(dist) == 0)
+    assert np.all(dist[~np.eye(5, dtype=bool)] > 0)
     np.testing.assert_allclose(dist[0, 2], float(fk.norm(fk.sub(base, ft2))), rtol=1e-5)
     assert dist[0, 2] > dist[0, 1]  # ft2 was perturbed twice as much as ft1

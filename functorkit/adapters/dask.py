@@ -46,11 +46,13 @@ class Adapter(MethodSlices):
 
     def compute_blocks(self, blocks: list[Any]) -> list[Any]:
         """One ``dask.compute`` call (the active scheduler: threads, or a ``dask.distributed`` client)."""
-        import dask
+        import importlib
+
         import numpy as np
 
         from ._base import _little_endian
 
+        dask: Any = importlib.import_module("dask")
         return [_little_endian(np.asarray(b)) for b in dask.compute(*blocks)]
 
     def from_stored(self, src: Any, like: Any) -> Any:
@@ -58,10 +60,10 @@ class Adapter(MethodSlices):
         path and offset, no data), chunked along the first axis in blocks of about
         :data:`CHUNK_BYTES`; named by file, key, size and modification time, so opening a file twice
         gives the same graph keys (read once when computed together)."""
+        import importlib
         import math
         import os
 
-        import dask.array as da
         import numpy as np
         from dask.base import tokenize
 
@@ -74,8 +76,9 @@ class Adapter(MethodSlices):
         st = os.stat(lazy.path)
         name = "fk-open-" + tokenize(lazy.path, lazy.key, lazy.begin, st.st_size, st.st_mtime_ns)
         meta = np.empty((0,) * len(shape), dtype=lazy.dtype)
+        da: Any = importlib.import_module("dask.array")
         return da.from_array(lazy, chunks=chunks, name=name, lock=False, asarray=False, meta=meta)
 
 
 #: target size of one chunk of an opened checkpoint's tensors (``fk.open``), in bytes
-CHUNK_BYTES = 64 * 2**20
+CHUNK_BYTES = 16 * 2**20
