@@ -398,7 +398,8 @@ class _Checkpoint:
                 if not os.path.exists(os.path.join(p, n)):
                     msg = (
                         f"{os.path.join(p, n)}: missing shard of the checkpoint {p} (the index {INDEX} "
-                        f"lists it for {sum(v == n for v in self.index.values())} tensors); copy it there."
+                        f"lists it for {sum(v == n for v in self.index.values())} tensors); expected it there: "
+                        "copy it back or write the checkpoint again."
                     )
                     raise FileNotFoundError(msg)
             return [os.path.join(p, n) for n in names]
