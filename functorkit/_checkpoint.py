@@ -24,6 +24,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -272,7 +273,10 @@ def _replace_dir(tmp: str, target: str) -> None:
 
 def _write_file(file: str, items: list[_Item], meta: dict[str, str]) -> None:
     """One safetensors file: the header (tensors in walk order), then the data, widest dtypes
-    first so that every tensor is aligned in the file (safetensors allows no gaps)."""
+    first so that every tensor is aligned in the file (safetensors allows no gaps).
+
+    Lazy pieces are computed a batch at a time; one writer thread writes a batch while the
+    next is computed (at most two batches in memory)."""
     order = sorted(items, key=lambda it: -it.itemsize)
     offsets: dict[str, tuple[int, int]] = {}
     pos = 0
@@ -280,25 +284,27 @@ def _write_file(file: str, items: list[_Item], meta: dict[str, str]) -> None:
         offsets[it.key] = (pos, pos + it.nbytes)
         pos += it.nbytes
     head = header_bytes([(it.key, it.name, it.shape, *offsets[it.key]) for it in items], meta)
-    with builtins.open(file, "wb") as f:
+    with builtins.open(file, "wb") as f, ThreadPoolExecutor(1) as pool:
         f.write(head)
+        writer = _Writer(f, pool)
         batch: list[tuple[_Item, Any, int]] = []
         batch_bytes = 0
         for it in order:
             blocks = it.ad.host_blocks(it.x, BATCH_BYTES)
             if blocks is None:
-                _flush(f, batch)  # the file is written in order: pending lazy pieces first
+                writer.compute_and_write(batch)  # the file is written in order: pending pieces first
                 batch, batch_bytes = [], 0
-                _write_array(f, it, _to_host(it), it.nbytes)
+                writer.write([(it, _to_host(it), it.nbytes)])
                 continue
             for b in blocks:
                 nbytes = math.prod(int(d) for d in b.shape) * it.itemsize
                 batch.append((it, b, nbytes))
                 batch_bytes += nbytes
                 if batch_bytes >= BATCH_BYTES:
-                    _flush(f, batch)
+                    writer.compute_and_write(batch)
                     batch, batch_bytes = [], 0
-        _flush(f, batch)
+        writer.compute_and_write(batch)
+        writer.wait()
         if f.tell() != len(head) + pos:
             msg = f"fk.save: wrote {f.tell()} bytes to {file}, expected {len(head) + pos}."
             raise RuntimeError(msg)
@@ -312,24 +318,40 @@ def _to_host(it: _Item) -> np.ndarray[Any, Any]:
         raise TypeError(msg) from None
 
 
-def _write_array(f: Any, it: _Item, v: np.ndarray[Any, Any], nbytes: int) -> None:
-    if v.nbytes != nbytes:
-        msg = f"fk.save: the array at {it.key!r} gave {v.nbytes} bytes, expected {nbytes} ({it.name} {it.shape})."
-        raise RuntimeError(msg)
-    if nbytes:
-        f.write(np.ascontiguousarray(v).reshape(-1).view(np.uint8).data)
+class _Writer:
+    """Writes arrays to `f` in submission order on one thread (a write overlaps the next compute)."""
 
+    def __init__(self, f: Any, pool: ThreadPoolExecutor) -> None:
+        self.f, self.pool = f, pool
+        self.pending: Future[None] | None = None
 
-def _flush(f: Any, batch: list[tuple[_Item, Any, int]]) -> None:
-    """Compute the lazy pieces in `batch` together and write them in order."""
-    if not batch:
-        return
-    values = batch[0][0].ad.compute_blocks([b for _, b, _ in batch])
-    for (it, _, nbytes), v in zip(batch, values):
-        if _dtype_name(v.dtype) != it.name:
-            msg = f"fk.save: the lazy array at {it.key!r} computed to dtype {v.dtype}, expected {it.name}."
-            raise TypeError(msg)
-        _write_array(f, it, v, nbytes)
+    def wait(self) -> None:
+        if self.pending is not None:
+            self.pending.result()  # re-raises a failed write
+            self.pending = None
+
+    def write(self, parts: list[tuple[_Item, np.ndarray[Any, Any], int]]) -> None:
+        for it, v, nbytes in parts:
+            if v.nbytes != nbytes:
+                msg = f"fk.save: the array at {it.key!r} gave {v.nbytes} bytes, expected {nbytes} ({it.shape})."
+                raise RuntimeError(msg)
+        self.wait()
+        self.pending = self.pool.submit(self._write, parts)
+
+    def _write(self, parts: list[tuple[_Item, np.ndarray[Any, Any], int]]) -> None:
+        for _, v, nbytes in parts:
+            if nbytes:
+                self.f.write(np.ascontiguousarray(v).reshape(-1).view(np.uint8).data)
+
+    def compute_and_write(self, batch: list[tuple[_Item, Any, int]]) -> None:
+        """Compute the lazy pieces in `batch` together, then queue their write."""
+        if batch:
+            values = batch[0][0].ad.compute_blocks([b for _, b, _ in batch])
+            for (it, _, _), v in zip(batch, values):
+                if _dtype_name(v.dtype) != it.name:
+                    msg = f"fk.save: the lazy array at {it.key!r} computed to dtype {v.dtype}, expected {it.name}."
+                    raise TypeError(msg)
+            self.write([(it, v, nbytes) for (it, _, nbytes), v in zip(batch, values)])
 
 
 # ----------------------------------------------------------------------------- reading
