@@ -372,3 +372,12 @@ def test_meta_tensor_cannot_be_saved(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"'w'.*meta"):
         fk.save(tmp_path / "m", {"w": torch.ones(2, device="meta")})
     assert _files(tmp_path) == []
+
+
+def test_a_directory_holding_one_file_loads_and_other_directories_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "one").mkdir()
+    fk.save(tmp_path / "one" / "model.safetensors", {"w": np.arange(3.0)})
+    assert fk.load(tmp_path / "one")["w"].tolist() == [0.0, 1.0, 2.0]
+    fk.save(tmp_path / "one" / "other.safetensors", {"w": np.arange(3.0)})
+    with pytest.raises(FileNotFoundError, match=r"exactly one \.safetensors file"):
+        fk.load(tmp_path / "one")
