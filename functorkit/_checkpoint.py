@@ -32,23 +32,12 @@ import numpy as np
 from ._errors import StructureError
 from ._keypath import KeyPath
 from ._record import flatten
-from ._safetensors_io import (
-    CODE_OF,
-    LazyTensor,
-    SafetensorsFile,
-    TensorInfo,
-    header_bytes,
-    iter_index,
-    real_dtype,
-    stand_in,
-)
+from ._safetensors_io import CODE_OF, INDEX, TIES, Checkpoint, header_bytes, stand_in
 from ._xp import is_array
 from .adapters._base import adapter_of
 
 __all__ = ["load", "open", "save"]
 
-INDEX = "model.safetensors.index.json"
-_TIES = "functorkit.ties"
 #: pieces of lazy (Dask) tensors are computed together up to about this many bytes
 BATCH_BYTES = 16 * 2**20
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -196,7 +185,7 @@ def save(
         items.append(_Item(ks[0], leaves[j]))
         ties.update({k: ks[0] for k in ks[1:]})
     if ties:
-        meta[_TIES] = json.dumps(ties)
+        meta[TIES] = json.dumps(ties)
     parent = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(parent):
         msg = f"fk.save: the directory {parent} does not exist; create it first (os.makedirs)."
@@ -226,8 +215,8 @@ def _check_metadata(metadata: Any) -> dict[str, str]:
     ):
         msg = f"fk.save: `metadata` must be a mapping of str to str (safetensors stores text), got {metadata!r:.200}."
         raise TypeError(msg)
-    if _TIES in metadata:
-        msg = f"fk.save: the metadata key {_TIES!r} is reserved (fk.save records ties there); use another key."
+    if TIES in metadata:
+        msg = f"fk.save: the metadata key {TIES!r} is reserved (fk.save records ties there); use another key."
         raise ValueError(msg)
     return dict(metadata)
 
@@ -357,98 +346,7 @@ class _Writer:
 # ----------------------------------------------------------------------------- reading
 
 
-class _Stored:
-    """A stored tensor, handed to the adapters' ``from_stored``."""
-
-    __slots__ = ("file", "info")
-
-    def __init__(self, file: SafetensorsFile, info: TensorInfo) -> None:
-        self.file, self.info = file, info
-
-    name = property(lambda self: self.info.name)
-    shape = property(lambda self: self.info.shape)
-
-    def raw(self) -> np.ndarray[Any, Any]:
-        return self.file.raw(self.info.key)
-
-    def array(self) -> np.ndarray[Any, Any]:
-        dt = real_dtype(self.info.name, f"the tensor {self.info.key!r} of {self.info.path}")
-        return self.raw().view(dt)
-
-    def lazy(self) -> LazyTensor:
-        return LazyTensor(self.info)
-
-
-class _Checkpoint:
-    """Every stored tensor of a file or sharded directory, and the ties recorded there."""
-
-    def __init__(self, path: str | os.PathLike[str], fname: str) -> None:
-        self.where = p = os.fspath(path)
-        self.index: dict[str, str] = {}
-        if os.path.isdir(p):
-            files = self._shards(p)
-        elif os.path.exists(p):
-            files = [p]
-        else:
-            msg = f"fk.{fname}: {p} does not exist; expected a .safetensors file or a directory of shards."
-            raise FileNotFoundError(msg)
-        self.tensors: dict[str, _Stored] = {}
-        meta: dict[str, str] = {}
-        for fp in files:
-            sf = SafetensorsFile(fp)
-            meta = meta or sf.metadata
-            for key, info in sf.tensors.items():
-                if key in self.tensors:
-                    msg = f"fk.{fname}: the key {key!r} is stored twice, in {self.tensors[key].info.path} and {fp}."
-                    raise StructureError(msg)
-                self.tensors[key] = _Stored(sf, info)
-        for key, shard in self.index.items():
-            if key not in self.tensors:
-                msg = (
-                    f"fk.{fname}: the index {os.path.join(p, INDEX)} places {key!r} in {shard}, which has no "
-                    "such tensor; fix: write the checkpoint again."
-                )
-                raise StructureError(msg)
-        self.aliases = self._ties(meta)
-
-    def _shards(self, p: str) -> list[str]:
-        ip = os.path.join(p, INDEX)
-        if os.path.exists(ip):
-            self.index = dict(iter_index(ip))
-            names = list(dict.fromkeys(self.index.values()))
-            for n in names:
-                if not os.path.exists(os.path.join(p, n)):
-                    msg = (
-                        f"{os.path.join(p, n)}: missing shard of the checkpoint {p} (the index {INDEX} "
-                        f"lists it for {sum(v == n for v in self.index.values())} tensors); expected it there: "
-                        "copy it back or write the checkpoint again."
-                    )
-                    raise FileNotFoundError(msg)
-            return [os.path.join(p, n) for n in names]
-        names = sorted(n for n in os.listdir(p) if n.endswith(".safetensors"))
-        if len(names) != 1:
-            msg = f"{p}: a checkpoint directory holds {INDEX} or exactly one .safetensors file; found {names}."
-            raise FileNotFoundError(msg)
-        return [os.path.join(p, names[0])]
-
-    def _ties(self, meta: dict[str, str]) -> dict[str, str]:
-        """``{alias: stored key}``: functorkit's record, else save_model's ``{removed: kept}`` entries."""
-        if _TIES in meta:
-            try:
-                ties = json.loads(meta[_TIES])
-            except json.JSONDecodeError:
-                ties = None
-            if not isinstance(ties, dict) or not all(v in self.tensors for v in ties.values()):
-                msg = f"{self.where}: the metadata {_TIES!r} is not a JSON mapping of alias to stored key."
-                raise StructureError(msg)
-            return {str(k): v for k, v in ties.items() if k not in self.tensors}
-        return {k: v for k, v in meta.items() if v in self.tensors and k not in self.tensors}
-
-    def file_of(self, key: str) -> str:
-        return self.tensors[self.aliases.get(key, key)].info.path
-
-
-def _nest(ck: _Checkpoint, make: Any, fname: str) -> dict[Any, Any]:
+def _nest(ck: Checkpoint, make: Any, fname: str) -> dict[Any, Any]:
     """Nested dicts by the dotted keys (digit runs become ``int`` keys), ties shared."""
     out: dict[Any, Any] = {}
     made: dict[str, Any] = {}
@@ -472,14 +370,14 @@ def _nest(ck: _Checkpoint, make: Any, fname: str) -> dict[Any, Any]:
     return out
 
 
-def _prefix_error(ck: _Checkpoint, fname: str, leaf: str, key: str) -> StructureError:
+def _prefix_error(ck: Checkpoint, fname: str, leaf: str, key: str) -> StructureError:
     return StructureError(
         f"fk.{fname}: in {ck.where}, the key {key!r} goes through {leaf!r}, which is itself a tensor (or "
         "repeats a key); nested dicts cannot hold both. Fix: pass `like=` a model with that structure."
     )
 
 
-def _into_like(ck: _Checkpoint, like: Any, make: Any, fname: str) -> Any:
+def _into_like(ck: Checkpoint, like: Any, make: Any, fname: str) -> Any:
     """A copy of `like`'s structure with each array leaf read from `ck`; every problem in one error."""
     leaves, td, keys = _array_keys(like, fname)
     missing: list[str] = []
@@ -515,7 +413,7 @@ def _into_like(ck: _Checkpoint, like: Any, make: Any, fname: str) -> Any:
     return td.unflatten(out)
 
 
-def _report(ck: _Checkpoint, fname: str, missing: list[str], unexpected: list[str], bad: list[str]) -> str:
+def _report(ck: Checkpoint, fname: str, missing: list[str], unexpected: list[str], bad: list[str]) -> str:
     def show(xs: list[str]) -> str:
         more = f" and {len(xs) - _SHOWN} more" if len(xs) > _SHOWN else ""
         return ", ".join(xs[:_SHOWN]) + more
@@ -575,7 +473,7 @@ def load(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:
     >>> fk.load(path, like=like)["layers"][0]["w"].tolist()
     [1.0, 1.0]
     """
-    ck = _Checkpoint(path, "load")
+    ck = Checkpoint(path, "load")
     if like is None:
         return _nest(ck, lambda s: s.array(), "load")
     return _into_like(ck, like, lambda s, x: adapter_of(x).from_stored(s, x), "load")
@@ -610,7 +508,7 @@ def open(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:
     from .adapters._base import lazy_adapter
 
     ad = lazy_adapter()
-    ck = _Checkpoint(path, "open")
+    ck = Checkpoint(path, "open")
     if like is None:
         return _nest(ck, lambda s: ad.from_stored(s, None), "open")
     return _into_like(ck, like, lambda s, x: ad.from_stored(s, None), "open")

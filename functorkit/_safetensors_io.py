@@ -13,7 +13,9 @@ torch out of the core; the tests check files both ways against the
 Tensors are handed around as NumPy arrays. Dtypes NumPy lacks (bfloat16,
 float8) travel as a same-width unsigned integer stand-in together with their
 name; :func:`real_dtype` gives the true NumPy dtype through ``ml_dtypes``
-where it is installed.
+where it is installed. :class:`Checkpoint` gathers the tensors of a file or of a
+sharded directory (Hugging Face's ``model.safetensors.index.json``) and the ties
+recorded in their metadata.
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ from ._errors import StructureError
 
 __all__ = [
     "CODE_OF",
+    "INDEX",
     "NAME_OF",
+    "TIES",
+    "Checkpoint",
+    "Stored",
     "LazyTensor",
     "SafetensorsFile",
     "TensorInfo",
@@ -253,3 +259,99 @@ def iter_index(path: str) -> Iterator[tuple[str, str]]:
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
         raise _bad(path, "the index has no `weight_map` of key -> shard file name")
     yield from wm.items()
+
+
+INDEX = "model.safetensors.index.json"
+#: the metadata key of the ties fk.save records (``{alias: stored key}`` as JSON)
+TIES = "functorkit.ties"
+
+
+class Stored:
+    """A stored tensor, handed to the adapters' ``from_stored``."""
+
+    __slots__ = ("file", "info")
+
+    def __init__(self, file: SafetensorsFile, info: TensorInfo) -> None:
+        self.file, self.info = file, info
+
+    name = property(lambda self: self.info.name)
+    shape = property(lambda self: self.info.shape)
+
+    def raw(self) -> np.ndarray[Any, Any]:
+        return self.file.raw(self.info.key)
+
+    def array(self) -> np.ndarray[Any, Any]:
+        dt = real_dtype(self.info.name, f"the tensor {self.info.key!r} of {self.info.path}")
+        return self.raw().view(dt)
+
+    def lazy(self) -> LazyTensor:
+        return LazyTensor(self.info)
+
+
+class Checkpoint:
+    """Every stored tensor of a file or sharded directory, and the ties recorded there."""
+
+    def __init__(self, path: str | os.PathLike[str], fname: str) -> None:
+        self.where = p = os.fspath(path)
+        self.index: dict[str, str] = {}
+        if os.path.isdir(p):
+            files = self._shards(p)
+        elif os.path.exists(p):
+            files = [p]
+        else:
+            msg = f"fk.{fname}: {p} does not exist; expected a .safetensors file or a directory of shards."
+            raise FileNotFoundError(msg)
+        self.tensors: dict[str, Stored] = {}
+        meta: dict[str, str] = {}
+        for fp in files:
+            sf = SafetensorsFile(fp)
+            meta = meta or sf.metadata
+            for key, info in sf.tensors.items():
+                if key in self.tensors:
+                    msg = f"fk.{fname}: the key {key!r} is stored twice, in {self.tensors[key].info.path} and {fp}."
+                    raise StructureError(msg)
+                self.tensors[key] = Stored(sf, info)
+        for key, shard in self.index.items():
+            if key not in self.tensors:
+                msg = (
+                    f"fk.{fname}: the index {os.path.join(p, INDEX)} places {key!r} in {shard}, which has no "
+                    "such tensor; fix: write the checkpoint again."
+                )
+                raise StructureError(msg)
+        self.aliases = self._ties(meta)
+
+    def _shards(self, p: str) -> list[str]:
+        ip = os.path.join(p, INDEX)
+        if os.path.exists(ip):
+            self.index = dict(iter_index(ip))
+            names = list(dict.fromkeys(self.index.values()))
+            for n in names:
+                if not os.path.exists(os.path.join(p, n)):
+                    msg = (
+                        f"{os.path.join(p, n)}: missing shard of the checkpoint {p} (the index {INDEX} "
+                        f"lists it for {sum(v == n for v in self.index.values())} tensors); expected it there: "
+                        "copy it back or write the checkpoint again."
+                    )
+                    raise FileNotFoundError(msg)
+            return [os.path.join(p, n) for n in names]
+        names = sorted(n for n in os.listdir(p) if n.endswith(".safetensors"))
+        if len(names) != 1:
+            msg = f"{p}: a checkpoint directory holds {INDEX} or exactly one .safetensors file; found {names}."
+            raise FileNotFoundError(msg)
+        return [os.path.join(p, names[0])]
+
+    def _ties(self, meta: dict[str, str]) -> dict[str, str]:
+        """``{alias: stored key}``: functorkit's record, else save_model's ``{removed: kept}`` entries."""
+        if TIES in meta:
+            try:
+                ties = json.loads(meta[TIES])
+            except json.JSONDecodeError:
+                ties = None
+            if not isinstance(ties, dict) or not all(v in self.tensors for v in ties.values()):
+                msg = f"{self.where}: the metadata {TIES!r} is not a JSON mapping of alias to stored key."
+                raise StructureError(msg)
+            return {str(k): v for k, v in ties.items() if k not in self.tensors}
+        return {k: v for k, v in meta.items() if v in self.tensors and k not in self.tensors}
+
+    def file_of(self, key: str) -> str:
+        return self.tensors[self.aliases.get(key, key)].info.path
