@@ -37,11 +37,11 @@ BACKENDS: dict[str, list[str]] = {
     "lite": [],
     # NumPy tests plus the doctests; array-api-strict is there as a second
     # namespace for the mixed-namespace tests
-    "numpy": ["array-api-strict>=2.2"],
-    "torch": [TORCH, "scipy>=1.10"],
+    "numpy": ["array-api-strict>=2.2", "safetensors>=0.4", "dask[array]>=2024.1"],  # dask: fk.open's doctest
+    "torch": [TORCH, "scipy>=1.10", "safetensors>=0.4"],
     "array_api_strict": ["array-api-strict>=2.2"],
     "jax": ["jax>=0.4.30"],
-    "dask": ["dask[array]>=2024.1"],
+    "dask": ["dask[array,distributed]>=2024.1", "ml_dtypes>=0.3"],
     # [ctk] brings the CUDA 12 libraries as wheels, so a GPU machine needs only the driver
     "cupy": ["cupy-cuda12x[ctk]>=13"],
 }

@@ -16,6 +16,9 @@ from ._arith import norm as norm
 from ._arith import normalize as normalize
 from ._arith import scale as scale
 from ._arith import sub as sub
+from ._checkpoint import load as load
+from ._checkpoint import open as open
+from ._checkpoint import save as save
 from ._destructure import destructure as destructure
 from ._errors import PolicyError as PolicyError
 from ._errors import StructureError as StructureError
@@ -63,14 +66,17 @@ __all__ = [
     "leaves_with_path",
     "lerp",
     "lincomb",
+    "load",
     "load_into",
     "load_state_dict",
     "mean",
     "norm",
     "normalize",
+    "open",
     "register",
     "register_dataclass",
     "register_leaf",
+    "save",
     "scale",
     "state_dict",
     "sub",

@@ -109,12 +109,22 @@ def is_inexact_array(x: Any) -> bool:
 
 
 def _is_kind(xp: Any, dtype: Any, kind: Any) -> bool:
-    if isinstance(dtype, np.dtype) and not dtype.isnative:
-        dtype = dtype.newbyteorder("=")  # array_api_compat knows native dtypes only
+    if isinstance(dtype, np.dtype):
+        if not dtype.isnative:
+            dtype = dtype.newbyteorder("=")  # array_api_compat knows native dtypes only
+        if dtype.kind == "V" and _ml_float(dtype):
+            # ml_dtypes' bfloat16/float8 (NumPy and Dask arrays of checkpoints): real floating, which
+            # the array API's isdtype does not know; without this they would be silent constants
+            return "real floating" in ((kind,) if isinstance(kind, str) else kind)
     try:
         return bool(xp.isdtype(dtype, kind))
     except (TypeError, ValueError):  # a dtype outside the array API (structured, object, string)
         return False
+
+
+def _ml_float(dtype: np.dtype[Any]) -> bool:
+    """A floating dtype of the ``ml_dtypes`` package (``bfloat16``, ``float8_*``...)."""
+    return dtype.type.__module__.startswith("ml_dtypes") and dtype.name.startswith(("float", "bfloat"))
 
 
 def is_complex(x: Any) -> bool:

@@ -18,6 +18,7 @@ import dataclasses
 import math
 import pathlib
 import re
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -1365,7 +1366,84 @@ PLAIN_CASES: list[Bad] = [
         "`missing` must be a list of str keys",
         names=("`missing`",),
     ),
+    Bad(
+        "save-shard_size",
+        "save",
+        '`shard_size="2XB"`',
+        lambda c: fk.save(_ckpt_path("bad"), {"w": np.ones(2)}, shard_size="2XB"),
+        ValueError,
+        "`shard_size` must be a positive number of bytes or a string such as \"2GB\"",
+        names=("shard_size",),
+    ),
+    Bad(
+        "save-unstorable-dtype",
+        "save",
+        "a complex array (safetensors has no complex dtype)",
+        lambda c: fk.save(_ckpt_path("bad"), {"w": np.ones(2, np.complex128)}),
+        TypeError,
+        "names the key and the dtype; cast it first",
+        names=("'w'", "complex128"),
+    ),
+    Bad(
+        "load-missing-file",
+        "load",
+        "a path that does not exist",
+        lambda c: fk.load(_ckpt_path("nope.safetensors")),
+        FileNotFoundError,
+        "names the path; expected a .safetensors file or a directory of shards",
+        names=("nope",),
+    ),
+    Bad(
+        "load-truncated",
+        "load",
+        "a file cut short",
+        lambda c: fk.load(_truncated_checkpoint()),
+        fk.StructureError,
+        "names the file and the tensor whose bytes are missing; write the file again",
+        names=("truncated", "'w'", "ckpt"),
+    ),
+    Bad(
+        "load-like-mismatch",
+        "load",
+        "`like=` a model with other keys and shapes",
+        lambda c: fk.load(_checkpoint({"w": np.ones(2), "x": np.ones(1)}), like={"w": np.ones(3), "y": np.ones(1)}),
+        fk.StructureError,
+        "every missing, unexpected and mismatched key, with the file",
+        names=("missing.*'y'", "unexpected.*'x'", "'w'.*\\(2,\\).*\\(3,\\)", "ckpt"),
+    ),
+    Bad(
+        "open-missing-shard",
+        "open",
+        "a sharded checkpoint with a shard removed",
+        lambda c: fk.open(_checkpoint_without_a_shard()),
+        FileNotFoundError,
+        "names the missing shard and the index that lists it",
+        names=("model-00002-of-00002", "missing shard"),
+    ),
 ]
+
+
+def _ckpt_path(name: str) -> str:
+    return str(pathlib.Path(tempfile.mkdtemp(prefix="fk-bad-")) / name)
+
+
+def _checkpoint(model: Any, shard_size: int | None = None) -> str:
+    path = _ckpt_path("ckpt" if shard_size else "ckpt.safetensors")
+    fk.save(path, model, shard_size=shard_size)
+    return path
+
+
+def _truncated_checkpoint() -> str:
+    path = pathlib.Path(_checkpoint({"w": np.ones(4)}))
+    path.write_bytes(path.read_bytes()[:-3])
+    return str(path)
+
+
+def _checkpoint_without_a_shard() -> str:
+    pytest.importorskip("dask.array")
+    path = pathlib.Path(_checkpoint({"a": np.ones(8), "b": np.ones(8)}, shard_size=64))
+    (path / "model-00002-of-00002.safetensors").unlink()
+    return str(path)
 
 
 def _check(case: Bad, ctx: Ctx) -> None:

@@ -65,6 +65,11 @@ def adapter_for(xp: Any) -> ArrayAdapter:
     return adapter
 
 
+def lazy_adapter() -> ArrayAdapter:
+    """The adapter of the lazy family (Dask) that ``fk.open`` builds arrays with (imports Dask)."""
+    return adapter_for(importlib.import_module("array_api_compat.dask.array"))
+
+
 def adapter_of(x: Any) -> ArrayAdapter:
     """The adapter of array `x` (``adapter_for(namespace(x))``, cached per type)."""
     try:
@@ -438,6 +443,37 @@ class ArrayAdapter:
         s = xp.vecdot(xf, xf)
         return xp.real(s) if self._is_complex(x.dtype) else s
 
+    # ---- checkpoints (fk.save, fk.load, fk.open) ------------------------------------
+
+    def to_host(self, x: Any) -> np.ndarray[Any, Any]:
+        """`x`'s values as a C-contiguous, little-endian NumPy array (for dtypes NumPy lacks, such
+        as torch's bfloat16, an unsigned integer of the same width holding the bytes). Generic:
+        DLPack, else ``np.asarray``."""
+        x = self.detach(x)
+        try:
+            v = np.from_dlpack(x)
+        except _UNSUPPORTED:
+            v = np.asarray(x)
+        return _little_endian(v)
+
+    def host_blocks(self, x: Any, target_bytes: int) -> list[Any] | None:
+        """For a lazy array: pieces of consecutive rows (first axis) of about `target_bytes`, to be
+        computed by :meth:`compute_blocks` and written one after the other; None for eager arrays."""
+        return None
+
+    def compute_blocks(self, blocks: list[Any]) -> list[np.ndarray[Any, Any]]:
+        """The values of :meth:`host_blocks` pieces, as :meth:`to_host` arrays, computed together."""
+        raise NotImplementedError
+
+    def from_stored(self, src: Any, like: Any) -> Any:
+        """A new array of this namespace holding the stored tensor `src` (``src.array()``: NumPy over a
+        copy-on-write memory map), on `like`'s device. Generic: ``asarray`` + ``to_device``."""
+        y = self.xp.asarray(src.array())
+        dev = self.device(like)
+        if dev is not None:
+            y = self.to_device(y, dev)
+        return y
+
     def _is_complex(self, dtype: Any) -> bool:
         """``isdtype(dtype, "complex floating")``, remembered per dtype (it costs µs per call)."""
         known = self._complex
@@ -445,6 +481,13 @@ class ArrayAdapter:
         if hit is None:
             hit = known[dtype] = bool(self.xp.isdtype(dtype, "complex floating"))
         return hit
+
+
+def _little_endian(v: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """`v` C-contiguous and little-endian (a copy only where needed)."""
+    if v.dtype.byteorder == ">":
+        v = v.astype(v.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(v)
 
 
 # ------------------------------------------------------------------ views by method calls

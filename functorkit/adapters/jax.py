@@ -59,3 +59,18 @@ class Adapter(ArrayAdapter):
     def copy(self, x: Any) -> Any:
         """Immutable: ``x.copy()`` gives a new buffer (same values)."""
         return x.copy()
+
+    def to_host(self, x: Any) -> Any:
+        """``np.asarray`` (bfloat16 comes back as ``ml_dtypes.bfloat16``, which JAX depends on)."""
+        import numpy as np
+
+        from ._base import _little_endian
+
+        return _little_endian(np.asarray(x))
+
+    def from_stored(self, src: Any, like: Any) -> Any:
+        """Copied to `like`'s sharding (devices), or the default device."""
+        import jax
+
+        sharding = getattr(like, "sharding", None)
+        return jax.device_put(src.array(), sharding)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ._base import _HOST, Layout, MethodSlices, _size, extent, normalise_layout
+from ._base import _HOST, Layout, MethodSlices, _little_endian, _size, extent, normalise_layout
 
 __all__ = ["Adapter"]
 
@@ -151,3 +151,11 @@ class Adapter(MethodSlices):
             acc += x
             return acc
         return acc + x
+
+    def to_host(self, x: Any) -> np.ndarray[Any, Any]:
+        """The array itself where it is contiguous and little-endian (no copy)."""
+        return _little_endian(np.asarray(x))
+
+    def from_stored(self, src: Any, like: Any) -> Any:
+        """A view of the copy-on-write memory map (pages are read when touched; writes stay private)."""
+        return src.array()

@@ -325,7 +325,46 @@ class Adapter(ArrayAdapter):
             return x.reshape(-1).vdot(y.reshape(-1))
         return super().vdot(x, y)
 
+    # ---- checkpoints -------------------------------------------------------------------
 
+    def to_host(self, x: Any) -> Any:
+        """Detached, on the CPU, contiguous, as NumPy (no copy for a contiguous CPU tensor); dtypes
+        NumPy lacks (bfloat16, float8) as same-width integers holding the bytes."""
+        t = x.detach()
+        if t.device.type == "meta":
+            msg = "it is a `meta` tensor, which holds no values; materialise the model first"
+            raise TypeError(msg)
+        t = t.resolve_conj().resolve_neg().cpu().contiguous()
+        stand = _STAND_IN.get(t.dtype)
+        if stand is not None:
+            return t.view(stand).numpy()
+        return t.numpy()
+
+    def from_stored(self, src: Any, like: Any) -> Any:
+        """``torch.from_numpy`` over the copy-on-write memory map (no copy on the CPU; bfloat16 and
+        float8 reinterpreted in place with ``Tensor.view(dtype)``), moved to `like`'s device unless
+        that is ``cpu`` or ``meta`` (a meta model is a template: the result is on the CPU); an
+        ``nn.Parameter`` in `like` gives an ``nn.Parameter`` with its ``requires_grad``."""
+        raw = src.raw()
+        if raw.dtype.kind == "u" and raw.dtype.itemsize > 1:
+            raw = raw.view(raw.dtype.str.replace("u", "i"))  # torch reads uint16+ only recently
+        t = torch.from_numpy(raw)
+        want = getattr(torch, src.name)
+        if t.dtype != want:
+            t = t.view(want)
+        dev = getattr(like, "device", None)
+        if dev is not None and dev.type not in ("cpu", "meta"):
+            t = t.to(dev)
+        if isinstance(like, torch.nn.Parameter):
+            t = torch.nn.Parameter(t, requires_grad=like.requires_grad)
+        return t
+
+
+_STAND_IN = {
+    d: torch.int16 if d == torch.bfloat16 else torch.uint8
+    for d in (torch.bfloat16, getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None))
+    if d is not None
+}
 _VDOT_DTYPES = frozenset({torch.float32, torch.float64, torch.complex64, torch.complex128})
 
 
