@@ -27,8 +27,15 @@ from ._record import unflatten as unflatten
 from ._registry import register as register
 from ._registry import register_dataclass as register_dataclass
 from ._registry import register_leaf as register_leaf
+from ._replace import replace as replace
 from ._structured import Diagonal as Diagonal
 from ._structured import Transpose as Transpose
+from ._summary import Summary as Summary
+from ._summary import summary as summary
+from ._tools import combine as combine
+from ._tools import partition as partition
+from ._tools import stack as stack
+from ._tools import unstack as unstack
 from ._treedef import TreeDef as TreeDef
 from ._walk import fmap as fmap
 from ._walk import fmap_with_path as fmap_with_path
@@ -44,9 +51,11 @@ __all__ = [
     "PolicyError",
     "Restructure",
     "StructureError",
+    "Summary",
     "Transpose",
     "TreeDef",
     "add",
+    "combine",
     "copy",
     "destructure",
     "dot",
@@ -63,10 +72,15 @@ __all__ = [
     "mean",
     "norm",
     "normalize",
+    "partition",
     "register",
     "register_dataclass",
     "register_leaf",
+    "replace",
     "scale",
+    "stack",
     "sub",
+    "summary",
     "unflatten",
+    "unstack",
 ]
