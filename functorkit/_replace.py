@@ -300,9 +300,7 @@ def _replace_nodes(
             raise AssertionError(rp)
         j2 = p2 if pl2 is None else pl2[p2]
         if type(at) is not int:
-            holds_cached = any(
-                type(leaves[q if pl is None else pl[q]]) not in SCALAR_TYPES for q in _positions(at)
-            )
+            holds_cached = any(type(leaves[q if pl is None else pl[q]]) not in SCALAR_TYPES for q in _positions(at))
             places = 1 if pl2 is None else pl2.count(j2)
             if not holds_cached and places > 1:
                 alone.append((p2, rp, v))

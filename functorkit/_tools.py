@@ -341,8 +341,7 @@ def _stack_leaf(xs: list[Any], path: KeyPath, pol: str) -> Any:
         if k.xp is not k0.xp or (pol == "strict" and (k.dtype != k0.dtype or not same_device(k.device, k0.device))):
             allowed = k.xp is k0.xp
             fix = (
-                "convert the models, or pass policy='model' (a common dtype by result_type, on "
-                "models[0]'s device)"
+                "convert the models, or pass policy='model' (a common dtype by result_type, on models[0]'s device)"
                 if allowed
                 else "convert the models to one array library (no policy mixes namespaces)"
             )

@@ -55,7 +55,8 @@ def test_replace_tied_leaf_everywhere(xp: Any) -> None:
     out = fk.replace(m, {"dec.head": new})  # the second place of the tie
     assert out["enc"]["layers"][0]["w"] is new
     assert out["dec"]["head"] is new
-    assert m["enc"]["layers"][0]["w"] is old and m["dec"]["head"] is old
+    assert m["enc"]["layers"][0]["w"] is old
+    assert m["dec"]["head"] is old
     assert _same(old, _arr(xp, 1.0, 2.0))
     # naming both places with one object is fine; with two objects it is an error
     assert fk.replace(m, {"dec.head": new, "enc.layers.0.w": new})["dec"]["head"] is new
@@ -79,7 +80,8 @@ def test_replace_a_subtree(xp: Any) -> None:
     assert out["enc"]["layers"] == [{"w": None}]
     assert out["dec"]["head"] is m["dec"]["head"]  # the tie's other place keeps the old array
     shared = fk.replace(m, {"dec.block": "gone"})  # a shared sub-tree: replaced at every place
-    assert shared["enc"]["block"] == "gone" and shared["dec"]["block"] == "gone"
+    assert shared["enc"]["block"] == "gone"
+    assert shared["dec"]["block"] == "gone"
     assert fk.replace(m, {"": 5}) == 5
 
 
@@ -131,16 +133,20 @@ def test_partition_and_combine_round_trip(xp: Any) -> None:
     assert weights["dec"]["head"] is m["dec"]["head"]  # the tie, in one group at both places
     assert weights["enc"]["layers"][0]["b"] is None
     assert biases["enc"]["layers"][0]["b"] is m["enc"]["layers"][0]["b"]
-    assert biases["dec"]["head"] is None and rest["dec"]["head"] is None
-    assert rest["steps"] is m["steps"] and rest["lr"] == 0.1 and weights["lr"] is None
+    assert biases["dec"]["head"] is None
+    assert rest["dec"]["head"] is None
+    assert rest["steps"] is m["steps"]
+    assert rest["lr"] == 0.1
+    assert weights["lr"] is None
     assert weights["enc"]["block"] is weights["dec"]["block"]  # shared sub-tree stays shared
     back = fk.combine(weights, biases, rest)
     after = fk.leaves(back)
-    assert len(after) == len(before) and all(a is b for a, b in zip(after, before))
+    assert len(after) == len(before)
+    assert all(a is b for a, b in zip(after, before))
     assert back["enc"]["layers"][0]["w"] is back["dec"]["head"]
     assert back["enc"]["block"] is back["dec"]["block"]
-    assert back == back and back is not m
-    assert fk.leaves(m) == before or all(a is b for a, b in zip(fk.leaves(m), before))  # input unchanged
+    assert back is not m
+    assert all(a is b for a, b in zip(fk.leaves(m), before))  # the input is unchanged
 
 
 def test_tie_goes_to_the_group_of_its_first_place() -> None:
@@ -148,7 +154,8 @@ def test_tie_goes_to_the_group_of_its_first_place() -> None:
     tree = {"a": w, "b": w}
     first, rest = fk.partition(tree, lambda p, x: str(p) == "b")  # the predicate never sees "b" for w
     assert first == {"a": None, "b": None}
-    assert rest["a"] is w and rest["b"] is w
+    assert rest["a"] is w
+    assert rest["b"] is w
 
 
 def test_combine_keeps_sub_trees_shared_when_split_across_groups() -> None:
@@ -156,8 +163,10 @@ def test_combine_keeps_sub_trees_shared_when_split_across_groups() -> None:
     tree = {"p": s1, "q": s1, "r": s2, "s": s2}
     g1, g2 = fk.partition(tree, "p.*")
     back = fk.combine(g1, g2)
-    assert back["p"] is back["q"] and back["r"] is back["s"]
-    assert back["p"]["x"] is s1["x"] and back["s"]["y"] is s2["y"]
+    assert back["p"] is back["q"]
+    assert back["r"] is back["s"]
+    assert back["p"]["x"] is s1["x"]
+    assert back["s"]["y"] is s2["y"]
 
 
 def test_combine_errors(xp: Any) -> None:
@@ -172,7 +181,7 @@ def test_combine_errors(xp: Any) -> None:
 
 def test_groups_work_with_destructure_and_arithmetic(xp: Any) -> None:
     m = _model(xp)
-    weights, rest = fk.partition(m, "*.w", "*.head")[0], None
+    weights = fk.partition(m, "*.w", "*.head")[0]
     flat, re = fk.destructure(weights)
     assert len(re) == 3  # the tied pair once (2) and the shared sub-tree's array once (1)
     doubled = fk.scale(2.0, weights)
@@ -180,9 +189,9 @@ def test_groups_work_with_destructure_and_arithmetic(xp: Any) -> None:
     assert doubled["enc"]["layers"][0]["b"] is None
     new = re(flat * 0)
     back = fk.combine(new, *fk.partition(m, "*.w", "*.head")[1:])
-    assert _same(back["dec"]["head"], _arr(xp, 0.0, 0.0)) and back["dec"]["head"] is back["enc"]["layers"][0]["w"]
+    assert _same(back["dec"]["head"], _arr(xp, 0.0, 0.0))
+    assert back["dec"]["head"] is back["enc"]["layers"][0]["w"]
     assert _same(back["enc"]["layers"][0]["b"], _arr(xp, 0.5))
-    assert rest is None
 
 
 def test_partition_bad_predicate() -> None:
@@ -207,14 +216,17 @@ def test_stack_and_unstack(xp: Any, backend: Backend) -> None:
         models.append({"enc": w, "dec": w, "b": _arr(xp, float(k)), "steps": xp.asarray([k]), "act": "relu"})
     snap = [to_numpy(m["enc"]) for m in models]
     s = fk.stack(models)
-    assert tuple(s["enc"].shape) == (3, 2) and tuple(s["steps"].shape) == (3, 1)
-    assert s["enc"] is s["dec"] and s["act"] == "relu"
+    assert tuple(s["enc"].shape) == (3, 2)
+    assert tuple(s["steps"].shape) == (3, 1)
+    assert s["enc"] is s["dec"]
+    assert s["act"] == "relu"
     assert _same(s["b"], xp.reshape(_arr(xp, 0.0, 1.0, 2.0), (3, 1)))
     ms = fk.unstack(s)
     assert len(ms) == 3
     for k, m in enumerate(ms):
         assert m["enc"] is m["dec"]
-        assert _same(m["enc"], models[k]["enc"]) and _same(m["steps"], models[k]["steps"])
+        assert _same(m["enc"], models[k]["enc"])
+        assert _same(m["steps"], models[k]["steps"])
         assert m["act"] == "relu"
     assert all(np.array_equal(a, to_numpy(m["enc"])) for a, m in zip(snap, models))  # inputs unchanged
     if backend.value in ("numpy", "numpy_readonly"):
@@ -252,7 +264,8 @@ def test_stack_policies(xp: Any) -> None:
     with pytest.raises(fk.PolicyError, match=r"at w: models\[0\] holds float32.*models\[1\] holds float64"):
         fk.stack([a, b])
     s = fk.stack([a, b], policy="model")
-    assert s["w"].dtype == xp.float64 and _same(s["w"], xp.asarray([[1.0, 2.0], [3.0, 4.0]], dtype=xp.float64))
+    assert s["w"].dtype == xp.float64
+    assert _same(s["w"], xp.asarray([[1.0, 2.0], [3.0, 4.0]], dtype=xp.float64))
     with pytest.raises(ValueError, match="policy"):
         fk.stack([a, b], policy="loose")
 
@@ -284,16 +297,21 @@ def test_summary_rows_and_totals(xp: Any) -> None:
     paths = [str(r.path) for r in s.rows]
     assert paths == ["enc.layers[0].w", "enc.layers[0].b", "enc.block.w", "enc.block.scale", "steps", "lr"]
     first = s.rows[0]
-    assert first.shape == (2,) and first.dtype == "float64" and first.trainable and first.count == 2
+    assert first.shape == (2,)
+    assert first.dtype == "float64"
+    assert first.trainable
+    assert first.count == 2
     assert [str(p) for p in first.tied_with] == ["dec.head"]
     assert [str(p) for p in s.rows[2].tied_with] == ["dec.block.w"]
-    assert not s.rows[4].trainable and s.rows[5].shape is None
+    assert not s.rows[4].trainable
+    assert s.rows[5].shape is None
     assert s.num_params == 4 == len(fk.destructure(m)[1])
     assert s.num_elements == 5
     assert s.nbytes == 4 * 8 + s.rows[4].nbytes
     assert s.by_dtype["float64"] == (4, 32)
     text = str(s)
-    assert "dec.head" in text and "enc.layers[0].w" in text
+    assert "dec.head" in text
+    assert "enc.layers[0].w" in text
 
 
 def _resnet50_shapes() -> dict[str, Any]:
@@ -368,10 +386,14 @@ def test_replace_on_a_tied_module_replaces_lm_head_too() -> None:
     old = lm["wte"].weight
     new = torch.zeros(5, 4)
     out = fk.replace(lm, {"wte.weight": new})
-    assert out["lm_head"].weight is new and out["wte"].weight is new  # the fmap_with_path workaround misses this
-    assert lm["wte"].weight is old and lm["lm_head"].weight is old and not torch.equal(old, new)
+    assert out["lm_head"].weight is new
+    assert out["wte"].weight is new
+    assert lm["wte"].weight is old
+    assert lm["lm_head"].weight is old
+    assert not torch.equal(old, new)
     assert out["norm"].running_mean is lm["norm"].running_mean
-    assert type(out["proj"]) is torch.nn.Linear and out["proj"] is not lm["proj"]
+    assert type(out["proj"]) is torch.nn.Linear
+    assert out["proj"] is not lm["proj"]
     with pytest.raises(fk.StructureError, match="Nearest keys here: weight"):
         fk.replace(lm, {"proj.weigth": new})
 
@@ -389,9 +411,12 @@ def test_partition_a_module_into_trainable_frozen_and_buffers() -> None:
         return isinstance(x, torch.nn.Parameter)
 
     tr, frozen, buffers = fk.partition(lm, is_trainable, is_frozen)
-    assert tr["wte"].weight is lm["wte"].weight and tr["lm_head"].weight is lm["wte"].weight
-    assert tr["proj"].bias is None and frozen["proj"].bias is lm["proj"].bias
-    assert buffers["norm"].running_var is lm["norm"].running_var and buffers["norm"].weight is None
+    assert tr["wte"].weight is lm["wte"].weight
+    assert tr["lm_head"].weight is lm["wte"].weight
+    assert tr["proj"].bias is None
+    assert frozen["proj"].bias is lm["proj"].bias
+    assert buffers["norm"].running_var is lm["norm"].running_var
+    assert buffers["norm"].weight is None
     flat, re = fk.destructure(tr)
     assert len(re) == 5 * 4 + 4 + 4 + 4 * 4  # wte (tied with lm_head, once), norm weight/bias, proj weight
     # a module drops a slot holding None (as torch does for bias=None), so the groups differ in
@@ -401,8 +426,10 @@ def test_partition_a_module_into_trainable_frozen_and_buffers() -> None:
     assert "fk.replace(model, dict(fk.leaves_with_path(group)))" in "".join(ei.value.__notes__)
     new = re(flat * 0)
     back = fk.replace(lm, dict(fk.leaves_with_path(new)))
-    assert back["lm_head"].weight is back["wte"].weight and float(back["wte"].weight.abs().sum()) == 0.0
-    assert back["proj"].bias is lm["proj"].bias and back["norm"].running_mean is lm["norm"].running_mean
+    assert back["lm_head"].weight is back["wte"].weight
+    assert float(back["wte"].weight.abs().sum()) == 0.0
+    assert back["proj"].bias is lm["proj"].bias
+    assert back["norm"].running_mean is lm["norm"].running_mean
     assert float(lm["wte"].weight.detach().abs().sum()) > 0  # the input is unchanged
 
 
@@ -413,7 +440,8 @@ def test_stack_modules_for_vmap() -> None:
     models = [_tied_lm() for _ in range(3)]
     with torch.no_grad():
         s = fk.stack(models)
-    assert s["wte"].weight.shape == (3, 5, 4) and s["lm_head"].weight is s["wte"].weight
+    assert s["wte"].weight.shape == (3, 5, 4)
+    assert s["lm_head"].weight is s["wte"].weight
     assert s["norm"].num_batches_tracked.shape == (3,)
     state = {p.dotted: x for p, x in fk.leaves_with_path(s)}
     x = torch.randn(3, 2, 4)
