@@ -460,3 +460,21 @@ def test_stack_modules_for_vmap() -> None:
     frozen_differs["proj"].bias.requires_grad_(True)
     with pytest.raises(fk.StructureError, match="trainab"):
         fk.stack([models[0], frozen_differs])
+
+
+def test_tools_page_examples_run() -> None:
+    """The python blocks of docs/tools.md run, in order, as one script."""
+    pytest.importorskip("torch")
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "tools.md"
+    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), flags=re.MULTILINE | re.DOTALL)
+    assert len(blocks) >= 10
+    namespace: dict[str, object] = {"__name__": "tools_docs"}
+    for i, block in enumerate(blocks):
+        try:
+            exec(compile(block, f"docs/tools.md block {i + 1}", "exec"), namespace)
+        except Exception as e:
+            e.add_note(f"in docs/tools.md python block {i + 1}:\n{block}")
+            raise
