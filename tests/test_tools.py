@@ -478,3 +478,16 @@ def test_tools_page_examples_run() -> None:
         except Exception as e:
             e.add_note(f"in docs/tools.md python block {i + 1}:\n{block}")
             raise
+
+
+@pytest.mark.parametrize("pattern", ["p.a", "p.T.*", "r.*", "z.*", "*", "nothing"])
+def test_combine_restores_nested_sharing(pattern: str) -> None:
+    t = {"t": np.ones(1), "n": 3}
+    s = {"a": np.zeros(1), "T": t}
+    tree = {"p": s, "q": s, "r": t, "z": [t, np.ones(2)], "k": (1, 2)}
+    back = fk.combine(*fk.partition(tree, pattern))
+    assert back["p"] is back["q"]
+    assert back["r"] is back["p"]["T"]
+    assert back["z"][0] is back["r"]
+    assert all(a is b for a, b in zip(fk.leaves(back), fk.leaves(tree)))
+    assert fk.flatten(back)[1] == fk.flatten(tree)[1]
