@@ -87,6 +87,12 @@ class Summary:
     __slots__ = ("by_device", "by_dtype", "nbytes", "num_elements", "num_params", "rows")
 
     def __init__(self, rows: list[SummaryRow]) -> None:
+        if not isinstance(rows, (list, tuple)) or not all(isinstance(r, SummaryRow) for r in rows):
+            msg = (
+                f"fk.Summary: `rows` must be a list of SummaryRow, got {type(rows).__name__}; "
+                "a Summary is made by fk.summary(model)."
+            )
+            raise TypeError(msg)
         self.rows = tuple(rows)
         self.num_params = sum(r.count for r in rows if r.trainable)
         self.num_elements = sum(r.count for r in rows)
