@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import functorkit as fk
-from tests.conftest import Backend, to_numpy
+
+from conftest import Backend, to_numpy
 
 
 def _arr(xp: Any, *vals: float, device: Any = None) -> Any:
