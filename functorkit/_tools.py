@@ -319,6 +319,16 @@ def _kind(x: Any) -> Kind:
 def _stack_leaf(xs: list[Any], path: KeyPath, pol: str) -> Any:
     """One stacked array from the arrays `xs` (one per model), after the checks of `pol`."""
     x0 = xs[0]
+    ad = adapter_of(x0)
+    t0, dt0, dev0, shape0 = type(x0), x0.dtype, ad.device(x0), x0.shape
+    for x in xs:  # the common case: one type, dtype, device and shape everywhere
+        if type(x) is not t0 or x.shape != shape0 or not (x.dtype is dt0 or x.dtype == dt0):
+            break
+        dev = ad.device(x)
+        if not (dev is dev0 or dev == dev0):
+            break
+    else:
+        return ad.xp.stack(xs, axis=0)
     k0 = _kind(x0)
     shape0 = tuple(x0.shape)
     kinds = [k0]
