@@ -46,5 +46,10 @@ def test_ensemble_jax() -> None:
 
 
 def test_ensemble_main_runs_quietly() -> None:
+    have = {name for name in ("torch", "jax") if importlib.util.find_spec(name) is not None}
+    if not have:
+        pytest.skip("needs torch or JAX")
     out = _example().main(["--members", "2", "--steps", "2", "--quiet"])
-    assert set(out) <= {"torch", "jax"}
+    assert set(out) == have
+    for res in out.values():
+        assert len(res["trained"]) == 2
