@@ -28,14 +28,14 @@ from ._registry import register as register
 from ._registry import register_dataclass as register_dataclass
 from ._registry import register_leaf as register_leaf
 from ._replace import replace as replace
+from ._stack import stack as stack
+from ._stack import unstack as unstack
 from ._structured import Diagonal as Diagonal
 from ._structured import Transpose as Transpose
 from ._summary import Summary as Summary
 from ._summary import summary as summary
 from ._tools import combine as combine
 from ._tools import partition as partition
-from ._tools import stack as stack
-from ._tools import unstack as unstack
 from ._treedef import TreeDef as TreeDef
 from ._walk import fmap as fmap
 from ._walk import fmap_with_path as fmap_with_path

@@ -82,6 +82,16 @@ class Summary:
         Elements and bytes of every array leaf (a tie once).
     by_dtype, by_device : dict
         ``{name: (elements, bytes)}`` over every array leaf.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> s = fk.summary({"w": np.ones((2, 2)), "idx": np.arange(3)})
+    >>> [(str(r.path), r.shape, r.trainable, r.count) for r in s.rows]
+    [('w', (2, 2), True, 4), ('idx', (3,), False, 3)]
+    >>> s.num_params, s.by_dtype["int64"]
+    (4, (3, 24))
     """
 
     __slots__ = ("by_device", "by_dtype", "nbytes", "num_elements", "num_params", "rows")
