@@ -30,11 +30,18 @@ from ._record import unflatten as unflatten
 from ._registry import register as register
 from ._registry import register_dataclass as register_dataclass
 from ._registry import register_leaf as register_leaf
+from ._replace import replace as replace
+from ._stack import stack as stack
+from ._stack import unstack as unstack
 from ._state import IncompatibleKeys as IncompatibleKeys
 from ._state import load_state_dict as load_state_dict
 from ._state import state_dict as state_dict
 from ._structured import Diagonal as Diagonal
 from ._structured import Transpose as Transpose
+from ._summary import Summary as Summary
+from ._summary import summary as summary
+from ._tools import combine as combine
+from ._tools import partition as partition
 from ._treedef import TreeDef as TreeDef
 from ._walk import fmap as fmap
 from ._walk import fmap_with_path as fmap_with_path
@@ -51,9 +58,11 @@ __all__ = [
     "PolicyError",
     "Restructure",
     "StructureError",
+    "Summary",
     "Transpose",
     "TreeDef",
     "add",
+    "combine",
     "copy",
     "destructure",
     "dot",
@@ -73,12 +82,17 @@ __all__ = [
     "norm",
     "normalize",
     "open",
+    "partition",
     "register",
     "register_dataclass",
     "register_leaf",
+    "replace",
     "save",
     "scale",
+    "stack",
     "state_dict",
     "sub",
+    "summary",
     "unflatten",
+    "unstack",
 ]

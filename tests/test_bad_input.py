@@ -1422,6 +1422,126 @@ PLAIN_CASES: list[Bad] = [
     ),
 ]
 
+# the tree tools (docs/tools.md)
+
+
+def _tied(c: Ctx) -> dict[str, Any]:
+    w = c.arr(1.0)
+    return {"a": w, "b": w}
+
+
+CASES += [
+    Bad(
+        "replace-wrong-path",
+        "replace",
+        "a path that does not exist",
+        lambda c: fk.replace(c.model(), {"layers[0].ww": c.arr(1.0)}),
+        fk.StructureError,
+        "the path, the children where it stops, the nearest valid keys and paths",
+        path="layers[0]",
+        names=("ww", "Nearest"),
+    ),
+    Bad(
+        "replace-tie-two-values",
+        "replace",
+        "two places of one tie given two different values",
+        lambda c: fk.replace(_tied(c), {"a": c.arr(2.0), "b": c.arr(3.0)}),
+        fk.StructureError,
+        "both paths hold one tied leaf; name one of them",
+        path="a",
+        names=("tie",),
+    ),
+    Bad(
+        "combine-two-values",
+        "combine",
+        "two groups holding a value at one place",
+        lambda c: fk.combine({"k": c.arr(1.0)}, {"k": c.arr(2.0)}),
+        fk.StructureError,
+        "the path and the two groups; set the place to None in all groups but one",
+        path="k",
+        names=(r"groups\[0\]", r"groups\[1\]"),
+    ),
+    Bad(
+        "stack-shape-mismatch",
+        "stack",
+        "models whose arrays differ in shape at one place",
+        lambda c: fk.stack([{"w": c.arr(1.0)}, {"w": c.arr(1.0, 2.0)}]),
+        fk.StructureError,
+        "the path and both shapes",
+        path="w",
+        names=("shape",),
+    ),
+    Bad(
+        "stack-dtype-strict",
+        "stack",
+        "models whose arrays differ in dtype, under policy='strict'",
+        lambda c: fk.stack([{"w": c.arr(1.0)}, {"w": c.arr(1.0, dtype="float32")}]),
+        fk.PolicyError,
+        "the path, both dtypes; pass policy='model'",
+        path="w",
+        names=("policy",),
+    ),
+    Bad(
+        "unstack-ragged",
+        "unstack",
+        "arrays with different leading axes",
+        lambda c: fk.unstack({"a": c.arr(1.0, 2.0), "b": c.arr(1.0, 2.0, 3.0)}),
+        fk.StructureError,
+        "the path, the expected length and where it was seen",
+        path="b",
+        names=("leading axis",),
+    ),
+]
+
+PLAIN_CASES += [
+    Bad(
+        "replace-updates-not-a-mapping",
+        "replace",
+        "`updates` a list of pairs",
+        lambda c: fk.replace({"a": 1}, [("a", 2)]),
+        TypeError,
+        "`updates` must be a mapping {path: value}",
+        names=("updates",),
+    ),
+    Bad(
+        "partition-bad-predicate",
+        "partition",
+        "a predicate that is neither callable nor a str",
+        lambda c: fk.partition({"a": 1}, 3),
+        TypeError,
+        "predicate 0 must be a callable or a glob str",
+        names=("predicate",),
+    ),
+    Bad(
+        "stack-empty",
+        "stack",
+        "an empty list of models",
+        lambda c: fk.stack([]),
+        ValueError,
+        "`models` is empty; expected at least one model",
+        names=("models",),
+    ),
+    Bad(
+        "summary-cycle",
+        "summary",
+        "a tree that contains itself",
+        lambda c: fk.summary(_cyclic()),
+        fk.StructureError,
+        "the path where the cycle closes",
+        path="a[0]",
+        names=("cycle",),
+    ),
+    Bad(
+        "Summary-direct",
+        "Summary",
+        "constructing it from something that is not a list of rows",
+        lambda c: fk.Summary(5),
+        TypeError,
+        "made by fk.summary(model)",
+        names=("summary",),
+    ),
+]
+
 
 def _ckpt_path(name: str) -> str:
     return str(pathlib.Path(tempfile.mkdtemp(prefix="fk-bad-")) / name)
