@@ -31,9 +31,9 @@ import numpy as np
 
 from ._errors import StructureError
 from ._keypath import KeyPath
-from ._record import flatten
 from ._safetensors_io import CODE_OF, INDEX, TIES, Checkpoint, header_bytes, stand_in
-from ._xp import is_array
+from ._state import state_positions
+from ._treedef import TreeDef
 from .adapters._base import adapter_of
 
 __all__ = ["load", "open", "save"]
@@ -52,31 +52,18 @@ def _dtype_name(dtype: Any) -> str:
     return name if isinstance(name, str) else str(dtype).rpartition(".")[2]
 
 
-def _array_keys(tree: Any, fname: str) -> tuple[list[Any], Any, dict[int, list[str]]]:
-    """The distinct leaves, the tree definition, and the dotted keys of each array leaf (walk order)."""
-    leaves, td = flatten(tree)
-    ex = td.expanded()
-    paths = ex.position_paths()
-    owner = ex.position_values(list(range(ex.num_leaves)))
+def _array_keys(tree: Any, fname: str) -> tuple[list[Any], TreeDef, dict[int, list[str]]]:
+    """The distinct leaves and the state-dict keys of each array leaf (walk order): the keys of
+    `fk.state_dict` (torch's for modules: non-persistent buffers are not stored)."""
+    leaves, td, found = state_positions(tree, f"fk.{fname}")
     keys: dict[int, list[str]] = {}
-    seen: dict[str, KeyPath] = {}
-    for path, j in zip(paths, owner):
-        if not is_array(leaves[j]):
-            continue
-        key = path.dotted
+    for key, path, j in found:
         if not path:
             msg = (
                 f"fk.{fname}: the model is a single array; a checkpoint stores arrays by name. "
                 "Fix: wrap it, e.g. {'weight': x}."
             )
             raise TypeError(msg)
-        if key in seen and seen[key] != path:
-            msg = (
-                f"fk.{fname}: the paths {seen[key].display} and {path.display} both read {key!r} as a state-dict "
-                "key. Expected one key per array; fix: rename a dict key that contains a dot."
-            )
-            raise StructureError(msg)
-        seen[key] = path
         keys.setdefault(j, []).append(key)
     return leaves, td, keys
 

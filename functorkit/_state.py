@@ -108,16 +108,18 @@ def _skipped_positions(td: TreeDef) -> set[int]:
     return skipped
 
 
-def _entries(model: Any, who: str) -> list[tuple[str, KeyPath, Any]]:
-    """``(dotted key, path, array)`` for every array position of `model` in the state dict, in walk order."""
-    leaves, td = flatten(model)
-    td = td.expanded()
+def state_positions(model: Any, who: str) -> tuple[list[Any], TreeDef, list[tuple[str, KeyPath, int]]]:
+    """The distinct leaves of `model`, its tree definition, and ``(dotted key, path, leaf index)`` for
+    every array position in the state dict, in walk order (the key selection `fk.save` shares)."""
+    leaves, recorded = flatten(model)
+    td = recorded.expanded()
     skipped = _skipped_positions(td)
-    out: list[tuple[str, KeyPath, Any]] = []
+    owner = td.position_values(list(range(td.num_leaves)))
+    out: list[tuple[str, KeyPath, int]] = []
     seen: dict[str, KeyPath] = {}
-    for i, (path, x) in enumerate(zip(td.position_paths(), td.position_values(leaves))):
+    for i, (path, j) in enumerate(zip(td.position_paths(), owner, strict=True)):
         try:
-            if not is_array(x) or i in skipped:
+            if not is_array(leaves[j]) or i in skipped:
                 continue
         except TypeError as e:
             msg = f"at {path.display}: {MATRIX_MESSAGE}"
@@ -132,8 +134,14 @@ def _entries(model: Any, who: str) -> list[tuple[str, KeyPath, Any]]:
             )
             raise StructureError(msg)
         seen[key] = path
-        out.append((key, path, x))
-    return out
+        out.append((key, path, j))
+    return leaves, recorded, out
+
+
+def _entries(model: Any, who: str) -> list[tuple[str, KeyPath, Any]]:
+    """``(dotted key, path, array)`` for every array position of `model` in the state dict, in walk order."""
+    leaves, _, found = state_positions(model, who)
+    return [(key, path, leaves[j]) for key, path, j in found]
 
 
 def state_dict(model: Any, /) -> dict[str, Any]:

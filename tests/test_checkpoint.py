@@ -381,3 +381,20 @@ def test_a_directory_holding_one_file_loads_and_other_directories_are_refused(tm
     fk.save(tmp_path / "one" / "other.safetensors", {"w": np.arange(3.0)})
     with pytest.raises(FileNotFoundError, match=r"exactly one \.safetensors file"):
         fk.load(tmp_path / "one")
+
+
+def test_non_persistent_buffers_are_not_stored(tmp_path: Path) -> None:
+    # the keys of fk.save are fk.state_dict's: torch leaves non-persistent buffers out
+    st = pytest.importorskip("safetensors.torch")
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Linear(2, 2)
+    net.register_buffer("scratch", torch.ones(2), persistent=False)
+    path = tmp_path / "net.safetensors"
+    fk.save(path, net)
+    assert sorted(st.load_file(path)) == sorted(net.state_dict()) == ["bias", "weight"]
+    other = torch.nn.Linear(2, 2)
+    other.register_buffer("scratch", torch.zeros(2), persistent=False)
+    missing, unexpected = st.load_model(other, path)
+    assert not missing
+    assert not unexpected
+    assert torch.equal(other.weight, net.weight)
