@@ -9,7 +9,7 @@ first key; its other keys are recorded in the file's metadata as
 writes for tied models.
 
 The file format is written and read here with NumPy
-(:mod:`functorkit._safetensors_io`); array families differ only in adapter
+(`functorkit._safetensors_io`); array families differ only in adapter
 methods (``to_host``, ``host_blocks``/``compute_blocks``, ``from_stored``).
 Writing goes to a temporary name next to the target, renamed into place at
 the end (removed on any error), so no partial checkpoint is ever left.
@@ -121,10 +121,10 @@ def save(
 
     Keys are ``KeyPath.dotted`` of each array's path (torch's ``state_dict()``
     keys for modules: ``0.weight``). A tied array is stored once and the tie
-    recorded in the metadata (``"functorkit.ties"``), so :func:`load`
+    recorded in the metadata (``"functorkit.ties"``), so `load`
     restores it. Non-array leaves (Python numbers, strings) are not stored.
     Lazy (Dask) arrays are computed block by block and written in place,
-    so memory stays near one block (:data:`BATCH_BYTES`), on whatever Dask
+    so memory stays near one block (`BATCH_BYTES`), on whatever Dask
     scheduler is active (``dask.distributed`` included). The file (or
     directory) appears only when complete: on any error nothing is left.
 
@@ -435,7 +435,7 @@ def load(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:
     each array read into `like`'s array library and device: NumPy views of
     the map, torch tensors over the map without a copy on the CPU
     (``nn.Parameter`` where `like` has one), JAX arrays, Dask arrays (as
-    :func:`open`). Non-array leaves come from `like`.
+    `open`). Non-array leaves come from `like`.
 
     Ties recorded in the file come back as one shared array.
 
@@ -473,8 +473,8 @@ def open(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:
     the file, copies its rows and unmaps it, in whichever process computes
     it (``dask.distributed`` workers included). Dtypes are as stored
     (bfloat16/float8 through ``ml_dtypes``). Arithmetic on the result stays
-    lazy; :func:`save` writes it block by block. Structure as in
-    :func:`load` (nested dicts, or `like`'s structure with every array leaf
+    lazy; `save` writes it block by block. Structure as in
+    `load` (nested dicts, or `like`'s structure with every array leaf
     a Dask array; keys, shapes and dtypes must match `like`).
 
     Opening the same unchanged file twice gives arrays with the same Dask

@@ -4,7 +4,7 @@ A leaf of a model that is not an array, a built-in scalar, a function or a
 class, and that no registry knows, is an *unknown holder* when arrays sit in
 it: in its attributes (``__dict__`` or ``__slots__``), or among the items of a
 ``Mapping``/``Sequence`` subclass, directly or inside containers and other
-such objects up to :data:`DEPTH` levels down. ``fk.destructure`` refuses one
+such objects up to `DEPTH` levels down. ``fk.destructure`` refuses one
 under ``policy="strict"`` (the ``UNKNOWN_HOLDER`` row of ``_policy.py``);
 ``re.explain`` lists those it carries as constants under the other policies.
 """

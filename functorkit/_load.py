@@ -226,8 +226,8 @@ def load_into(dst: Any, src: Any, /) -> Any:
 
 
 class Loader:
-    """One load, all or nothing: :meth:`visit` checks and stages each ``(path, dst value, src value)``
-    pair (nothing written), :meth:`commit` then writes every staged value (restoring on failure).
+    """One load, all or nothing: `visit` checks and stages each ``(path, dst value, src value)``
+    pair (nothing written), `commit` then writes every staged value (restoring on failure).
 
     `load_into` feeds it the pairs of its lock-step walk; ``fk.load_state_dict`` the pairs it
     looked up by key. The one writer of functorkit.

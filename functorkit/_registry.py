@@ -519,7 +519,7 @@ def register_dataclass(cls: Any = None, /, *, replace: bool = False, export: boo
     children. The rebuilt object is made without calling ``__init__`` or
     ``__post_init__``; non-field instance attributes are carried over.
     Registered classes become JAX and torch pytree nodes too, as with
-    :func:`register` (``export=False`` opts out).
+    `register` (``export=False`` opts out).
 
     Examples
     --------

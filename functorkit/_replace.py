@@ -1,6 +1,6 @@
 """fk.replace: a functional update at key paths, on the one recorded tree definition.
 
-The tree is recorded once (:func:`record`). Each path is read against the
+The tree is recorded once (`record`). Each path is read against the
 definition's *position index*: the definition built with the number of each
 leaf position in place of its value, as plain dicts and lists (``td.build(...,
 BUILD_STRUCTURE)``). A path that ends at a number names a leaf position; one
@@ -175,9 +175,9 @@ def replace(tree: Any, updates: Mapping[Any, Any], /) -> Any:
     tree
         Any tree functorkit walks.
     updates
-        ``{path: value}``. A path is a :class:`KeyPath`, a tuple of keys, or a
+        ``{path: value}``. A path is a `KeyPath`, a tuple of keys, or a
         str in the ``str(path)`` form (``layers[0].w``) or the dotted
-        state-dict form (``layers.0.w``); see :meth:`KeyPath.parse`. A path to
+        state-dict form (``layers.0.w``); see `KeyPath.parse`. A path to
         a leaf replaces that leaf; a path to a node replaces the whole
         sub-tree.
 
@@ -191,7 +191,7 @@ def replace(tree: Any, updates: Mapping[Any, Any], /) -> Any:
     -----
     A tied leaf (one object at several places) is replaced at every place it
     occurs, and the new value is tied there; naming two places of one tie
-    with two different values is a :class:`StructureError`. A shared
+    with two different values is a `StructureError`. A shared
     sub-tree (one node object at several places, holding arrays) stays
     shared, so a path through any of its places replaces the value in all of
     them. A path to a sub-tree that is one object at several places is

@@ -6,14 +6,14 @@ A file is an 8-byte little-endian header length ``N``, ``N`` bytes of JSON
 bytes, little-endian, C order, offsets counted from the end of the header,
 covering the data section without holes
 (https://github.com/huggingface/safetensors, "Format"). Writing it here lets
-:func:`functorkit.save` stream tensors block by block into the file and keeps
+`functorkit.save` stream tensors block by block into the file and keeps
 torch out of the core; the tests check files both ways against the
 ``safetensors`` package.
 
 Tensors are handed around as NumPy arrays. Dtypes NumPy lacks (bfloat16,
 float8) travel as a same-width unsigned integer stand-in together with their
-name; :func:`real_dtype` gives the true NumPy dtype through ``ml_dtypes``
-where it is installed. :class:`Checkpoint` gathers the tensors of a file or of a
+name; `real_dtype` gives the true NumPy dtype through ``ml_dtypes``
+where it is installed. `Checkpoint` gathers the tensors of a file or of a
 sharded directory (Hugging Face's ``model.safetensors.index.json``) and the ties
 recorded in their metadata.
 """

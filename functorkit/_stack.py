@@ -1,6 +1,6 @@
 """fk.stack and fk.unstack: models with a leading axis, for ensembles, on the one recorded tree definition.
 
-``stack`` records every model (:func:`record`), checks that their definitions
+``stack`` records every model (`record`), checks that their definitions
 are equal (``TreeDef ==``; the first differing path is named through
 ``flatten_up_to`` and the ties and trainability of the expanded definitions),
 stacks each distinct array leaf once with its namespace's ``xp.stack`` and
@@ -132,7 +132,7 @@ def stack(models: Iterable[Any], /, *, policy: str = "strict") -> Any:
         keys, ties, shared sub-trees and trainable leaves
         (``fk.flatten(m)[1]`` equal).
     policy
-        As in :func:`destructure`. ``"strict"`` (default): the arrays at one
+        As in `destructure`. ``"strict"`` (default): the arrays at one
         place must have one dtype and device in every model.
         ``"model"``/``"flat"`` (alike here): dtypes are promoted by
         ``result_type`` and arrays moved to ``models[0]``'s device. Arrays of
@@ -206,7 +206,7 @@ def stack(models: Iterable[Any], /, *, policy: str = "strict") -> Any:
 
 
 def unstack(stacked: Any, /) -> list[Any]:
-    """The models of a stacked model: the inverse of :func:`stack`.
+    """The models of a stacked model: the inverse of `stack`.
 
     Parameters
     ----------

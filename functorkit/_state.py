@@ -1,14 +1,14 @@
 """State dicts: a model as a flat ``{dotted key: array}`` mapping, and back.
 
-:func:`state_dict` lists every array position of a tree under the dotted form
-of its path (:attr:`KeyPath.dotted`): ``torch.nn.Module.state_dict()``'s keys
-for modules, the same form for every other tree. :func:`load_state_dict`
+`state_dict` lists every array position of a tree under the dotted form
+of its path (`KeyPath.dotted`): ``torch.nn.Module.state_dict()``'s keys
+for modules, the same form for every other tree. `load_state_dict`
 looks each of the model's keys up in a flat mapping (from ``torch.load``,
 ``safetensors``, ``np.load``, a plain dict), reports every key that does not
 fit at once, and writes with the one writer of ``_load.py`` (all or nothing,
 no aliasing, ties checked).
 
-Both run on the one recorded tree definition (:func:`flatten`), with shared
+Both run on the one recorded tree definition (`flatten`), with shared
 sub-trees written out at each of their positions (as torch lists a module
 used twice under both prefixes).
 """
@@ -147,8 +147,8 @@ def _entries(model: Any, who: str) -> list[tuple[str, KeyPath, Any]]:
 def state_dict(model: Any, /) -> dict[str, Any]:
     """A flat ``{dotted key: array}`` dict of every array in `model`, in walk order.
 
-    Keys are the dotted form of each array's path (:attr:`KeyPath.dotted`,
-    read back by :meth:`KeyPath.parse`): for a ``torch.nn.Module`` they equal
+    Keys are the dotted form of each array's path (`KeyPath.dotted`,
+    read back by `KeyPath.parse`): for a ``torch.nn.Module`` they equal
     ``module.state_dict()``'s keys (a ``Sequential`` root reads ``0.weight``;
     parameters, then persistent buffers, then submodules; non-persistent
     buffers are left out, as torch does); every other tree (dicts, lists,
@@ -238,9 +238,9 @@ def load_state_dict(dst: Any, mapping: Mapping[str, Any], /, *, strict: bool) ->
 def load_state_dict(dst: Any, mapping: Mapping[str, Any], /, *, strict: bool = True) -> Any:
     """Copy the arrays of a flat ``{dotted key: array}`` mapping into `dst`'s arrays, in place.
 
-    Each array of `dst` is looked up under its key in :func:`state_dict`
+    Each array of `dst` is looked up under its key in `state_dict`
     (``layers.0.weight``; torch's ``state_dict()`` keys for modules) and
-    written with the rules of :func:`load_into`: `dst` keeps its arrays
+    written with the rules of `load_into`: `dst` keeps its arrays
     (an ``nn.Parameter`` stays the registered parameter), dtypes and devices;
     values are cast within a dtype kind and moved (NumPy arrays into a torch
     model work); afterwards `dst` shares no memory with the mapping. The
@@ -255,7 +255,7 @@ def load_state_dict(dst: Any, mapping: Mapping[str, Any], /, *, strict: bool = T
     under each (as torch's state dicts do) or under only one of them (as
     ``safetensors.torch.save_model`` writes it): the array is loaded, and its
     other keys are not missing. Equal values under several keys are fine;
-    different values raise a :class:`StructureError` naming both keys' paths.
+    different values raise a `StructureError` naming both keys' paths.
 
     Parameters
     ----------
@@ -273,9 +273,10 @@ def load_state_dict(dst: Any, mapping: Mapping[str, Any], /, *, strict: bool = T
 
     Returns
     -------
-    `dst` itself when ``strict=True``; an :class:`IncompatibleKeys` named
-    tuple ``(missing, unexpected, mismatched)`` of lists of keys when
-    ``strict=False``.
+    Any or IncompatibleKeys
+        `dst` itself when ``strict=True``; an `IncompatibleKeys` named
+        tuple ``(missing, unexpected, mismatched)`` of lists of keys when
+        ``strict=False``.
 
     Raises
     ------

@@ -1,6 +1,6 @@
 """fk.summary: a table of a model's leaves (path, shape, dtype, device, trainable, ties, count) and totals.
 
-One recording of the model (:func:`record`) gives the distinct leaves, their
+One recording of the model (`record`) gives the distinct leaves, their
 first paths and trainability (docs/treedef.md, R1-R3); its expanded definition
 gives every place of each leaf (the ties). Array facts come from ``_xp``.
 """
@@ -69,7 +69,7 @@ def _fit(text: str, width: int, tail: float = 0.6) -> str:
 
 
 class Summary:
-    """What :func:`summary` returns: ``rows`` and totals; ``str()`` is a table of at most 120 columns.
+    """What `summary` returns: ``rows`` and totals; ``str()`` is a table of at most 120 columns.
 
     Attributes
     ----------
@@ -184,7 +184,7 @@ def summary(model: Any, /) -> Summary:
     Returns
     -------
     Summary
-        ``.rows`` (one :class:`SummaryRow` per distinct leaf, in walk order:
+        ``.rows`` (one `SummaryRow` per distinct leaf, in walk order:
         a tied leaf once, at its first path, with its other places in
         ``tied_with``), totals ``.num_params`` (trainable floating/complex
         arrays, as ``len(fk.destructure(model)[1])``), ``.num_elements``,

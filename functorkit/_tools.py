@@ -1,6 +1,6 @@
 """fk.partition and fk.combine: groups of a tree's leaves, on the one recorded tree definition.
 
-Each tool records its tree(s) once (:func:`record`) and rebuilds with the
+Each tool records its tree(s) once (`record`) and rebuilds with the
 recorded definition, so ties, shared sub-trees and trainable leaves follow the
 rules of docs/treedef.md (R1-R3) exactly as in ``fmap`` and ``destructure``.
 ``stack``/``unstack`` live in ``_stack.py``.
@@ -55,7 +55,7 @@ def partition(tree: Any, /, *preds: Any) -> list[Any]:
         Any tree functorkit walks.
     *preds
         Each a callable ``pred(path, leaf) -> bool`` (``path`` a
-        :class:`KeyPath`) or a glob str matched (``fnmatch``, case-sensitive)
+        `KeyPath`) or a glob str matched (``fnmatch``, case-sensitive)
         against the dotted path (``encoder.0.weight``) and against
         ``str(path)`` (``encoder[0].weight``). ``*`` matches any run of
         characters, dots included, so ``"encoder.*.weight"`` matches
@@ -74,7 +74,7 @@ def partition(tree: Any, /, *preds: Any) -> list[Any]:
     Predicates see each distinct leaf once, at its first path (R1): a tied
     leaf goes, at all its places, to the group decided at its first place, so
     ties are never split between groups. Scalars are seen at every place.
-    The groups keep shared sub-trees shared. :func:`combine` puts them back
+    The groups keep shared sub-trees shared. `combine` puts them back
     together. ``None`` is a constant to ``fk.destructure`` and the
     arithmetic, so one group can be flattened or scaled on its own.
 
@@ -114,7 +114,7 @@ def partition(tree: Any, /, *preds: Any) -> list[Any]:
 
 
 def combine(*groups: Any) -> Any:
-    """Put the groups of :func:`partition` back together: the inverse of ``partition``.
+    """Put the groups of `partition` back together: the inverse of ``partition``.
 
     Parameters
     ----------

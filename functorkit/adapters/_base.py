@@ -458,11 +458,11 @@ class ArrayAdapter:
 
     def host_blocks(self, x: Any, target_bytes: int) -> list[Any] | None:
         """For a lazy array: pieces of consecutive rows (first axis) of about `target_bytes`, to be
-        computed by :meth:`compute_blocks` and written one after the other; None for eager arrays."""
+        computed by `compute_blocks` and written one after the other; None for eager arrays."""
         return None
 
     def compute_blocks(self, blocks: list[Any]) -> list[np.ndarray[Any, Any]]:
-        """The values of :meth:`host_blocks` pieces, as :meth:`to_host` arrays, computed together."""
+        """The values of `host_blocks` pieces, as `to_host` arrays, computed together."""
         raise NotImplementedError
 
     def from_stored(self, src: Any, like: Any) -> Any:

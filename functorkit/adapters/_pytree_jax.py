@@ -1,6 +1,6 @@
 """JAX's pytree registry, both ways (SPEC section 9).
 
-In: :func:`node_for` makes a functorkit node of a class JAX knows as a node
+In: `node_for` makes a functorkit node of a class JAX knows as a node
 (``register_pytree_node``, ``register_pytree_node_class``,
 ``register_dataclass``, ``register_pytree_with_keys``): each object is taken
 apart one level by ``jax.tree_util.tree_flatten_with_path`` (children as
@@ -8,7 +8,7 @@ leaves) and rebuilt by the resulting JAX tree definition's ``unflatten``; JAX's
 keys become path entries (``GetAttrKey`` -> its name, ``DictKey`` -> its key,
 ``SequenceKey``/``FlattenedIndexKey`` -> the index).
 
-Out: :func:`export` registers a functorkit node class with JAX (children
+Out: `export` registers a functorkit node class with JAX (children
 through functorkit's own ``flatten``/``unflatten``), or a class as a static
 pytree with no leaves whose aux data is the object itself (``Restructure``,
 ``TreeDef``: hashable by structure, so equal ones share one ``jax.jit`` cache

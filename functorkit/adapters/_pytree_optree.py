@@ -1,6 +1,6 @@
 """optree's registry, bridged in (SPEC section 9).
 
-:func:`node_for` makes a functorkit node of a class optree knows as a node:
+`node_for` makes a functorkit node of a class optree knows as a node:
 registered in optree's global namespace, else in exactly one named namespace
 (``optree.register_pytree_node(..., namespace="mine")``; not ``"torch"``, which
 torch fills with copies of its own registrations; optree has no public

@@ -1,13 +1,13 @@
 """torch's ``torch.utils._pytree`` registry, both ways (SPEC section 9).
 
-In: :func:`node_for` makes a functorkit node of a class in
+In: `node_for` makes a functorkit node of a class in
 ``torch.utils._pytree.SUPPORTED_NODES`` (``torch.Size``, ``collections.deque``,
 ``torch.return_types`` and the classes users registered there): children from
 its ``flatten_with_keys_fn`` when it has one (``MappingKey`` -> its key,
 ``GetAttrKey`` -> its name, ``SequenceKey`` -> the index), else its
 ``flatten_fn`` with positions; rebuilt by its ``unflatten_fn``.
 
-Out: :func:`export` registers a functorkit node class with torch (children
+Out: `export` registers a functorkit node class with torch (children
 through functorkit's own ``flatten``/``unflatten``), or a class as a node
 with no children whose context is the object itself (``Restructure``,
 ``TreeDef``: so ``torch.func.vmap`` passes them through with the default

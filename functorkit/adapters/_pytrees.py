@@ -2,7 +2,7 @@
 
 ``_registry.py`` reads these tables; a glue module is imported only once its library is in
 ``sys.modules``. In: each glue module's ``node_for(cls)`` (a NodeDef or None), asked in this order.
-Out: the glue modules of :data:`EXPORT_TO` also have ``export(cls, static)``.
+Out: the glue modules of `EXPORT_TO` also have ``export(cls, static)``.
 """
 
 #: library module name -> glue module, in lookup order

@@ -56,9 +56,9 @@ class Adapter(MethodSlices):
         return [_little_endian(np.asarray(b)) for b in dask.compute(*blocks)]
 
     def from_stored(self, src: Any, like: Any) -> Any:
-        """A lazy array over the file: ``dask.array.from_array`` of a :class:`LazyTensor` (picklable:
+        """A lazy array over the file: ``dask.array.from_array`` of a `LazyTensor` (picklable:
         path and offset, no data), chunked along the first axis in blocks of about
-        :data:`CHUNK_BYTES`; named by file, key, size and modification time, so opening a file twice
+        `CHUNK_BYTES`; named by file, key, size and modification time, so opening a file twice
         gives the same graph keys (read once when computed together)."""
         import importlib
         import math
