@@ -490,8 +490,12 @@ def _matcher(td: TreeDef) -> Any:
                 access[c] = f"{name}[k{idx}_{j}]"
             else:
                 access[c] = f"{name}[{j}]"
-    glb["DISTINCT"] = all_distinct
-    lines += ["    if ties and not DISTINCT(out):", "        return MISS", "    return out"]
+    if td._npos < _DISTINCT_SORT:
+        test = f"len(set(map(id, out))) != {int(td._npos)}"
+    else:
+        glb["DISTINCT"] = all_distinct
+        test = "not DISTINCT(out)"
+    lines += [f"    if ties and {test}:", "        return MISS", "    return out"]
     code, _ = compile_source("\n".join(lines))
     exec(code, glb)
     return glb["match"]
