@@ -5,8 +5,10 @@ ReLU, Linear, ReLU, Linear, with the last layer's weight tied to the fourth
 one's and one frozen bias), a dataclass config (one field marked static) and a
 few extras. The tour prints, through functorkit's public API only:
 
-* every leaf once, in walk order: path, type, shape, dtype, device, and whether
-  it is a parameter (a floating array reached through trainable children);
+* ``fk.summary``: every leaf once, in walk order: path, shape, dtype, device,
+  trainable, ties, counts and totals;
+* the same leaves through the walking API: path, type, shape, dtype, device, and
+  why each is or is not a parameter (a floating array reached through trainable children);
 * the ties: a shared array listed once, with every path it sits at;
 * ``fmapstructure`` of the shapes (the plain-dict view of the model);
 * ``fmap`` cloning the model: a new ``Sequential`` of the same class, the tie
@@ -162,7 +164,10 @@ def clone_report(model: dict[str, Any]) -> str:
 def main() -> None:
     model = build_model()
     print("functorkit tour: a dict of {Sequential MLP (tied, one frozen bias), dataclass config, extras}\n")
-    print("== Leaves, in walk order (fk.leaves_with_path; trainable from fk.fmap_with_path(..., trainable_only=True))")
+    print("== fk.summary(model): every distinct leaf once, in walk order, with its ties and the totals")
+    print(fk.summary(model))
+    print("\n== The same leaves through the walking API, with why each is or is not a parameter")
+    print("   (fk.leaves_with_path; trainable from fk.fmap_with_path(..., trainable_only=True))")
     print(leaf_report(model))
     print("\n== fk.fmapstructure: the shapes as plain dicts (modules become dicts keyed by child name)")
     shapes = fk.fmapstructure(lambda x: tuple(x.shape) if _is_array(x) else x, model)

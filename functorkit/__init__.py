@@ -16,6 +16,9 @@ from ._arith import norm as norm
 from ._arith import normalize as normalize
 from ._arith import scale as scale
 from ._arith import sub as sub
+from ._checkpoint import load as load
+from ._checkpoint import open as open
+from ._checkpoint import save as save
 from ._destructure import destructure as destructure
 from ._errors import PolicyError as PolicyError
 from ._errors import StructureError as StructureError
@@ -27,8 +30,18 @@ from ._record import unflatten as unflatten
 from ._registry import register as register
 from ._registry import register_dataclass as register_dataclass
 from ._registry import register_leaf as register_leaf
+from ._replace import replace as replace
+from ._stack import stack as stack
+from ._stack import unstack as unstack
+from ._state import IncompatibleKeys as IncompatibleKeys
+from ._state import load_state_dict as load_state_dict
+from ._state import state_dict as state_dict
 from ._structured import Diagonal as Diagonal
 from ._structured import Transpose as Transpose
+from ._summary import Summary as Summary
+from ._summary import summary as summary
+from ._tools import combine as combine
+from ._tools import partition as partition
 from ._treedef import TreeDef as TreeDef
 from ._typing import Policy as Policy
 from ._walk import fmap as fmap
@@ -41,14 +54,17 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Diagonal",
+    "IncompatibleKeys",
     "KeyPath",
     "Policy",
     "PolicyError",
     "Restructure",
     "StructureError",
+    "Summary",
     "Transpose",
     "TreeDef",
     "add",
+    "combine",
     "copy",
     "destructure",
     "dot",
@@ -61,14 +77,24 @@ __all__ = [
     "leaves_with_path",
     "lerp",
     "lincomb",
+    "load",
     "load_into",
+    "load_state_dict",
     "mean",
     "norm",
     "normalize",
+    "open",
+    "partition",
     "register",
     "register_dataclass",
     "register_leaf",
+    "replace",
+    "save",
     "scale",
+    "stack",
+    "state_dict",
     "sub",
+    "summary",
     "unflatten",
+    "unstack",
 ]

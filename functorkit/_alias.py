@@ -2,7 +2,7 @@
 
 Two *different* array objects whose memory overlaps (NumPy ``a`` and ``a.T``
 or ``a[1:]``, torch ``t`` and ``t.t()``) would be silently untied by
-flattening or loading. :func:`check_no_aliases` finds them.
+flattening or loading. `check_no_aliases` finds them.
 
 How, and what it costs:
 
@@ -17,7 +17,7 @@ How, and what it costs:
    distinct NumPy arrays ~4 ms, 10,000 torch tensors ~12 ms, 10,000 views
    of one flat vector (``re(p)``) ~20 ms.
 3. A cluster gets the exact test on normalised layouts
-   (:func:`memory_layout`: negative strides flipped, length-1 and stride-0
+   (`memory_layout`: negative strides flipped, length-1 and stride-0
    (broadcast) dimensions dropped, dimensions sorted by stride, contiguous
    ones merged, so ``a`` and ``a.T`` get the same layout). First it is split
    by the residue of each array's start modulo the gcd ``g`` of all strides
@@ -43,7 +43,9 @@ different devices never clash.
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -51,14 +53,17 @@ import numpy as np
 
 from ._errors import StructureError
 from ._keypath import KeyPath
+from ._record import all_distinct
 from .adapters._base import _HOST, Layout, adapter_of, normalise_layout
 from .adapters._base import extent as _extent
 
-__all__ = ["Layout", "check_no_aliases", "layouts_overlap", "memory_layout", "separate_allocations"]
+__all__ = ["Layout", "check_no_aliases", "layouts_overlap", "may_overlap", "memory_layout", "separate_allocations"]
 
 #: above this many contiguous runs in one cluster, fall back to pairwise tests
 _RUN_LIMIT = 1 << 21
 _normalise = normalise_layout
+_ND = {np.ndarray}
+_base_of = operator.attrgetter("base")
 
 
 # -------------------------------------------------- where an array lives
@@ -281,8 +286,28 @@ def separate_allocations(arrays: list[Any]) -> bool:
     """True if every array is a distinct NumPy array that owns its memory (``base is None``):
     separate allocations cannot overlap, so there is nothing to find (bench_flat ``destructure`` rows: the
     check costs a few µs per array otherwise)."""
-    nd = np.ndarray
-    return all(type(x) is nd and x.base is None for x in arrays) and len(set(map(id, arrays))) == len(arrays)
+    return (
+        set(map(type, arrays)) <= _ND
+        and all(map(operator.is_, map(_base_of, arrays), itertools.repeat(None)))
+        and all_distinct(arrays)
+    )
+
+
+def may_overlap(dsts: list[Any], srcs: list[Any]) -> list[bool]:
+    """For each of `srcs`: could its memory overlap some array of `dsts`? False only where that is
+    certain without reading a pointer: every `dst` is a NumPy array whose memory an ndarray owns,
+    and the source is a NumPy array owned by another ndarray (bench_scale ``fk.load_into`` row)."""
+    owners: set[int] = set()
+    for d in dsts:
+        o = _np_owner(d) if type(d) is np.ndarray else None
+        if o is None:
+            return [s is not None for s in srcs]  # foreign or non-NumPy memory: look at every source
+        owners.add(o)
+    out = []
+    for s in srcs:
+        o = _np_owner(s) if type(s) is np.ndarray else None
+        out.append(o is None or o in owners)
+    return out
 
 
 def check_no_aliases(entries: Iterable[tuple[KeyPath, Any]], what: str) -> None:

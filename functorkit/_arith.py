@@ -1,7 +1,7 @@
 """Arithmetic on whole models: add, sub, scale, lincomb, lerp, mean, dot, norm, normalize, copy.
 
 Every function walks its models once, in lock-step, with the one walk
-(:func:`functorkit._walk.walk`, ``track=True``). At each *parameter* (a
+(`functorkit._walk.walk`, ``track=True``). At each *parameter* (a
 floating or complex array reached through trainable children, decided on the
 first model) the models' arrays must agree in shape, dtype, namespace and
 device, and the operation is done with that array's namespace; every other
@@ -381,9 +381,10 @@ def add(a: T, b: T, /, *, trainable_only: bool = True) -> T:
 
     Returns
     -------
-    A new model of `a`'s node types: parameters are ``a + b``; every other
-    leaf comes from `a` (arrays copied, anything else shared). Inputs are
-    never mutated; no result array shares memory with an input.
+    model : Any
+        A new model of `a`'s node types: parameters are ``a + b``; every other
+        leaf comes from `a` (arrays copied, anything else shared). Inputs are
+        never mutated; no result array shares memory with an input.
 
     Raises
     ------
@@ -406,7 +407,7 @@ def add(a: T, b: T, /, *, trainable_only: bool = True) -> T:
 def sub(a: T, b: T, /, *, trainable_only: bool = True) -> T:
     """The model ``a - b``: parameters subtracted, constants taken from `a`.
 
-    See :func:`add` for the rules.
+    See `add` for the rules.
 
     Examples
     --------
@@ -428,7 +429,7 @@ def scale(c: Any, a: T, /, *, trainable_only: bool = True) -> T:
         numbers), which never changes a parameter's dtype (array API scalar
         rules: float32 parameters stay float32), or a 0-d array of the
         parameters' namespace and device whose dtype does not promote them.
-        A complex `c` on real parameters raises :class:`PolicyError`.
+        A complex `c` on real parameters raises `PolicyError`.
     a
         The model.
     trainable_only
@@ -437,8 +438,9 @@ def scale(c: Any, a: T, /, *, trainable_only: bool = True) -> T:
 
     Returns
     -------
-    A new model; constants come from `a` (arrays copied). ``scale(1, a)``
-    is a copy of `a`'s parameters, never `a`'s own arrays.
+    model : Any
+        A new model; constants come from `a` (arrays copied). ``scale(1, a)``
+        is a copy of `a`'s parameters, never `a`'s own arrays.
 
     Examples
     --------
@@ -464,7 +466,7 @@ def lincomb(coefficients: Sequence[Any], models: Sequence[T], /, *, trainable_on
     ----------
     coefficients
         One number per model: Python numbers, NumPy scalars or 0-d arrays, as
-        for :func:`scale` (none may change a parameter's dtype).
+        for `scale` (none may change a parameter's dtype).
     models
         At least one model; all of the same structure, their parameters
         agreeing in shape, dtype, namespace and device.
@@ -474,16 +476,17 @@ def lincomb(coefficients: Sequence[Any], models: Sequence[T], /, *, trainable_on
 
     Returns
     -------
-    A new model of ``models[0]``'s node types. Each parameter is computed in
-    one pass over that leaf of every model (on torch, accumulated in place
-    into the fresh result). Ties survive.
+    model : Any
+        A new model of ``models[0]``'s node types. Each parameter is computed in
+        one pass over that leaf of every model (on torch, accumulated in place
+        into the fresh result). Ties survive.
 
     Raises
     ------
     ValueError
         `coefficients` and `models` differ in length, or are empty.
     StructureError, PolicyError
-        As for :func:`add`; also when a coefficient would change a dtype.
+        As for `add`; also when a coefficient would change a dtype.
 
     Examples
     --------
@@ -523,7 +526,7 @@ def mean(models: Sequence[T], /, *, trainable_only: bool = True) -> T:
     """The average model ``(m1 + ... + mn) / n``; constants from ``models[0]``.
 
     The parameters are summed, then divided by ``n`` (a Python int, so the
-    dtype is kept). See :func:`lincomb` for the rules. With
+    dtype is kept). See `lincomb` for the rules. With
     ``trainable_only=False`` buffers (batch-norm running statistics) are
     averaged too, as a model soup does; integer buffers come from
     ``models[0]``.
@@ -566,7 +569,7 @@ def lerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True) -> T:
     Parameters
     ----------
     a, b
-        Models of the same structure (see :func:`add`).
+        Models of the same structure (see `add`).
     t
         A real Python number (or NumPy scalar), or a real 0-d array of the
         parameters' namespace and device whose dtype does not promote them
@@ -654,7 +657,7 @@ def dot(a: T, b: T, /, *, trainable_only: bool = True) -> Any:
     ValueError
         The models have no parameters.
     StructureError, PolicyError
-        As for :func:`add`; :class:`PolicyError` also when the parameters span
+        As for `add`; `PolicyError` also when the parameters span
         several namespaces or devices (no single place for the result).
 
     Examples
@@ -692,8 +695,9 @@ def norm(a: Any, /, *, ord: float = 2, trainable_only: bool = True) -> Any:
 
     Returns
     -------
-    A 0-d array in the parameters' namespace and on their device (real
-    dtype for complex parameters); nothing is moved to the host.
+    norm : array
+        A 0-d array in the parameters' namespace and on their device (real
+        dtype for complex parameters); nothing is moved to the host.
 
     Raises
     ------
@@ -876,8 +880,9 @@ def filter_normalize(
 
     Returns
     -------
-    A new model of `direction`'s node types; constants come from `direction`
-    (arrays copied). Dtypes are kept.
+    model : Any
+        A new model of `direction`'s node types; constants come from `direction`
+        (arrays copied). Dtypes are kept.
 
     Examples
     --------

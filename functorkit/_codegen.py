@@ -1,4 +1,4 @@
-"""The compiled form of a :class:`TreeDef`: a generated straight-line rebuild function.
+"""The compiled form of a `TreeDef`: a generated straight-line rebuild function.
 
 ``re(p)`` runs generated code: one statement per node of the tree
 definition's program, literal keys, the parameter views of ``p`` fused in
@@ -6,7 +6,7 @@ front (the adapter of the flat vector's namespace writes those lines). Only
 validated values reach the source text: offsets and shapes are ``int``s,
 dict keys are written as literals only when they are exactly ``str`` or
 ``int``; everything else (node classes, aux data, other keys, constants)
-is passed in as a global. The source is registered with :mod:`linecache`,
+is passed in as a global. The source is registered with `linecache`,
 so a traceback through it shows the generated line.
 """
 

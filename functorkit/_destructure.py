@@ -5,18 +5,19 @@ model's distinct leaves (the tree definition's rules: ties once, shared
 sub-trees once, a leaf trainable when one of its positions is). Their kinds
 (namespace, dtype, device) are checked against the policy table, their memory
 against aliasing, and the flat vector is filled by the adapter of its
-namespace. :class:`Restructure` (``_flat.py``) is the rebuilding half.
+namespace. `Restructure` (``_flat.py``) is the rebuilding half.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+import math
+import operator
 from typing import Any
 
 from ._alias import check_no_aliases
-from ._errors import StructureError
-from ._flat import Restructure, _check_readable, _default_float, _new_flat, _size
+from ._flat import Restructure, _check_readable, _default_float, _new_flat
+from ._holders import unknown_holder_error, unknown_holders
 from ._keypath import KeyPath
 from ._policy import (
     Kind,
@@ -26,11 +27,11 @@ from ._policy import (
     mixed_model_error,
     same_device,
 )
-from ._record import record
-from ._registry import SCALAR_TYPES, registered_leaf
+from ._record import record_plain
+from ._registry import SCALAR_TYPES, export_pending, export_static
 from ._treedef import TreeDef, add_note
 from ._typing import Policy, Tree
-from ._xp import device_of, is_array, is_inexact_array, namespace
+from ._xp import _INEXACT, _IS_ARRAY, device_of, is_array, is_inexact_array, namespace
 from .adapters import adapter_of
 
 __all__ = ["destructure"]
@@ -51,7 +52,7 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
         nodes, ``nn.Module``...), up to any depth.
     policy
         ``"strict"`` (default): no conversion anywhere; parameters that differ
-        in dtype or device raise :class:`PolicyError` here, and ``re(p)``
+        in dtype or device raise `PolicyError` here, and ``re(p)``
         requires `p` to match. ``"model"``: ``re(p)`` casts/moves each slice
         to its parameter's own dtype/device. ``"flat"``: every rebuilt
         parameter takes `p`'s dtype/device. Parameters of two namespaces
@@ -59,7 +60,7 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
 
     Returns
     -------
-    flat
+    flat : array
         A new 1-D array (never aliasing the model, never carrying autograd
         history) of dtype ``result_type`` of the parameters, on the first
         parameter's device. A model without parameters gives an empty array
@@ -90,19 +91,16 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
     (True, True)
     """
     pol = check_policy(policy, "fk.destructure")
-    leaves, td = record(model)
-    trainable = td.trainable
-    param_idx: list[int] = []
-    j = 0
-    try:
-        for j, x in enumerate(leaves):
-            if trainable[j] and is_inexact_array(x):
-                param_idx.append(j)
-    except TypeError as e:  # a leaf functorkit refuses to classify (np.matrix): say where it is
-        add_note(e, f"(functorkit: raised while visiting {td.paths[j].display})")
-        raise
-    params = [leaves[j] for j in param_idx]
-    if decide_unknown_holder(pol):
+    leaves, td = record_plain(model, track=True)
+    export_pending()
+    plans = td._fast_plans
+    if plans is not None:
+        plan: _Plan | None = plans.get(pol)
+        if plan is not None and plan.fits(leaves):
+            return plan.run(leaves, td)
+    param_idx = _parameters(leaves, td)
+    params = list(map(leaves.__getitem__, param_idx))
+    if decide_unknown_holder(pol) and _unknown_types(leaves):
         _refuse_unknown_holders(leaves, param_idx, td)
     leaf_paths: tuple[KeyPath, ...] | None = None
 
@@ -112,38 +110,12 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
             leaf_paths = td.paths
         return leaf_paths[param_idx[k]]
 
-    kinds: list[Kind] = []
-    param_kind: list[int] = []
-    param_types: list[type] = []
-    shapes: list[tuple[int, ...]] = []
-    last: tuple[Any, Any, Any, int] | None = None  # (type, dtype, device, kind index) of the previous parameter
-    for j, x in enumerate(params):
-        t = type(x)
-        ad = adapter_of(x)
-        dt = x.dtype
-        dev = ad.device(x)
-        s = x.shape
-        shapes.append(s if type(s) is tuple else tuple(map(int, s)))
-        if last is not None and t is last[0] and (dt is last[1] or dt == last[1]) and dev == last[2]:
-            param_kind.append(last[3])  # the common case: one kind after another
-            continue
-        k = Kind(ad.xp, dt, dev)
-        for i, other in enumerate(kinds):
-            if other.xp is k.xp and other.dtype == k.dtype and same_device(other.device, k.device):
-                param_kind.append(i)
-                break
-        else:
-            if kinds:
-                first = kinds[0]
-                if first.xp is not k.xp and decide_mixed(pol, "namespace"):
-                    raise mixed_model_error(pol, "namespace", path_of(0), first, path_of(j), k)
-                what = "dtype" if first.dtype != k.dtype else "device"
-                if decide_mixed(pol, what) and (what == "dtype" or not same_device(first.device, k.device)):
-                    raise mixed_model_error(pol, what, path_of(0), first, path_of(j), k)
-            param_kind.append(len(kinds))
-            kinds.append(k)
-            param_types.append(t)
-        last = (t, dt, dev, param_kind[-1])
+    shapes = _shapes(params)
+    one = _one_kind(params)
+    if one is not None:
+        kinds, param_kind, param_types = one
+    else:
+        kinds, param_kind, param_types = _kinds(params, pol, path_of)
     if kinds:
         xp = kinds[0].xp
         dtypes: list[Any] = []
@@ -168,7 +140,7 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
         import array_api_compat.numpy as npx
 
         flat_kind = Kind(npx, npx.float64, "cpu")  # type: ignore[attr-defined]
-    sizes = [_size(s) for s in shapes]
+    sizes = list(map(math.prod, shapes))
     offsets = list(itertools.accumulate(sizes, initial=0))[:-1]
     flat = _new_flat(flat_kind, sum(sizes), params, offsets, shapes)
     template = list(leaves)
@@ -186,40 +158,180 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
         policy=pol,
         param_types=param_types,
     )
+    if td._fast_match is not None:  # a definition the walk reuses (a small container tree met before)
+        if td._fast_plans is None:
+            td._fast_plans = {}
+        td._fast_plans[pol] = _Plan(leaves, params, re, offsets, sizes)
     return flat, re
 
 
-def _holds_arrays(x: Any) -> bool:
-    """True for an object no registry knows that holds arrays one level down (attributes, or the
-    items of a Mapping/Sequence subclass)."""
-    t = type(x)
-    if t in SCALAR_TYPES or registered_leaf(t) or callable(x) or is_array(x):
-        return False
-    if isinstance(x, Mapping):
-        vals: Any = x.values()
-    elif isinstance(x, (list, tuple)):
-        vals = x
-    else:
-        d = getattr(x, "__dict__", None)
-        if type(d) is not dict:
+class _Plan:
+    """What `destructure` decided for one reused tree definition and policy, and the facts it
+    decided on: the type of every leaf, the dtype of every array leaf, the shape (and, for
+    libraries with several devices, the device) of every parameter. A call whose leaves agree
+    on all of them would decide the same, so only the per-call work is left: the alias check,
+    the new flat vector and a new `Restructure` around the new constants (bench_flat
+    ``destructure(model)`` rows; tests/test_destructure.py checks that this path is taken and
+    that each fact, changed, leads back to the full analysis)."""
+
+    __slots__ = ("arrays", "devices", "dtypes", "holders", "n", "offsets", "pshapes", "re", "sizes", "types")
+
+    def __init__(
+        self, leaves: list[Any], params: list[Any], re: Restructure[Any], offsets: list[int], sizes: list[int]
+    ) -> None:
+        self.types = tuple(map(type, leaves))
+        self.arrays = [j for j, x in enumerate(leaves) if is_array(x)]
+        self.dtypes = [leaves[j].dtype for j in self.arrays]
+        self.pshapes = [x.shape for x in params]
+        self.devices = None if all(adapter_of(x).one_device for x in params) else [device_of(x) for x in params]
+        # a leaf of a type no registry knows may hold arrays one call and not the next: check every call
+        self.holders = not all(t in SCALAR_TYPES or is_array(x) for t, x in zip(self.types, leaves, strict=True))
+        self.re = re
+        self.offsets = offsets
+        self.sizes = sizes
+        self.n = sum(sizes)
+
+    def fits(self, leaves: list[Any]) -> bool:
+        if tuple(map(type, leaves)) != self.types:
             return False
-        vals = d.values()
-    return any(is_array(v) for v in vals)
+        if [leaves[j].dtype for j in self.arrays] != self.dtypes:
+            return False
+        params = [leaves[j] for j in self.re._param_idx]
+        if [x.shape for x in params] != self.pshapes:
+            return False
+        return self.devices is None or [device_of(x) for x in params] == self.devices
+
+    def run(self, leaves: list[Any], td: TreeDef) -> tuple[Any, Restructure[Any]]:
+        old = self.re
+        idx = old._param_idx
+        params = [leaves[j] for j in idx]
+        if self.holders and decide_unknown_holder(old._policy):
+            _refuse_unknown_holders(leaves, idx, td)
+
+        def path_of(k: int) -> KeyPath:
+            return td.paths[idx[k]]
+
+        check_no_aliases(_LazyPaths(path_of, params), "fk.destructure")
+        flat = _new_flat(old._flat_kind, self.n, params, self.offsets, old._shapes)
+        template = list(leaves)
+        for j in idx:
+            template[j] = None
+        re = old._again(template)
+        return flat, re
+
+
+_dtype_of = operator.attrgetter("dtype")
+_shape_of = operator.attrgetter("shape")
+_TUPLE = {tuple}
+
+
+def _unknown_types(leaves: list[Any]) -> bool:
+    """Whether some leaf is neither a Python scalar/str/bytes/None nor an array (after
+    `_parameters`, every leaf type has been classified by `is_array`)."""
+    return any(not _IS_ARRAY.get(t, False) for t in set(map(type, leaves)) - SCALAR_TYPES)
+
+
+def _shapes(params: list[Any]) -> list[tuple[int, ...]]:
+    shapes = list(map(_shape_of, params))
+    if set(map(type, shapes)) <= _TUPLE:
+        return shapes
+    return [tuple(map(int, s)) for s in shapes]  # torch.Size, or a library's own shape type
+
+
+def _parameters(leaves: list[Any], td: TreeDef) -> list[int]:
+    """Indices of the parameters among the distinct leaves: trainable floating or complex arrays."""
+    try:
+        flags = _inexact_flags(leaves)
+    except TypeError as e:  # a leaf functorkit refuses to classify (np.matrix): say where it is
+        j = 0
+        for j, x in enumerate(leaves):  # noqa: B007 -- j names the leaf that raised
+            try:
+                is_inexact_array(x)
+            except TypeError:
+                break
+        add_note(e, f"(functorkit: raised while visiting {td.paths[j].display})")
+        raise
+    trainable = td._trainable
+    if trainable is not None:
+        flags = list(map(operator.and_, flags, trainable))
+    return list(itertools.compress(range(len(leaves)), flags))
+
+
+def _inexact_flags(leaves: list[Any]) -> list[bool]:
+    """``is_inexact_array`` of each leaf; when every leaf is an array, in C-level passes over the
+    leaves and one classification per (type, dtype) (bench_scale ``fk.destructure(d)`` row)."""
+    types = list(map(type, leaves))
+    for t, x in dict(zip(types, leaves)).items():  # one leaf of each type
+        if t not in _IS_ARRAY:
+            is_array(x)  # classifies the type (and refuses np.matrix)
+        if not _IS_ARRAY[t]:
+            return list(map(is_inexact_array, leaves))
+    keys = list(zip(types, map(_dtype_of, leaves)))
+    for key, x in dict(zip(keys, leaves)).items():
+        if key not in _INEXACT:
+            is_inexact_array(x)
+    return list(map(_INEXACT.__getitem__, keys))
+
+
+def _one_kind(params: list[Any]) -> tuple[list[Kind], list[int], list[type]] | None:
+    """The common case in C-level passes: every parameter of one type and dtype, on a library with
+    one device (bench_scale ``fk.destructure(d)`` row); None for anything else."""
+    if not params:
+        return [], [], []
+    types = set(map(type, params))
+    if len(types) != 1:
+        return None
+    x = params[0]
+    ad = adapter_of(x)
+    if not ad.one_device:
+        return None
+    dt = x.dtype
+    for other in map(_dtype_of, params):
+        if other is not dt and other != dt:
+            return None
+    return [Kind(ad.xp, dt, ad.device(x))], [0] * len(params), [type(x)]
+
+
+def _kinds(params: list[Any], pol: str, path_of: Any) -> tuple[list[Kind], list[int], list[type]]:
+    """Each parameter's kind (namespace, dtype, device), refusing what the policy refuses."""
+    kinds: list[Kind] = []
+    param_kind: list[int] = []
+    param_types: list[type] = []
+    last: tuple[Any, Any, Any, int] | None = None  # (type, dtype, device, kind index) of the previous parameter
+    for j, x in enumerate(params):
+        t = type(x)
+        ad = adapter_of(x)
+        dt = x.dtype
+        dev = ad.device(x)
+        if last is not None and t is last[0] and (dt is last[1] or dt == last[1]) and dev == last[2]:
+            param_kind.append(last[3])  # the common case: one kind after another
+            continue
+        k = Kind(ad.xp, dt, dev)
+        for i, other in enumerate(kinds):
+            if other.xp is k.xp and other.dtype == k.dtype and same_device(other.device, k.device):
+                param_kind.append(i)
+                break
+        else:
+            if kinds:
+                first = kinds[0]
+                if first.xp is not k.xp and decide_mixed(pol, "namespace"):
+                    raise mixed_model_error(pol, "namespace", path_of(0), first, path_of(j), k)
+                what = "dtype" if first.dtype != k.dtype else "device"
+                if decide_mixed(pol, what) and (what == "dtype" or not same_device(first.device, k.device)):
+                    raise mixed_model_error(pol, what, path_of(0), first, path_of(j), k)
+            param_kind.append(len(kinds))
+            kinds.append(k)
+            param_types.append(t)
+        last = (t, dt, dev, param_kind[-1])
+    return kinds, param_kind, param_types
 
 
 def _refuse_unknown_holders(leaves: list[Any], param_idx: list[int], td: TreeDef) -> None:
-    params = set(param_idx)
-    for j, x in enumerate(leaves):
-        if j not in params and _holds_arrays(x):
-            name = type(x).__qualname__
-            msg = (
-                f"at {td.paths[j].display}: fk.destructure found a {name} that holds arrays, but no registry "
-                f"knows {name}, so it would silently be a constant (its arrays not parameters). Expected "
-                f"registered nodes; fix: register it (fk.register({name}, children=..., rebuild=...), or "
-                f"@fk.register_dataclass), or fk.register_leaf({name}) to keep it a constant on purpose, or "
-                "pass policy='model'/'flat' to carry it unchanged."
-            )
-            raise StructureError(msg)
+    """Under a policy that refuses them: the first object no registry knows that holds arrays
+    (``_holders.py``) is a StructureError naming its path."""
+    found = unknown_holders(leaves, td.paths, set(param_idx))
+    if found:
+        raise unknown_holder_error(*found[0])
 
 
 class _LazyPaths:
@@ -250,3 +362,9 @@ class _Deferred:
     @property
     def display(self) -> str:
         return str(self._f(self._j).display)
+
+
+# Restructure and TreeDef are pytrees with no leaves (themselves their static aux data) in JAX and
+# torch, so they can be passed to jax.jit-ed functions and torch.func.vmap (docs/interop.md)
+export_static(TreeDef)
+export_static(Restructure)

@@ -12,7 +12,34 @@ __all__ = ["ExplainRow", "Explanation", "explain_rows"]
 
 
 class ExplainRow(NamedTuple):
-    """One parameter's line of :meth:`Restructure.explain`."""
+    """One parameter's line of `Restructure.explain` (a named tuple).
+
+    Attributes
+    ----------
+    path : KeyPath
+        The parameter's path (its first, for a tied parameter).
+    shape : tuple of int
+        The parameter's shape.
+    model_dtype, model_device
+        The parameter's dtype and device in the model `destructure` saw.
+    result_dtype, result_device
+        What ``re(p)`` would give it (``None`` when ``how`` is ``"error"``).
+    how : str
+        ``"view"`` (a view of `p`), ``"copy"`` (a converted copy) or ``"error"``.
+    rule : str
+        The policy rule that decided it, in words.
+    error : Exception or None
+        The exception ``re(p)`` would raise for this parameter, else ``None``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> flat, re = fk.destructure({"w": np.ones(2, np.float32)})
+    >>> row = re.explain(np.zeros(2), policy="model").rows[0]
+    >>> str(row.path), row.shape, row.result_dtype, row.how
+    ('w', (2,), dtype('float32'), 'copy')
+    """
 
     path: KeyPath
     shape: tuple[int, ...]
@@ -28,13 +55,33 @@ class ExplainRow(NamedTuple):
 class Explanation:
     """What ``re(p)`` would do with each parameter: a table to print, rows to inspect.
 
-    ``str(explanation)`` is a text table (errors as numbered notes below it);
-    ``explanation.rows`` is a list of :class:`ExplainRow`; iterating gives the rows.
+    Returned by `Restructure.explain`. ``str(explanation)`` is a text table
+    (errors as numbered notes below it); ``explanation.rows`` is a list of
+    `ExplainRow`, one per parameter in walk order; iterating, ``len`` and
+    indexing go over the rows; ``explanation.ok`` is true when ``re(p)`` would
+    succeed. ``explanation.holders`` lists ``(path, class name)`` of the
+    constants that no registry knows but that hold arrays (carried unchanged;
+    see ``docs/interop.md``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> flat, re = fk.destructure({"w": np.ones(2, np.float32)})
+    >>> ex = re.explain(np.zeros(2))          # float64 p, strict policy
+    >>> ex.ok, len(ex), ex[0].how
+    (False, 1, 'error')
+    >>> print(ex)                             # doctest: +ELLIPSIS
+    p: float64 on cpu (numpy), length 2; policy 'strict', copy=None
+    path  shape  model        result  how    rule
+    ...
     """
 
-    def __init__(self, header: str, rows: list[ExplainRow]) -> None:
+    def __init__(self, header: str, rows: list[ExplainRow], holders: list[tuple[KeyPath, str]] | None = None) -> None:
         self.header = header
         self.rows = rows
+        #: ``(path, class name)`` of constants no registry knows that hold arrays (carried unchanged)
+        self.holders = [] if holders is None else holders
 
     def __iter__(self) -> Iterator[ExplainRow]:
         return iter(self.rows)
@@ -81,6 +128,11 @@ class Explanation:
             lines.append("(no parameters)")
         for key, number in notes.items():
             lines.append(f"[{number}] {shown[key]}")
+        for path, name in self.holders:
+            lines.append(
+                f"constant at {path.display}: a {name} that holds arrays, but no registry knows {name}: carried "
+                f"unchanged, its arrays are not parameters (fk.register / @fk.register_dataclass to make them so)"
+            )
         return "\n".join(lines)
 
 

@@ -1,7 +1,7 @@
 """destructure and Restructure: flatten a model's parameters to one vector, rebuild it fast.
 
-The plan is made once, in :func:`destructure`, on the model's recorded tree
-definition (:func:`functorkit._record.record`): its distinct leaves in
+The plan is made once, in `destructure`, on the model's recorded tree
+definition (`functorkit._record.record`): its distinct leaves in
 walk order, of which the trainable floating and complex arrays are the
 parameters (the rules of ties, shared sub-trees and trainable positions are
 the tree definition's), and a table of the parameters' offsets, shapes and
@@ -28,6 +28,7 @@ from ._alias import layouts_overlap, memory_layout, separate_allocations
 from ._codegen import CODEGEN_MAX, build_source, compile_source, entry_of_error
 from ._errors import PolicyError, StructureError
 from ._explain import ExplainRow, Explanation, explain_rows
+from ._holders import unknown_holders
 from ._keypath import KeyPath
 from ._policy import (
     POLICIES,
@@ -44,6 +45,7 @@ from ._policy import (
     rebuild_error,
     same_device,
 )
+from ._registry import SCALAR_TYPES
 from ._treedef import BUILD_SAME, TreeDef, add_note
 from ._typing import Policy, Tree
 from ._xp import is_array, is_inexact_array, namespace
@@ -100,7 +102,7 @@ def _new_flat(kind: Kind, n: int, leaves: list[Any], offsets: list[int], shapes:
 
 
 class Restructure(Generic[Tree]):
-    """Rebuilds a model from a flat vector: the second result of :func:`destructure`.
+    """Rebuilds a model from a flat vector: the second result of `destructure`.
 
     ``re(p, policy=None, copy=None)`` returns the model with its parameters
     taken from the 1-D array ``p`` (constants carried unchanged, ties
@@ -212,6 +214,20 @@ class Restructure(Generic[Tree]):
         self._gen = None
         return self
 
+    def _again(self, template: list[Any]) -> Restructure[Any]:
+        """This rebuilder over another model's constants (`destructure`'s plan for a definition
+        met before): every fact is shared; so is the generated code when every constant is the
+        same object (it holds the constants)."""
+        new = object.__new__(Restructure)
+        for name in _SHARED_STATE:
+            setattr(new, name, getattr(self, name))
+        new._template = template
+        if self._gen is not None and all(a is b for a, b in zip(template, self._template, strict=True)):
+            new._build, new._fast, new._gen = self._build, self._fast, self._gen
+        else:
+            new._build, new._fast, new._gen = new._build_first, new._fast_first, None
+        return new
+
     def _build_first(self, views: Any) -> Any:
         if tracing():  # torch.compile: no compile()/exec while tracing; the interpreter is traceable
             return self._interpret(views)
@@ -313,7 +329,7 @@ class Restructure(Generic[Tree]):
 
     @property
     def policy(self) -> str:
-        """The policy ``re(p)`` uses when none is given (the one given to :func:`destructure`)."""
+        """The policy ``re(p)`` uses when none is given (the one given to `destructure`)."""
         return self._policy
 
     @property
@@ -329,6 +345,22 @@ class Restructure(Generic[Tree]):
         """The shape of each parameter, in walk order."""
         return tuple(self._shapes)
 
+    def __eq__(self, other: object) -> bool:
+        """Equal when both rebuild alike: equal tree definitions, parameter table and policy, and the
+        same constants (identical objects, or equal built-in scalars). Hashable by structure, so two
+        equal ones hit one ``jax.jit`` cache entry (docs/interop.md)."""
+        if not isinstance(other, Restructure):
+            return NotImplemented
+        return self is other or (
+            self._td == other._td
+            and (self._shapes, self._param_kind, self._policy) == (other._shapes, other._param_kind, other._policy)
+            and (self._kinds, self._flat_kind) == (other._kinds, other._flat_kind)
+            and all(_same_constant(a, b) for a, b in zip(self._template, other._template, strict=True))
+        )
+
+    def __hash__(self) -> int:
+        return hash((self._td, self._n, self._policy))
+
     def __repr__(self) -> str:
         k = self._flat_kind
         return (
@@ -341,13 +373,24 @@ class Restructure(Generic[Tree]):
     def __call__(self, p: Any, /, *, policy: Policy | None = None, copy: bool | None = None) -> Tree:
         """Rebuild the model with its parameters taken from the 1-D array `p`.
 
+        The dtype (and device and namespace) of each rebuilt parameter follows
+        one rule per policy, and is never converted silently: under
+        ``"strict"`` it is the parameter's own, which `p` must already have
+        (anything else raises `PolicyError`); under ``"model"`` it is the
+        parameter's own (its slice of `p` is cast and moved; a complex `p`
+        into a real parameter takes the real part only when the model itself
+        has complex parameters, and raises otherwise); under ``"flat"`` it is
+        `p`'s (real parameters become complex only when `p` is complex).
+        Constants come back as they were. `Restructure.explain` shows the
+        outcome per parameter.
+
         Parameters
         ----------
         p
             A 1-D array of length ``len(re)``.
         policy
-            ``"strict"``, ``"model"`` or ``"flat"`` (see :func:`destructure`);
-            default: the policy given to :func:`destructure`.
+            ``"strict"``, ``"model"`` or ``"flat"`` (see `destructure`);
+            default: the policy given to `destructure`.
         copy
             ``None``: views of `p` wherever no conversion is needed; ``True``:
             always copies; ``False``: raise ``ValueError`` where a view is
@@ -355,7 +398,8 @@ class Restructure(Generic[Tree]):
 
         Returns
         -------
-        The model, of the original node types, with parameters from `p`.
+        model : Any
+            The model, of the original node types, with parameters from `p`.
 
         Raises
         ------
@@ -462,7 +506,7 @@ class Restructure(Generic[Tree]):
         Returns
         -------
         Explanation
-            ``print()`` it for a text table; ``.rows`` holds :class:`ExplainRow`
+            ``print()`` it for a text table; ``.rows`` holds `ExplainRow`
             tuples ``(path, shape, model_dtype, model_device, result_dtype,
             result_device, how, rule, error)``.
 
@@ -486,7 +530,7 @@ class Restructure(Generic[Tree]):
         rows = explain_rows(
             pol, pk, copy, self._decide(pol, pk), self._param_kind, self._kinds, self.paths, self._shapes
         )
-        return Explanation(header, rows)
+        return Explanation(header, rows, unknown_holders(self._template, self._td.paths, set()))
 
     # ---------------------------------------------------------------- flatten
 
@@ -496,7 +540,7 @@ class Restructure(Generic[Tree]):
         Parameters
         ----------
         model
-            A model of the structure given to :func:`destructure` (node types,
+            A model of the structure given to `destructure` (node types,
             keys, lengths, ties; parameters of the same shapes). Constants are
             not compared.
         out
@@ -507,11 +551,12 @@ class Restructure(Generic[Tree]):
             How a parameter of another dtype/device than the flat vector is
             treated: ``"strict"`` raises PolicyError, ``"model"``/``"flat"``
             convert it (complex into a real flat vector always raises).
-            Default: the policy given to :func:`destructure`.
+            Default: the policy given to `destructure`.
 
         Returns
         -------
-        The flat vector (`out` if given). It never carries autograd history.
+        flat : array
+            The flat vector (`out` if given). It never carries autograd history.
 
         Raises
         ------
@@ -676,6 +721,10 @@ class Restructure(Generic[Tree]):
         return (restore, (state,))
 
 
+def _same_constant(a: Any, b: Any) -> bool:
+    return a is b or (type(a) is type(b) and type(a) in SCALAR_TYPES and a == b)
+
+
 def _flatten_mismatch(path: KeyPath, expected: str, found: str) -> StructureError:
     msg = (
         f"at {path.display}: re.flatten expected {expected}, found {found}. The model must have the "
@@ -707,3 +756,10 @@ def _check_readable(kinds: list[Kind], param_kind: list[int], flat_kind: Kind, p
                 "parameters are all on that device."
             )
             raise PolicyError(msg)
+
+
+#: what `Restructure._again` shares between two rebuilders of one plan (all but the constants and
+#: the code generated around them)
+_SHARED_STATE = tuple(
+    n for n in Restructure.__slots__ if n not in ("__weakref__", "_build", "_fast", "_gen", "_template")
+)

@@ -151,7 +151,7 @@ class KeyPath(tuple[Any, ...]):
         give the same path. Between dots a run of digits is an integer index
         and anything else is a string key; inside brackets the entry is a
         Python literal (``[0]``, ``['a key']``, ``[1.5]``, ``[None]``), read
-        with :func:`ast.literal_eval`, never evaluated. ``""`` and
+        with `ast.literal_eval`, never evaluated. ``""`` and
         ``"<root>"`` are the root path. ``KeyPath.parse(str(path)) == path``
         for every path whose keys are strings, integers or other literals.
 
@@ -181,7 +181,7 @@ class KeyPath(tuple[Any, ...]):
 
         Integer indices and string keys are joined with ``.`` as
         ``torch.nn.Module.state_dict()`` does; any other key shows as its
-        ``repr``. :meth:`parse` reads it back when no string key holds a dot
+        ``repr``. `parse` reads it back when no string key holds a dot
         or a bracket, or is a run of digits.
 
         Examples

@@ -25,14 +25,14 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from ._alias import check_no_aliases, memory_layout
+from ._alias import check_no_aliases, may_overlap, memory_layout
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._walk import BUILD_NONE, walk
 from ._xp import MATRIX_MESSAGE, describe_array, describe_dtype, is_array, is_complex, is_inexact_array, namespace
 from .adapters._base import ArrayAdapter, adapter_of
 
-__all__ = ["load_into"]
+__all__ = ["Loader", "load_into"]
 
 
 def _describe(x: Any) -> str:
@@ -187,7 +187,8 @@ def load_into(dst: Any, src: Any, /) -> Any:
 
     Returns
     -------
-    `dst` itself.
+    dst : Any
+        `dst` itself.
 
     Raises
     ------
@@ -218,10 +219,29 @@ def load_into(dst: Any, src: Any, /) -> Any:
     >>> out is dst, dst["w"], dst["steps"], dst["name"]
     (True, array([1.5, 2.5], dtype=float32), array(7), 'a')
     """
-    plan: list[tuple[KeyPath, ArrayAdapter, Any, Any]] = []  # (path, dst adapter, dst array, staged src)
-    fed: dict[int, tuple[KeyPath, Any]] = {}  # id(dst array) -> (path, staged src) of its first feed
+    loader = Loader()
+    walk((dst, src), loader.visit, build=BUILD_NONE, with_path=True, names=("dst", "src"))
+    loader.commit()
+    return dst
 
-    def visit(path: KeyPath, d: Any, s: Any) -> None:
+
+class Loader:
+    """One load, all or nothing: `visit` checks and stages each ``(path, dst value, src value)``
+    pair (nothing written), `commit` then writes every staged value (restoring on failure).
+
+    `load_into` feeds it the pairs of its lock-step walk; ``fk.load_state_dict`` the pairs it
+    looked up by key. The one writer of functorkit.
+    """
+
+    __slots__ = ("fed", "plan")
+
+    def __init__(self) -> None:
+        self.plan: list[tuple[KeyPath, ArrayAdapter, Any, Any]] = []  # (path, dst adapter, dst array, staged src)
+        self.fed: dict[int, tuple[KeyPath, Any]] = {}  # id(dst array) -> (path, staged src) of its first feed
+
+    def visit(self, path: KeyPath, d: Any, s: Any) -> None:
+        """Check the pair at `path` and stage `s` for `d` (raises before anything is written)."""
+        plan, fed = self.plan, self.fed
         d_arr, s_arr = _is_array(path, d, "dst"), _is_array(path, s, "src")
         if not d_arr:
             if s_arr:
@@ -271,18 +291,21 @@ def load_into(dst: Any, src: Any, /) -> Any:
         fed[id(d)] = (path, staged)
         plan.append((path, ad, d, staged))
 
-    walk((dst, src), visit, build=BUILD_NONE, with_path=True, names=("dst", "src"))
-    check_no_aliases([(p, d) for p, _, d, _ in plan], "fk.load_into")
-    mem = _dst_memory([d for _, _, d, _ in plan])
-    writes: list[tuple[KeyPath, ArrayAdapter, Any, Any]] = []
-    for path, ad, d, s in plan:
-        if s is None or s is d:
-            continue  # meta into meta, or an array loaded into itself
-        if mem and _inside_dst(s, mem):
-            s = ad.copy(s)  # read every value before any write
-        writes.append((path, ad, d, s))
-    _write_all(writes)
-    return dst
+    def commit(self) -> None:
+        """Write every staged value (after the alias checks); on any failure restore `dst`, re-raise."""
+        plan = self.plan
+        check_no_aliases([(p, d) for p, _, d, _ in plan], "fk.load_into")
+        dsts = [d for _, _, d, _ in plan]
+        maybe = may_overlap(dsts, [s for _, _, _, s in plan])
+        mem = _dst_memory(dsts) if any(maybe) else {}
+        writes: list[tuple[KeyPath, ArrayAdapter, Any, Any]] = []
+        for (path, ad, d, s), m in zip(plan, maybe, strict=True):
+            if s is None or s is d:
+                continue  # meta into meta, or an array loaded into itself
+            if m and mem and _inside_dst(s, mem):
+                s = ad.copy(s)  # read every value before any write
+            writes.append((path, ad, d, s))
+        _write_all(writes)
 
 
 def _write_all(writes: list[tuple[KeyPath, ArrayAdapter, Any, Any]]) -> None:

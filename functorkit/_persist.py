@@ -1,11 +1,11 @@
-"""Pickling a :class:`Restructure`: plain data out, every field checked on the way in.
+"""Pickling a `Restructure`: plain data out, every field checked on the way in.
 
 A pickled ``Restructure`` is ``(restore, (state,))`` where ``state`` is a dict
 of plain data: the tree definition's own state (node classes, keys, aux data,
 ties), the constants, and the parameter table (indices, shapes, kinds as
-``(namespace name, dtype, device)``). :func:`restore` type-checks every field
+``(namespace name, dtype, device)``). `restore` type-checks every field
 before anything is built from it; namespaces are imported only from the fixed
-table :data:`functorkit.adapters.KNOWN_NAMESPACES`; shapes and offsets must be
+table `functorkit.adapters.KNOWN_NAMESPACES`; shapes and offsets must be
 non-negative ``int``s (they are the only values written into generated source
 besides validated keys). Pickles can still run code by design (any pickle can):
 load only pickles you trust (docs/guarantees.md).

@@ -13,7 +13,7 @@ Three policies, each with one rule per situation and no middle ground:
     Every rebuilt parameter takes ``p``'s dtype, device and namespace (plain
     views of ``p``, never a conversion).
 
-:data:`RULES` is the whole policy: ``RULES[situation][policy]`` is what
+`RULES` is the whole policy: ``RULES[situation][policy]`` is what
 happens. The code in ``_flat.py`` only reads this table; the messages and
 ``re.explain`` rows are written here too, so that a reader finds every rule
 in one place.
@@ -105,7 +105,7 @@ _FIX = {
 
 
 def check_policy(policy: Any, where: str) -> str:
-    """Return `policy` if it is one of :data:`POLICIES`; TypeError for a non-str, else ValueError."""
+    """Return `policy` if it is one of `POLICIES`; TypeError for a non-str, else ValueError."""
     if type(policy) is not str:
         msg = f"{where}: `policy` must be a str, one of 'strict', 'model' or 'flat'; got {type(policy).__name__}."
         raise TypeError(msg)
@@ -176,7 +176,7 @@ def _differences(leaf: Kind, other: Kind) -> list[str]:
 
 def decide_mixed(policy: str, what: str) -> bool:
     """Whether ``destructure`` raises for parameters that differ in `what` ("dtype", "device" or
-    "namespace") under `policy` (reads :data:`RULES`; otherwise the flat vector promotes the dtype
+    "namespace") under `policy` (reads `RULES`; otherwise the flat vector promotes the dtype
     and lives on the first parameter's device)."""
     situation = {"dtype": MIXED_DTYPE, "device": MIXED_DEVICE, "namespace": MIXED_NAMESPACE}[what]
     return RULES[situation][policy] == RAISE
@@ -184,12 +184,12 @@ def decide_mixed(policy: str, what: str) -> bool:
 
 def decide_unknown_holder(policy: str) -> bool:
     """Whether ``destructure`` refuses an object that no registry knows but that holds arrays
-    (reads :data:`RULES`; otherwise it is a constant)."""
+    (reads `RULES`; otherwise it is a constant)."""
     return RULES[UNKNOWN_HOLDER][policy] == REFUSE
 
 
 def decide_rebuild(policy: str, leaf: Kind, p: Kind, model_has_complex: bool) -> Decision:
-    """How ``re(p)`` rebuilds a parameter of kind `leaf` from `p` under `policy` (reads :data:`RULES`)."""
+    """How ``re(p)`` rebuilds a parameter of kind `leaf` from `p` under `policy` (reads `RULES`)."""
     diffs = _differences(leaf, p)
     if not diffs:
         return Decision(leaf, False, False, False, False, False, f"{policy}: p matches the parameter", None)

@@ -1,15 +1,19 @@
 """The node table: which types are nodes, how to take them apart and rebuild them.
 
-One global, thread-safe table maps an exact type to a :class:`NodeDef` (a node)
+One global, thread-safe table maps an exact type to a `NodeDef` (a node)
 or to the leaf marker. Types not registered are resolved once and cached:
 namedtuples and dataclasses are nodes by default, objects of a backend with an
-adapter (``torch.nn.Module``) are handed to that adapter, loaded lazily, and
-everything else is a leaf.
+adapter (``torch.nn.Module``) are handed to that adapter, loaded lazily, a class
+that an imported pytree library (JAX, optree, torch ``_pytree``) knows as a node
+is taken apart through that library, and everything else is a leaf. Classes
+registered here are exported to JAX and torch ``_pytree`` in turn (see
+``docs/interop.md``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 import threading
 import types
@@ -18,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from .adapters._base import load_family
+from .adapters._pytrees import EXPORT_TO, PYTREES
 
 __all__ = [
     "GENERATION",
@@ -28,6 +33,8 @@ __all__ = [
     "NodeDef",
     "child_items",
     "dispatch",
+    "export_pending",
+    "export_static",
     "register",
     "register_dataclass",
     "register_leaf",
@@ -38,9 +45,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Marker returned by :func:`resolve` for leaves that are never identity-cached.
+#: Marker returned by `resolve` for leaves that are never identity-cached.
 SCALAR = object()
-#: Marker stored in the table for classes registered with :func:`register_leaf`.
+#: Marker stored in the table for classes registered with `register_leaf`.
 _LEAF = object()
 
 SCALAR_TYPES = frozenset({bool, int, float, complex, str, bytes, type(None)})
@@ -66,9 +73,12 @@ class NodeDef:
     dataclass), so the walk need not keep the ``values`` list alive to keep
     the children's identities unique; ``fast`` marks the built-in
     containers the walk handles inline.
+
+    ``state_skip(aux)`` (optional) returns the child keys that are not part
+    of the node's state dict (torch: non-persistent buffers), or None.
     """
 
-    __slots__ = ("cls", "fast", "flatten", "kind", "owns", "trainable", "unflatten")
+    __slots__ = ("cls", "fast", "flatten", "kind", "owns", "state_skip", "trainable", "unflatten")
 
     def __init__(
         self,
@@ -80,6 +90,7 @@ class NodeDef:
         *,
         owns: bool = False,
         kind: Any = None,
+        state_skip: Callable[[Any], Any] | None = None,
     ) -> None:
         self.cls = cls
         self.kind = cls if kind is None else kind
@@ -88,6 +99,7 @@ class NodeDef:
         self.trainable = trainable
         self.fast = fast
         self.owns = owns
+        self.state_skip = state_skip
 
     def __repr__(self) -> str:
         return f"NodeDef({self.cls.__qualname__})"
@@ -273,6 +285,63 @@ GENERATION: list[int] = [0]
 # library is met (only possible once the library itself is imported).
 _ADAPTERS: tuple[tuple[str, str], ...] = (("torch", "functorkit.adapters.torch"),)
 
+# ---------------------------------------------------------------- other libraries' pytree registries
+# (SPEC section 9; docs/interop.md). In: a class that no functorkit rule claims is looked up, when
+# first met, in the registries of the libraries already imported (adapters/_pytrees.py); the glue module's
+# ``node_for(cls)`` gives a NodeDef or None. Out: the classes registered with functorkit (and the
+# static ``Restructure``/``TreeDef``) are given to each library's ``export(cls, static)`` once it is
+# imported: at a registration, when a new type is first met, or at ``fk.destructure``.
+#: classes to export, in registration order: (cls, static)
+_EXPORTS: list[tuple[type, bool]] = []
+#: per library: how many of _EXPORTS it has been given
+_EXPORTED: dict[str, int] = {name: 0 for name, _ in EXPORT_TO}
+
+
+def _bridged(cls: type) -> NodeDef | None:
+    """The NodeDef of an imported pytree library that knows `cls` as a node, or None."""
+    for modname, glue in PYTREES:
+        if sys.modules.get(modname) is not None:
+            nd: NodeDef | None = load_family(glue).node_for(cls)  # an import statement: traceable
+            if nd is not None:
+                return nd
+    return None
+
+
+def export_pending() -> None:
+    """Give every pytree library imported by now the classes registered since it was last given any
+    (a no-op when there are none: two comparisons per library)."""
+    n = len(_EXPORTS)
+    for modname, glue in EXPORT_TO:
+        if _EXPORTED[modname] < n and sys.modules.get(modname) is not None:
+            with _lock:
+                mod = importlib.import_module(glue)
+                while _EXPORTED[modname] < len(_EXPORTS):
+                    cls, static = _EXPORTS[_EXPORTED[modname]]
+                    _EXPORTED[modname] += 1
+                    mod.export(cls, static)
+
+
+def export_static(cls: type) -> None:
+    """Make `cls` a pytree with no leaves, the object itself its static aux data, in JAX and torch
+    (``Restructure``, ``TreeDef``: hashable by structure)."""
+    with _lock:
+        _EXPORTS.append((cls, True))
+    export_pending()
+
+
+def _check_export(export: Any, what: str) -> None:
+    if type(export) is not bool:
+        msg = f"`export` must be True or False, got {type(export).__name__} ({export!r}) ({what})."
+        raise TypeError(msg)
+
+
+def _mark_export(cls: type, export: bool) -> None:
+    if export:
+        with _lock:
+            if all(c is not cls for c, _ in _EXPORTS):
+                _EXPORTS.append((cls, False))
+    export_pending()
+
 
 def _is_namedtuple(cls: type) -> bool:
     return issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)
@@ -282,7 +351,7 @@ def resolve(cls: type) -> Any:
     """Return the dispatch entry for `cls` (NodeDef, None or SCALAR), caching it.
 
     Lock-free (``torch.compile`` cannot trace a lock, and a model first met inside a
-    compiled function is resolved there): registrations bump :data:`GENERATION` to an odd
+    compiled function is resolved there): registrations bump `GENERATION` to an odd
     number before they change the table and to an even one after; an entry computed while
     a registration ran is not kept (a seqlock).
     """
@@ -294,6 +363,8 @@ def resolve(cls: type) -> Any:
         out = SCALAR
     elif _is_namedtuple(cls):
         out = _namedtuple_def(cls)
+    elif (bridged := _bridged(cls)) is not None:
+        out = bridged
     elif dataclasses.is_dataclass(cls):
         out = _dataclass_def(cls)
     else:
@@ -311,6 +382,7 @@ def resolve(cls: type) -> Any:
     if gen & 1:
         return out  # a registration is under way: use the entry, keep nothing
     _DISPATCH[cls] = out
+    export_pending()
     if not isinstance(out, NodeDef):
         LEAF_TYPES.add(cls)
     KNOWN_TYPES.add(cls)
@@ -353,7 +425,7 @@ def _check_class(cls: Any, what: str) -> None:
 
 
 def registered_leaf(cls: type) -> bool:
-    """True if `cls` was registered with :func:`register_leaf` (a leaf on purpose)."""
+    """True if `cls` was registered with `register_leaf` (a leaf on purpose)."""
     return _TABLE.get(cls) is _LEAF
 
 
@@ -382,6 +454,7 @@ def register(
     rebuild: Callable[[Any, Any], T],
     trainable: Callable[[T], Iterable[Any]] | None = None,
     replace: bool = False,
+    export: bool = True,
 ) -> type[T]:
     """Register `cls` (by exact type) as a node.
 
@@ -402,6 +475,11 @@ def register(
         (default: all children).
     replace
         Replace an existing entry instead of raising ``ValueError``.
+    export
+        Also make `cls` a pytree node of JAX and of torch's ``_pytree``
+        (default ``True``): at once for a library already imported, else when
+        functorkit first meets it (see ``docs/interop.md``); a class that
+        library already knows is left alone. ``False`` opts out.
 
     Returns
     -------
@@ -441,16 +519,20 @@ def register(
             f"got {type(trainable).__name__}."
         )
         raise TypeError(msg)
+    _check_export(export, "fk.register")
     _store(cls, _user_def(cls, children, rebuild, trainable), replace, "fk.register")
+    _mark_export(cls, export)
     return cls
 
 
-def register_dataclass(cls: Any = None, /, *, replace: bool = False) -> Any:
+def register_dataclass(cls: Any = None, /, *, replace: bool = False, export: bool = True) -> Any:
     """Register a dataclass as a node (a decorator; plain dataclasses are nodes anyway).
 
     Fields with ``field(metadata={"static": True})`` are static data, not
     children. The rebuilt object is made without calling ``__init__`` or
     ``__post_init__``; non-field instance attributes are carried over.
+    Registered classes become JAX and torch pytree nodes too, as with
+    `register` (``export=False`` opts out).
 
     Examples
     --------
@@ -465,7 +547,8 @@ def register_dataclass(cls: Any = None, /, *, replace: bool = False) -> Any:
     {'w': 3.0}
     """
     if cls is None:
-        return lambda c: register_dataclass(c, replace=replace)
+        return lambda c: register_dataclass(c, replace=replace, export=export)
+    _check_export(export, "fk.register_dataclass")
     _check_class(cls, "fk.register_dataclass")
     if not dataclasses.is_dataclass(cls):
         msg = (
@@ -475,6 +558,7 @@ def register_dataclass(cls: Any = None, /, *, replace: bool = False) -> Any:
         raise TypeError(msg)
     dcls: type = cls  # type: ignore[assignment]
     _store(dcls, _dataclass_def(dcls), replace, "fk.register_dataclass")
+    _mark_export(dcls, export)
     return cls
 
 

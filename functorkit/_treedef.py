@@ -1,8 +1,8 @@
-"""The one engine: walk a tree once, record its structure as a :class:`TreeDef`.
+"""The one engine: walk a tree once, record its structure as a `TreeDef`.
 
-:func:`record` walks a tree with an explicit stack (depth is bounded by
+`record` walks a tree with an explicit stack (depth is bounded by
 memory, not by the interpreter) and returns its distinct leaves in walk order
-and a :class:`TreeDef`: the structure, written as a post-order *program*.
+and a `TreeDef`: the structure, written as a post-order *program*.
 Every operation of functorkit runs on it: the maps rebuild from it, the flat
 vector is planned from it (and ``re(p)`` is generated code compiled from it),
 the arithmetic and ``load_into`` match their other trees against it.
@@ -23,7 +23,7 @@ The rules, written once here (see ``docs/concepts.md``):
   its positions is (so a leaf tied between a frozen and a trainable slot is
   one trainable leaf, and its tie is kept everywhere). Parameters are the
   trainable floating and complex arrays.
-* **Cycles** raise :class:`StructureError` naming the path where they close.
+* **Cycles** raise `StructureError` naming the path where they close.
 
 The program
 -----------
@@ -31,7 +31,7 @@ A list of entries in post-order:
 
 * ``None``: one leaf position;
 * ``(nd, keys, n, leafy, aux, named)``: a node with ``n`` children, rebuilt
-  with ``nd`` (a :class:`NodeDef`). When ``leafy`` its children are the next
+  with ``nd`` (a `NodeDef`). When ``leafy`` its children are the next
   ``n`` leaf positions; otherwise they are the last ``n`` values built. For
   the built-in list and tuple ``keys`` is ``None`` (the indices);
 * an ``int`` ``k``: the shared sub-tree built at entry ``k``, again.
@@ -47,8 +47,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._errors import StructureError
-from ._keypath import KeyPath, make_path, safe_repr
-from ._registry import _DISPATCH, DICT, LEAF_TYPES, LIST, TUPLE, NodeDef, resolve
+from ._keypath import KeyPath, make_path
+from ._messages import add_note, describe_found, mismatch
+from ._registry import DICT, LIST, TUPLE, NodeDef, resolve
 
 __all__ = [
     "BUILD_SAME",
@@ -66,72 +67,6 @@ _tnew = tuple.__new__
 
 # node entry fields
 _ND, _KEYS, _N, _LEAFY, _AUX, _NAMED = range(6)
-
-
-def add_note(e: BaseException, note: str) -> None:
-    """Attach `note` to `e` (shown under its traceback), once."""
-    notes = getattr(e, "__notes__", None)
-    if notes is None or note not in notes:
-        e.add_note(note)
-
-
-def _visiting(path: KeyPath) -> str:
-    return f"(functorkit: raised while visiting {path.display})"
-
-
-def _cycle(path: KeyPath, obj: Any) -> StructureError:
-    msg = (
-        f"at {path.display}: found a cycle: this {type(obj).__name__} is one of its own "
-        "ancestors. Expected a tree (or a DAG with shared sub-trees); break the cycle, "
-        "or stop the walk at the back-reference with `is_leaf`."
-    )
-    return StructureError(msg)
-
-
-def describe_found(x: Any) -> str:
-    """A short description of an object met in a tree (for structure mismatch messages)."""
-    nd = _DISPATCH.get(type(x), _MISS)
-    if nd is _MISS:
-        nd = resolve(type(x))
-    if isinstance(nd, NodeDef):
-        keys, vals, _aux, named = nd.flatten(x)
-        if named:
-            return f"{type(x).__name__} keys {{{', '.join(safe_repr(k) for k in keys)}}}"
-        return f"{type(x).__name__} of length {len(vals)}"
-    return f"leaf ({type(x).__name__})"
-
-
-def _describe_entry(e: tuple[Any, ...]) -> str:
-    nd = e[_ND]
-    name = nd.cls.__name__
-    if e[_NAMED]:
-        return f"{name} keys {{{', '.join(safe_repr(k) for k in e[_KEYS])}}}"
-    return f"{name} of length {e[_N]}"
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
-def mismatch(
-    path: KeyPath, left: str, right: str, which: int = 1, names: tuple[str, ...] | None = None
-) -> StructureError:
-    """The error for tree number `which` (0-based) differing from the first one at `path`."""
-    lhead, sep, _ = left.partition(" keys ")
-    if sep and right.startswith(lhead + sep):
-        right = right[len(lhead + sep) :]  # "dict keys {...} vs {...}"
-    if names is not None and which < len(names):
-        differs = f"`{names[which]}` differs from `{names[0]}` here"
-    else:
-        differs = f"the {_ordinal(which + 1)} tree differs from the first here"
-    msg = (
-        f"at {path.display}: {left} vs {right}\n"
-        "Every tree must have the structure of the first one (node types, keys, "
-        f"lengths); {differs}. Fix that tree, or pass `is_leaf` to stop the walk "
-        "above this point."
-    )
-    return StructureError(msg)
 
 
 # ============================================================== TreeDef
@@ -166,7 +101,7 @@ def _keys_hash(keys: Any) -> int:
 class TreeDef:
     """The recorded structure of a tree: node types, keys, aux data, ties, shared sub-trees, trainable leaves.
 
-    Made by :func:`flatten` (``leaves, treedef = fk.flatten(tree)``).
+    Made by `flatten` (``leaves, treedef = fk.flatten(tree)``).
     Immutable, hashable, picklable; ``==`` is true for trees of the same
     structure (node types, keys, aux data, ties and trainable leaves).
 
@@ -190,6 +125,7 @@ class TreeDef:
         "_expanded",
         "_fast_build",
         "_fast_match",
+        "_fast_plans",
         "_forced",
         "_hash",
         "_leaf_pos",
@@ -217,6 +153,7 @@ class TreeDef:
     _pre: list[int] | None
     _fast_build: Any
     _fast_match: Any
+    _fast_plans: dict[Any, Any] | None
 
     def __init__(self) -> None:
         msg = "TreeDef objects are made by fk.flatten(tree); call that instead."
@@ -248,6 +185,7 @@ class TreeDef:
         self._pre = None
         self._fast_build = None  # generated code for small container trees (see _record.record_plain)
         self._fast_match = None
+        self._fast_plans = None  # per-operation plans on a reused definition (see _destructure)
         return self
 
     # ---------------------------------------------------------------- facts
@@ -600,132 +538,9 @@ class TreeDef:
         firsts: list[Any] | None = None,
         fail: Callable[[KeyPath, str, str], StructureError] | None = None,
     ) -> list[Any] | int:
-        """`flatten_up_to`, or the program index of a shared sub-tree here that is not shared in `tree`.
-
-        `firsts` (the first tree's value at each position) only improves the messages; `fail`
-        makes the error (default: the lock-step maps' message)."""
-        if fail is None:
-
-            def fail(path: KeyPath, left: str, right: str) -> StructureError:
-                return mismatch(path, left, right, which, names)
-
-        prog = self._prog
-        out: list[Any] = []
-        push = out.append
-        extend = out.extend
-        disp = _DISPATCH
-        leaf_types = LEAF_TYPES
-        forced = self._forced
-        refs = self._refs
-        nodes_at: dict[int, Any] = {}  # entry index -> the other tree's object there (shared entries)
-        keep: list[Any] = []
-        stack: list[list[Any]] = []  # [values of the other's node, next index, keys (ours), pushed a key]
-        cur: list[Any] = []
-
-        def here(key: Any) -> KeyPath:
-            return make_path((*cur, key) if key is not _MISS else ())
-
-        def leaf_vs(c: Any, path: KeyPath) -> StructureError:
-            left = "a leaf" if firsts is None else describe_found(firsts[len(out)])
-            return fail(path, left, describe_found(c))
-
-        for idx in self._preorder():
-            if stack:
-                fr = stack[-1]
-                i = fr[1]
-                c = fr[0][i]
-                key = i if fr[2] is None else fr[2][i]
-                fr[1] = i + 1
-            else:
-                c = tree
-                key = _MISS
-            e = prog[idx]
-            if e is None:
-                if len(out) not in forced:
-                    t = type(c)
-                    if t not in leaf_types:
-                        nd = disp.get(t, _MISS)
-                        if nd is _MISS:
-                            nd = resolve(t)
-                        if isinstance(nd, NodeDef):
-                            raise leaf_vs(c, here(key))
-                push(c)
-            elif type(e) is int:
-                if nodes_at[e] is not c:
-                    return idx
-            else:
-                nd = e[_ND]
-                if type(c) is not nd.cls:
-                    other = disp.get(type(c), _MISS)
-                    if other is _MISS:
-                        other = resolve(type(c))
-                    if not isinstance(other, NodeDef) or other.kind != nd.kind:
-                        raise fail(here(key), _describe_entry(e), describe_found(c))
-                    nd = other  # another class of the same kind (a torch parametrized module)
-                fast = nd.fast
-                keys = e[_KEYS]
-                if fast in (LIST, TUPLE):
-                    vals = c
-                    if len(vals) != e[_N]:
-                        raise fail(here(key), _describe_entry(e), describe_found(c))
-                else:
-                    if fast == DICT:
-                        okeys: Any = list(c)
-                        vals = list(c.values())
-                    else:
-                        okeys, vals, _aux, _named = nd.flatten(c)
-                        if not nd.owns:
-                            keep.append(vals)
-                    if okeys != keys:
-                        vals = _reorder(okeys, vals, keys, e[_NAMED])
-                        if vals is None:
-                            raise fail(here(key), _describe_entry(e), describe_found(c))
-                if idx in refs:
-                    nodes_at[idx] = c
-                n = e[_N]
-                if e[_LEAFY]:
-                    if forced or not leaf_types.issuperset(map(type, vals)):
-                        p0 = len(out)
-                        for j in range(n):
-                            x = vals[j]
-                            if p0 + j in forced:
-                                continue
-                            xnd = disp.get(type(x), _MISS)
-                            if xnd is _MISS:
-                                xnd = resolve(type(x))
-                            if isinstance(xnd, NodeDef):
-                                k = j if keys is None else keys[j]
-                                del out[p0 + j :]
-                                raise leaf_vs(x, make_path((*here(key), k)))
-                    extend(vals)
-                elif n:
-                    if key is not _MISS:
-                        cur.append(key)
-                    stack.append([vals, 0, keys, key is not _MISS])
-                    continue
-            while stack and stack[-1][1] == len(stack[-1][0]):
-                if stack.pop()[3]:
-                    cur.pop()
-        return out
-
-
-def _reorder(okeys: Any, vals: Any, keys: Any, named: bool) -> list[Any] | None:
-    """`vals` (under `okeys`) in the order of `keys`, or None if the key sets differ."""
-    if not named or okeys is None or keys is None or len(okeys) != len(keys):
-        return None
-    try:
-        lookup = dict(zip(okeys, vals))
-    except TypeError:  # unhashable keys: match by equality, in order
-        return None
-    if len(lookup) != len(keys):
-        return None
-    out = []
-    for k in keys:
-        v = lookup.get(k, _MISS)
-        if v is _MISS:
-            return None
-        out.append(v)
-    return out
+        """`flatten_up_to`, or the program index of a shared sub-tree here that is not shared in `tree`
+        (``_match.py``)."""
+        return match_tree(self, tree, which, names, firsts, fail)
 
 
 def _restore_treedef(state: Any) -> TreeDef:
@@ -768,3 +583,6 @@ def _restore_treedef(state: Any) -> TreeDef:
         raise pickle.UnpicklingError(bad)
     refs = frozenset(e for e in prog if type(e) is int)
     return TreeDef._make(prog, npos, nleaves, pos_leaf, trainable, refs, frozenset(forced))
+
+
+from ._match import match_tree  # noqa: E402 -- matching uses TreeDef's entry layout above

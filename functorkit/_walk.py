@@ -1,7 +1,7 @@
 """The maps: fmap, fmapstructure, fmap_with_path, leaves, leaves_with_path.
 
 Each is three steps on the one recorded tree definition (``_treedef.py``):
-record the first tree (its distinct leaves and its :class:`TreeDef`), match
+record the first tree (its distinct leaves and its `TreeDef`), match
 the other trees against that definition (``flatten_up_to``), call ``f`` over
 the lists of leaves, and rebuild with the definition's program. No second
 walker: ties, shared sub-trees, trainable leaves, cycles and paths all come
@@ -77,7 +77,7 @@ def _map(
     firsts = td.position_values(leaves) if multi else None
     for j, t in enumerate(trees[1:], start=1):
         fm = td._fast_match
-        o = fm(t) if fm is not None else _MISS
+        o = fm(t, False) if fm is not None else _MISS
         if o is _MISS:
             o = td._match(t, j, names, firsts)
         if type(o) is int:  # a sub-tree shared in the first tree is not shared in this one: no sharing at all
@@ -291,7 +291,8 @@ def fmap(
 
     Returns
     -------
-    A new tree of `tree`'s node types. Inputs are never mutated.
+    tree : Any
+        A new tree of `tree`'s node types. Inputs are never mutated.
 
     Raises
     ------
@@ -326,7 +327,7 @@ def fmapstructure(
     trainable_only: bool = False,
     cache: bool = True,
 ) -> Any:
-    """Like :func:`fmap`, but the result is made of plain dicts, tuples and lists.
+    """Like `fmap`, but the result is made of plain dicts, tuples and lists.
 
     Nodes with named children (dict, dataclass, namedtuple, ``nn.Module``,
     mapping nodes) become ``dict``; tuples stay ``tuple``; other sequences
@@ -355,7 +356,7 @@ def fmap_with_path(
     trainable_only: bool = False,
     cache: bool = True,
 ) -> Any:
-    """Like :func:`fmap`, with ``f(path, leaf, *other_leaves)``; `path` is a :class:`KeyPath`.
+    """Like `fmap`, with ``f(path, leaf, *other_leaves)``; `path` is a `KeyPath`.
 
     With `cache`, a shared leaf is mapped once, at its first path.
 
@@ -385,7 +386,7 @@ def leaves(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None) -> lis
 
 
 def leaves_with_path(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[KeyPath, Any]]:
-    """``[(path, leaf), ...]`` like :func:`leaves`; a shared leaf appears once, at its first path.
+    """``[(path, leaf), ...]`` like `leaves`; a shared leaf appears once, at its first path.
 
     Examples
     --------
@@ -399,5 +400,5 @@ def leaves_with_path(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = No
 
 
 def treedef_of(tree: Any) -> TreeDef:
-    """The :class:`TreeDef` of `tree` (its leaves dropped)."""
+    """The `TreeDef` of `tree` (its leaves dropped)."""
     return record(tree)[1]

@@ -3,16 +3,16 @@
 The one home for describing and comparing dtypes, devices and namespaces
 (every message and every policy decision uses these):
 
-* :func:`describe_dtype` shows byte order where it is not native
+* `describe_dtype` shows byte order where it is not native
   (``float64 (big-endian)``), so two dtypes that differ never read the same;
-* :func:`same_device` has one rule: a device that cannot be determined
+* `same_device` has one rule: a device that cannot be determined
   (``None``, e.g. a JAX tracer under ``jit``) counts as equal to any device
   (SPEC section 4);
-* :func:`is_complex` answers for an array or a :class:`Kind`.
+* `is_complex` answers for an array or a `Kind`.
 
-Classification (:func:`is_array`, :func:`is_inexact_array`) is cached per
+Classification (`is_array`, `is_inexact_array`) is cached per
 type; ``np.matrix`` is refused here, where a leaf is classified, with a
-:class:`TypeError` that says how to fix it (callers add the path).
+`TypeError` that says how to fix it (callers add the path).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ __all__ = [
 _IS_ARRAY: dict[type, bool] = {}
 _NAMESPACE: dict[type, Any] = {}
 _INEXACT: dict[tuple[type, Any], bool] = {}
+_COMPLEX: dict[tuple[type, Any], bool] = {}
 
 #: why ``np.matrix`` is refused (a constant: one text wherever it is met)
 MATRIX_MESSAGE = (
@@ -69,7 +70,7 @@ def is_array(x: Any) -> bool:
     Raises
     ------
     TypeError
-        For an ``np.matrix`` (see :data:`MATRIX_MESSAGE`).
+        For an ``np.matrix`` (see `MATRIX_MESSAGE`).
     """
     t = type(x)
     try:
@@ -108,19 +109,34 @@ def is_inexact_array(x: Any) -> bool:
 
 
 def _is_kind(xp: Any, dtype: Any, kind: Any) -> bool:
-    if isinstance(dtype, np.dtype) and not dtype.isnative:
-        dtype = dtype.newbyteorder("=")  # array_api_compat knows native dtypes only
+    if isinstance(dtype, np.dtype):
+        if not dtype.isnative:
+            dtype = dtype.newbyteorder("=")  # array_api_compat knows native dtypes only
+        if dtype.kind == "V" and _ml_float(dtype):
+            # ml_dtypes' bfloat16/float8 (NumPy and Dask arrays of checkpoints): real floating, which
+            # the array API's isdtype does not know; without this they would be silent constants
+            return "real floating" in ((kind,) if isinstance(kind, str) else kind)
     try:
         return bool(xp.isdtype(dtype, kind))
     except (TypeError, ValueError):  # a dtype outside the array API (structured, object, string)
         return False
 
 
+def _ml_float(dtype: np.dtype[Any]) -> bool:
+    """A floating dtype of the ``ml_dtypes`` package (``bfloat16``, ``float8_*``...)."""
+    return dtype.type.__module__.startswith("ml_dtypes") and dtype.name.startswith(("float", "bfloat"))
+
+
 def is_complex(x: Any) -> bool:
-    """True if array `x` (or a :class:`Kind`) has a complex floating dtype."""
+    """True if array `x` (or a `Kind`) has a complex floating dtype (cached per type and dtype)."""
     if type(x) is Kind:
         return _is_kind(x.xp, x.dtype, "complex floating")
-    return _is_kind(namespace(x), x.dtype, "complex floating")
+    key = (type(x), x.dtype)
+    try:
+        return _COMPLEX[key]
+    except KeyError:
+        out = _COMPLEX[key] = _is_kind(namespace(x), x.dtype, "complex floating")
+        return out
 
 
 def device_of(x: Any) -> Any:

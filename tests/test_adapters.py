@@ -190,6 +190,28 @@ def test_numpy_overrides_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls == [True]  # lincomb accumulates in place on NumPy
 
 
+def test_numpy_load_skips_layouts_of_contiguous_and_separate_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench_scale's fk.load_into row: contiguous destinations have no self-overlap, and sources
+    # owned by other ndarrays cannot overlap them, so no memory layout is computed at all
+    from functorkit.adapters import numpy as npad
+
+    def no_layout(x: Any) -> Any:
+        raise AssertionError("a memory layout was computed")
+
+    monkeypatch.setattr(npad.Adapter, "memory_layout", lambda self, x: no_layout(x))
+    monkeypatch.setattr("functorkit._alias.memory_layout", no_layout)
+    monkeypatch.setattr("functorkit._load.memory_layout", no_layout)
+    base = np.zeros(6)
+    dst = {"a": base[:3], "b": base[3:]}  # views of one buffer, as re(p) makes them
+    fk.load_into(dst, {"a": np.ones(3), "b": np.full(3, 2.0)})
+    np.testing.assert_array_equal(base, [1.0, 1.0, 1.0, 2.0, 2.0, 2.0])
+    # the controls: a source inside `dst`'s memory, and a strided destination, are looked at
+    with pytest.raises(AssertionError, match="a memory layout was computed"):
+        fk.load_into(dst, {"a": base[3:], "b": np.zeros(3)})
+    with pytest.raises(AssertionError, match="a memory layout was computed"):
+        fk.load_into({"a": base[::2]}, {"a": np.zeros(3)})
+
+
 def test_torch_overrides_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
     from functorkit.adapters import torch as tad

@@ -18,6 +18,7 @@ import dataclasses
 import math
 import pathlib
 import re
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -1069,6 +1070,66 @@ CASES: list[Bad] = [
         "the path; an array of the same shape expected (a structure mismatch, on every backend)",
         path="w",
     ),
+    Bad(
+        "state_dict-colliding-keys",
+        "state_dict",
+        "a dict key `'a.b'` next to `{'a': {'b': ...}}`",
+        lambda c: fk.state_dict({"a.b": c.arr(1.0), "a": {"b": c.arr(2.0)}}),
+        fk.StructureError,
+        "both paths read one dotted key; rename one",
+        path="a.b",
+        names=(r"\['a\.b'\] and a\.b",),
+    ),
+    Bad(
+        "load_state_dict-not-a-mapping",
+        "load_state_dict",
+        "a list of pairs as `mapping`",
+        lambda c: fk.load_state_dict(c.model(), [("layers.0.w", c.arr(1.0, 2.0))]),
+        TypeError,
+        "`mapping` must be a Mapping; pass dict(pairs)",
+        names=("`mapping`",),
+    ),
+    Bad(
+        "load_state_dict-key-not-str",
+        "load_state_dict",
+        "an int key in `mapping`",
+        lambda c: fk.load_state_dict(c.model(), {0: c.arr(1.0, 2.0)}),
+        TypeError,
+        "`mapping` keys must be str",
+        names=("`mapping` keys",),
+    ),
+    Bad(
+        "load_state_dict-strict-not-bool",
+        "load_state_dict",
+        "`strict='yes'`",
+        lambda c: fk.load_state_dict(c.model(), {}, strict="yes"),
+        TypeError,
+        "`strict` must be True or False",
+        names=("`strict`",),
+    ),
+    Bad(
+        "load_state_dict-keys-do-not-fit",
+        "load_state_dict",
+        "a wrong shape, a missing and an unexpected key",
+        lambda c: fk.load_state_dict(c.model(), {"layers.0.w": c.arr(1.0, 2.0, 3.0), "extra": c.arr(1.0)}),
+        fk.StructureError,
+        "every missing, unexpected and mismatched key at once; or pass strict=False (on every backend)",
+        path="layers.0.w",
+        names=("missing.*'layers.0.b'", "unexpected.*'extra'", "mismatched", "strict=False"),
+    ),
+    Bad(
+        "load_state_dict-tie-fed-two-values",
+        "load_state_dict",
+        "a tie in `dst` given two different values",
+        lambda c: (lambda w: fk.load_state_dict({"a": w, "b": w}, {"a": c.arr(1.0, 2.0), "b": c.arr(3.0, 4.0)}))(
+            c.mutable(0.0, 0.0)
+        ),
+        fk.StructureError,
+        "both keys' paths; make the mapping agree (JAX/Dask: immutable `dst`)",
+        path="a",
+        names=(r"\bb\b",),
+        immutable_error=TypeError,
+    ),
 ]
 
 # ---------------------------------------------------------------------------
@@ -1296,7 +1357,213 @@ PLAIN_CASES: list[Bad] = [
         "made by fk.destructure(model)",
         names=("destructure",),
     ),
+    Bad(
+        "IncompatibleKeys-not-lists",
+        "IncompatibleKeys",
+        "a str instead of a list of keys",
+        lambda c: fk.IncompatibleKeys("a", [], []),
+        TypeError,
+        "`missing` must be a list of str keys",
+        names=("`missing`",),
+    ),
+    Bad(
+        "save-shard_size",
+        "save",
+        '`shard_size="2XB"`',
+        lambda c: fk.save(_ckpt_path("bad"), {"w": np.ones(2)}, shard_size="2XB"),
+        ValueError,
+        "`shard_size` must be a positive number of bytes or a string such as \"2GB\"",
+        names=("shard_size",),
+    ),
+    Bad(
+        "save-unstorable-dtype",
+        "save",
+        "a complex array (safetensors has no complex dtype)",
+        lambda c: fk.save(_ckpt_path("bad"), {"w": np.ones(2, np.complex128)}),
+        TypeError,
+        "names the key and the dtype; cast it first",
+        names=("'w'", "complex128"),
+    ),
+    Bad(
+        "load-missing-file",
+        "load",
+        "a path that does not exist",
+        lambda c: fk.load(_ckpt_path("nope.safetensors")),
+        FileNotFoundError,
+        "names the path; expected a .safetensors file or a directory of shards",
+        names=("nope",),
+    ),
+    Bad(
+        "load-truncated",
+        "load",
+        "a file cut short",
+        lambda c: fk.load(_truncated_checkpoint()),
+        fk.StructureError,
+        "names the file and the tensor whose bytes are missing; write the file again",
+        names=("truncated", "'w'", "ckpt"),
+    ),
+    Bad(
+        "load-like-mismatch",
+        "load",
+        "`like=` a model with other keys and shapes",
+        lambda c: fk.load(_checkpoint({"w": np.ones(2), "x": np.ones(1)}), like={"w": np.ones(3), "y": np.ones(1)}),
+        fk.StructureError,
+        "every missing, unexpected and mismatched key, with the file",
+        names=("missing.*'y'", "unexpected.*'x'", "'w'.*\\(2,\\).*\\(3,\\)", "ckpt"),
+    ),
+    Bad(
+        "open-missing-shard",
+        "open",
+        "a sharded checkpoint with a shard removed",
+        lambda c: fk.open(_checkpoint_without_a_shard()),
+        FileNotFoundError,
+        "names the missing shard and the index that lists it",
+        names=("model-00002-of-00002", "missing shard"),
+    ),
 ]
+
+# the tree tools (docs/tools.md)
+
+
+def _tied(c: Ctx) -> dict[str, Any]:
+    w = c.arr(1.0)
+    return {"a": w, "b": w}
+
+
+CASES += [
+    Bad(
+        "replace-wrong-path",
+        "replace",
+        "a path that does not exist",
+        lambda c: fk.replace(c.model(), {"layers[0].ww": c.arr(1.0)}),
+        fk.StructureError,
+        "the path, the children where it stops, the nearest valid keys and paths",
+        path="layers[0]",
+        names=("ww", "Nearest"),
+    ),
+    Bad(
+        "replace-tie-two-values",
+        "replace",
+        "two places of one tie given two different values",
+        lambda c: fk.replace(_tied(c), {"a": c.arr(2.0), "b": c.arr(3.0)}),
+        fk.StructureError,
+        "both paths hold one tied leaf; name one of them",
+        path="a",
+        names=("tie",),
+    ),
+    Bad(
+        "combine-two-values",
+        "combine",
+        "two groups holding a value at one place",
+        lambda c: fk.combine({"k": c.arr(1.0)}, {"k": c.arr(2.0)}),
+        fk.StructureError,
+        "the path and the two groups; set the place to None in all groups but one",
+        path="k",
+        names=(r"groups\[0\]", r"groups\[1\]"),
+    ),
+    Bad(
+        "stack-shape-mismatch",
+        "stack",
+        "models whose arrays differ in shape at one place",
+        lambda c: fk.stack([{"w": c.arr(1.0)}, {"w": c.arr(1.0, 2.0)}]),
+        fk.StructureError,
+        "the path and both shapes",
+        path="w",
+        names=("shape",),
+    ),
+    Bad(
+        "stack-dtype-strict",
+        "stack",
+        "models whose arrays differ in dtype, under policy='strict'",
+        lambda c: fk.stack([{"w": c.arr(1.0)}, {"w": c.arr(1.0, dtype="float32")}]),
+        fk.PolicyError,
+        "the path, both dtypes; pass policy='model'",
+        path="w",
+        names=("policy",),
+    ),
+    Bad(
+        "unstack-ragged",
+        "unstack",
+        "arrays with different leading axes",
+        lambda c: fk.unstack({"a": c.arr(1.0, 2.0), "b": c.arr(1.0, 2.0, 3.0)}),
+        fk.StructureError,
+        "the path, the expected length and where it was seen",
+        path="b",
+        names=("leading axis",),
+    ),
+]
+
+PLAIN_CASES += [
+    Bad(
+        "replace-updates-not-a-mapping",
+        "replace",
+        "`updates` a list of pairs",
+        lambda c: fk.replace({"a": 1}, [("a", 2)]),
+        TypeError,
+        "`updates` must be a mapping {path: value}",
+        names=("updates",),
+    ),
+    Bad(
+        "partition-bad-predicate",
+        "partition",
+        "a predicate that is neither callable nor a str",
+        lambda c: fk.partition({"a": 1}, 3),
+        TypeError,
+        "predicate 0 must be a callable or a glob str",
+        names=("predicate",),
+    ),
+    Bad(
+        "stack-empty",
+        "stack",
+        "an empty list of models",
+        lambda c: fk.stack([]),
+        ValueError,
+        "`models` is empty; expected at least one model",
+        names=("models",),
+    ),
+    Bad(
+        "summary-cycle",
+        "summary",
+        "a tree that contains itself",
+        lambda c: fk.summary(_cyclic()),
+        fk.StructureError,
+        "the path where the cycle closes",
+        path="a[0]",
+        names=("cycle",),
+    ),
+    Bad(
+        "Summary-direct",
+        "Summary",
+        "constructing it from something that is not a list of rows",
+        lambda c: fk.Summary(5),
+        TypeError,
+        "made by fk.summary(model)",
+        names=("summary",),
+    ),
+]
+
+
+def _ckpt_path(name: str) -> str:
+    return str(pathlib.Path(tempfile.mkdtemp(prefix="fk-bad-")) / name)
+
+
+def _checkpoint(model: Any, shard_size: int | None = None) -> str:
+    path = _ckpt_path("ckpt" if shard_size else "ckpt.safetensors")
+    fk.save(path, model, shard_size=shard_size)
+    return path
+
+
+def _truncated_checkpoint() -> str:
+    path = pathlib.Path(_checkpoint({"w": np.ones(4)}))
+    path.write_bytes(path.read_bytes()[:-3])
+    return str(path)
+
+
+def _checkpoint_without_a_shard() -> str:
+    pytest.importorskip("dask.array")
+    path = pathlib.Path(_checkpoint({"a": np.ones(8), "b": np.ones(8)}, shard_size=64))
+    (path / "model-00002-of-00002.safetensors").unlink()
+    return str(path)
 
 
 def _check(case: Bad, ctx: Ctx) -> None:

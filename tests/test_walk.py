@@ -1047,9 +1047,50 @@ def test_small_container_trees_take_the_planned_path(monkeypatch: pytest.MonkeyP
     fk.fmap(lambda x: x, tree())
     assert len(walks) == n + 3
     # forced off: every call walks
-    monkeypatch.setattr(_record, "PLAN_MAX", 0)
+    monkeypatch.setattr(_record, "PLAN_NODES", 0)
     monkeypatch.setattr(_record, "_PLANS", {})
     before = len(walks)
     for _ in range(4):
         fk.fmap(lambda x: x, tree())
     assert len(walks) == before + 4
+
+
+@pytest.mark.parametrize("planned", [True, False])
+def test_wide_container_trees_take_the_planned_matcher(monkeypatch: pytest.MonkeyPatch, planned: bool) -> None:
+    # bench_walk's "(a) A wide tree" rows: more positions than PLAN_MAX, few nodes: matched by
+    # generated code, rebuilt by the definition (no generated builder); forcing it off must show
+    from functorkit import _record
+
+    def tree() -> dict[str, Any]:
+        return {
+            f"b{i}": [tuple(np.full(1, float(i * 100 + j * 10 + k)) for k in range(10)) for j in range(10)]
+            for i in range(3)
+        }
+
+    walks: list[int] = []
+
+    class Counting(_record._Recorder):
+        def run(self, t: Any) -> list[Any]:
+            walks.append(1)
+            return super().run(t)
+
+    monkeypatch.setattr(_record, "_Recorder", Counting)
+    monkeypatch.setattr(_record, "_PLANS", {})
+    if not planned:
+        monkeypatch.setattr(_record, "PLAN_NODES", 0)
+    for _ in range(3):
+        fk.fmap(lambda x: x, tree())
+    n = len(walks)
+    t, u = tree(), tree()
+    out = fk.fmap(lambda x, y: x + y, t, u)
+    assert (len(walks) == n) is planned
+    assert out["b2"][9][9][0] == 2 * 299.0
+    assert type(out["b1"][3]) is tuple
+    # a tie in the other tree is no mismatch; in the first tree it is a tie
+    u["b0"][0] = (u["b0"][0][0],) * 10
+    assert fk.fmap(lambda x, y: y, t, u)["b0"][0][9][0] == 0.0
+    t["b0"][0] = (t["b0"][0][0],) * 10
+    walked = len(walks)
+    tied = fk.fmap(lambda x: x + 1, t)
+    assert len(walks) == walked + 1
+    assert tied["b0"][0][0] is tied["b0"][0][9]

@@ -1,7 +1,7 @@
 """Backend adapters: one small module per array family, loaded lazily the first time one of its
 namespaces (or, for ``torch.nn.Module`` nodes, classes) is met.
 
-``adapter_for(xp)`` / ``adapter_of(x)`` give the :class:`ArrayAdapter` of a namespace or
+``adapter_for(xp)`` / ``adapter_of(x)`` give the `ArrayAdapter` of a namespace or
 array; see ``docs/adapters.md`` for the protocol and the table of families.
 """
 

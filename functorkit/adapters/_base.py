@@ -1,6 +1,6 @@
 """The array-ops protocol every backend adapter implements, and the lookup.
 
-:class:`ArrayAdapter` is both the protocol and the generic implementation:
+`ArrayAdapter` is both the protocol and the generic implementation:
 its methods use only the array API standard (plus DLPack to see host
 memory), so an array library functorkit has never heard of (array-api-strict,
 say) works through the base class itself. A family module
@@ -9,11 +9,11 @@ subclasses it and overrides a method only where the generic code is slower
 (each override names the benchmark row) or wrong for that library (each
 names the reason).
 
-Lookup: :func:`adapter_for` maps an array namespace to its adapter through
-:data:`FAMILIES`, a table from the namespace's module name to the adapter
-module, imported with :mod:`importlib` the first time such a namespace is
-met; so ``import functorkit`` imports no backend. The family modules are imported by
-``import`` statements (:func:`load_family`), not :func:`importlib.import_module`, because
+Lookup: `adapter_for` maps an array namespace to its adapter through
+`FAMILIES`, a table from the namespace's module name to the adapter
+module, imported the first time such a namespace is met; so ``import
+functorkit`` imports no backend. The family modules are imported by
+``import`` statements (`load_family`), not `importlib.import_module`, because
 ``torch.compile`` runs an ``import`` statement it meets while tracing but cannot trace
 ``importlib``: a model first met inside a compiled function loads its adapter there. Results are kept in plain
 dicts without a lock: two threads racing on a first lookup may each build an
@@ -23,6 +23,7 @@ so either is right.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -43,7 +44,7 @@ __all__ = [
     "tracing",
 ]
 
-#: namespace module name -> adapter module (anything else: the generic :class:`ArrayAdapter`)
+#: namespace module name -> adapter module (anything else: the generic `ArrayAdapter`)
 FAMILIES: dict[str, str] = {
     "array_api_compat.numpy": "functorkit.adapters.numpy",
     "numpy": "functorkit.adapters.numpy",
@@ -81,7 +82,8 @@ def tracing() -> bool:
 
 
 def load_family(modname: str) -> Any:
-    """The adapter module `modname` (one of :data:`FAMILIES`' values), imported if needed (an
+    """The adapter module `modname` (one of `FAMILIES`' values, or a pytree glue module of
+    ``_pytrees.PYTREES``), imported if needed (an
     ``import`` statement waits for another thread's import of the module to finish)."""
     if modname == "functorkit.adapters.numpy":
         from . import numpy as np_adapter
@@ -103,6 +105,18 @@ def load_family(modname: str) -> Any:
         from . import dask as dask_adapter
 
         return dask_adapter
+    if modname == "functorkit.adapters._pytree_jax":
+        from . import _pytree_jax
+
+        return _pytree_jax
+    if modname == "functorkit.adapters._pytree_optree":
+        from . import _pytree_optree
+
+        return _pytree_optree
+    if modname == "functorkit.adapters._pytree_torch":
+        from . import _pytree_torch
+
+        return _pytree_torch
     msg = f"unknown adapter module {modname!r}"
     raise ValueError(msg)
 
@@ -120,6 +134,11 @@ def adapter_for(xp: Any) -> ArrayAdapter:
     adapter = ArrayAdapter(xp) if modname is None else load_family(modname).Adapter(xp)
     _BY_NAMESPACE[name] = adapter
     return adapter
+
+
+def lazy_adapter() -> ArrayAdapter:
+    """The adapter of the lazy family (Dask) that ``fk.open`` builds arrays with (imports Dask)."""
+    return adapter_for(importlib.import_module("array_api_compat.dask.array"))
 
 
 def adapter_of(x: Any) -> ArrayAdapter:
@@ -156,7 +175,7 @@ class Layout(NamedTuple):
 def normalise_layout(
     space: tuple[str, int], ptr: int, shape: Sequence[int], strides: Sequence[int], itemsize: int
 ) -> Layout | None:
-    """The :class:`Layout` of `shape`/byte `strides` at `ptr`, or None for an empty array."""
+    """The `Layout` of `shape`/byte `strides` at `ptr`, or None for an empty array."""
     if itemsize <= 0:
         return None
     dims = []
@@ -226,7 +245,7 @@ class ArrayAdapter:
 
     A family adapter subclasses this and overrides what is faster or
     different for its library. Every method takes and returns arrays of this
-    adapter's namespace :attr:`xp` unless it says otherwise.
+    adapter's namespace `xp` unless it says otherwise.
     """
 
     #: the family name, for messages and ``repr`` only (never compared by the core)
@@ -285,7 +304,7 @@ class ArrayAdapter:
     def view_source(self, offsets: list[int], shapes: list[tuple[int, ...]], glb: dict[str, Any]) -> list[str]:
         """Source lines (4-space indent) binding ``v0..v{k-1}`` to the views of a local ``p``.
 
-        ``p`` has already been checked (:meth:`check_source`) to be exactly
+        ``p`` has already been checked (`check_source`) to be exactly
         the flat vector's type, shape, dtype and device. Globals go into `glb`.
         """
         glb["RESHAPE"] = self.xp.reshape
@@ -397,7 +416,7 @@ class ArrayAdapter:
         return None
 
     def stage(self, dst: Any, src: Any) -> Any:
-        """`src` (any namespace) as an array that :meth:`write` can copy into `dst` without failing:
+        """`src` (any namespace) as an array that `write` can copy into `dst` without failing:
         this namespace, ``dst``'s dtype, device and shape. Every conversion happens here."""
         from .._xp import same_device
 
@@ -418,11 +437,11 @@ class ArrayAdapter:
         dst[...] = src
 
     def backup(self, x: Any) -> Any:
-        """A plain copy of `x`'s current values, to restore them with :meth:`write`."""
+        """A plain copy of `x`'s current values, to restore them with `write`."""
         return self.copy(self.detach(x))
 
     def backups(self, xs: list[Any]) -> list[Any]:
-        """:meth:`backup` of each array in `xs`."""
+        """`backup` of each array in `xs`."""
         return [self.backup(x) for x in xs]
 
     # ---- memory ------------------------------------------------------------------
@@ -463,7 +482,7 @@ class ArrayAdapter:
     # ---- arithmetic --------------------------------------------------------------
 
     def inplace_ok(self, arrays: Sequence[Any]) -> bool:
-        """Whether a fresh result may be accumulated into in place (:meth:`axpy` with ``inplace``)."""
+        """Whether a fresh result may be accumulated into in place (`axpy` with ``inplace``)."""
         return False
 
     def axpy(self, acc: Any, x: Any, c: Any, inplace: bool) -> Any:
@@ -496,6 +515,37 @@ class ArrayAdapter:
         s = xp.vecdot(xf, xf)
         return xp.real(s) if self._is_complex(x.dtype) else s
 
+    # ---- checkpoints (fk.save, fk.load, fk.open) ------------------------------------
+
+    def to_host(self, x: Any) -> np.ndarray[Any, Any]:
+        """`x`'s values as a C-contiguous, little-endian NumPy array (for dtypes NumPy lacks, such
+        as torch's bfloat16, an unsigned integer of the same width holding the bytes). Generic:
+        DLPack, else ``np.asarray``."""
+        x = self.detach(x)
+        try:
+            v = np.from_dlpack(x)
+        except _UNSUPPORTED:
+            v = np.asarray(x)
+        return _little_endian(v)
+
+    def host_blocks(self, x: Any, target_bytes: int) -> list[Any] | None:
+        """For a lazy array: pieces of consecutive rows (first axis) of about `target_bytes`, to be
+        computed by `compute_blocks` and written one after the other; None for eager arrays."""
+        return None
+
+    def compute_blocks(self, blocks: list[Any]) -> list[np.ndarray[Any, Any]]:
+        """The values of `host_blocks` pieces, as `to_host` arrays, computed together."""
+        raise NotImplementedError
+
+    def from_stored(self, src: Any, like: Any) -> Any:
+        """A new array of this namespace holding the stored tensor `src` (``src.array()``: NumPy over a
+        copy-on-write memory map), on `like`'s device. Generic: ``asarray`` + ``to_device``."""
+        y = self.xp.asarray(src.array())
+        dev = self.device(like)
+        if dev is not None:
+            y = self.to_device(y, dev)
+        return y
+
     def _is_complex(self, dtype: Any) -> bool:
         """``isdtype(dtype, "complex floating")``, remembered per dtype (it costs µs per call)."""
         known = self._complex
@@ -503,6 +553,13 @@ class ArrayAdapter:
         if hit is None:
             hit = known[dtype] = bool(self.xp.isdtype(dtype, "complex floating"))
         return hit
+
+
+def _little_endian(v: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """`v` C-contiguous and little-endian (a copy only where needed)."""
+    if v.dtype.byteorder == ">":
+        v = v.astype(v.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(v)
 
 
 # ------------------------------------------------------------------ views by method calls
@@ -518,7 +575,7 @@ def method_views(p: Any, offsets: list[int], shapes: list[tuple[int, ...]]) -> l
 
 
 def method_view_source(offsets: list[int], shapes: list[tuple[int, ...]]) -> list[str]:
-    """The generated form of :func:`method_views`: ``v{k} = p[a:b].reshape(s)`` lines."""
+    """The generated form of `method_views`: ``v{k} = p[a:b].reshape(s)`` lines."""
     out = []
     for k, (o, s) in enumerate(zip(offsets, shapes, strict=True)):
         sl = f"p[{o}:{o + _size(s)}]"

@@ -29,3 +29,56 @@ class Adapter(MethodSlices):
     def host_view(self, x: Any) -> Any:
         """Lazy arrays have no memory yet: nothing to alias."""
         return None
+
+    def host_blocks(self, x: Any, target_bytes: int) -> list[Any] | None:
+        """Row blocks: the array's own chunks along the first axis, whole along the others (each is one
+        contiguous byte range of the file); a 0-d array is one block."""
+        import math
+
+        if x.ndim == 0:
+            return [x]
+        if any(math.isnan(c) for cs in x.chunks for c in cs):
+            msg = "the array has chunks of unknown size; call `x.compute_chunk_sizes()` first"
+            raise ValueError(msg)
+        if x.ndim > 1:
+            x = x.rechunk({i: -1 for i in range(1, x.ndim)})
+        return [x.blocks[i] for i in range(x.numblocks[0])]
+
+    def compute_blocks(self, blocks: list[Any]) -> list[Any]:
+        """One ``dask.compute`` call (the active scheduler: threads, or a ``dask.distributed`` client)."""
+        import importlib
+
+        import numpy as np
+
+        from ._base import _little_endian
+
+        dask: Any = importlib.import_module("dask")
+        return [_little_endian(np.asarray(b)) for b in dask.compute(*blocks)]
+
+    def from_stored(self, src: Any, like: Any) -> Any:
+        """A lazy array over the file: ``dask.array.from_array`` of a `LazyTensor` (picklable:
+        path and offset, no data), chunked along the first axis in blocks of about
+        `CHUNK_BYTES`; named by file, key, size and modification time, so opening a file twice
+        gives the same graph keys (read once when computed together)."""
+        import importlib
+        import math
+        import os
+
+        import numpy as np
+        from dask.base import tokenize
+
+        lazy = src.lazy()
+        shape = lazy.shape
+        chunks: Any = ()
+        if shape:
+            row = max(1, math.prod(shape[1:]) * lazy.dtype.itemsize)
+            chunks = (max(1, CHUNK_BYTES // row), *shape[1:])
+        st = os.stat(lazy.path)
+        name = "fk-open-" + tokenize(lazy.path, lazy.key, lazy.begin, st.st_size, st.st_mtime_ns)
+        meta = np.empty((0,) * len(shape), dtype=lazy.dtype)
+        da: Any = importlib.import_module("dask.array")
+        return da.from_array(lazy, chunks=chunks, name=name, lock=False, asarray=False, meta=meta)
+
+
+#: target size of one chunk of an opened checkpoint's tensors (``fk.open``), in bytes
+CHUNK_BYTES = 16 * 2**20

@@ -39,7 +39,7 @@ class Adapter(ArrayAdapter):
             return None
 
     def views(self, p: Any, offsets: list[int], shapes: list[tuple[int, ...]]) -> list[Any]:
-        """One ``split`` for up to :data:`SPLIT_MAX` parameters (bench_flat jax ``re(p)`` rows:
+        """One ``split`` for up to `SPLIT_MAX` parameters (bench_flat jax ``re(p)`` rows:
         eager JAX pays a dispatch per slice); method slices beyond."""
         if len(shapes) <= SPLIT_MAX:
             chunks = self.xp.split(p, offsets[1:])
@@ -47,7 +47,7 @@ class Adapter(ArrayAdapter):
         return method_views(p, offsets, shapes)
 
     def view_source(self, offsets: list[int], shapes: list[tuple[int, ...]], glb: dict[str, Any]) -> list[str]:
-        """The generated form of :meth:`views`."""
+        """The generated form of `views`."""
         if len(shapes) <= SPLIT_MAX:
             glb.update(SPLIT=self.xp.split, IDX=list(offsets[1:]))
             lines = ["    s = SPLIT(p, IDX)"]
@@ -59,3 +59,18 @@ class Adapter(ArrayAdapter):
     def copy(self, x: Any) -> Any:
         """Immutable: ``x.copy()`` gives a new buffer (same values)."""
         return x.copy()
+
+    def to_host(self, x: Any) -> Any:
+        """``np.asarray`` (bfloat16 comes back as ``ml_dtypes.bfloat16``, which JAX depends on)."""
+        import numpy as np
+
+        from ._base import _little_endian
+
+        return _little_endian(np.asarray(x))
+
+    def from_stored(self, src: Any, like: Any) -> Any:
+        """Copied to `like`'s sharding (devices), or the default device."""
+        import jax
+
+        sharding = getattr(like, "sharding", None)
+        return jax.device_put(src.array(), sharding)

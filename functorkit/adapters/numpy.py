@@ -7,12 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from ._base import _HOST, Layout, MethodSlices, _size, extent, normalise_layout
+from ._base import _HOST, Layout, MethodSlices, _little_endian, _size, extent, normalise_layout
 
 __all__ = ["Adapter"]
 
 
 #: above this many leaves, ``fill`` concatenates in one call
+_SMALL = 1 << 16  # elements: below this, fill concatenates
 _MANY = 256
 
 
@@ -44,10 +45,13 @@ class Adapter(MethodSlices):
 
     def fill(self, out: Any, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> None:
         """``np.copyto`` into reshaped slices (bench_flat ``re.flatten(out=)`` rows: no temporaries);
-        many leaves: one ``np.concatenate(..., out=out)`` (the per-leaf Python cost dominates there:
-        bench_flat's 1,000,000-leaf rows)."""
-        if len(leaves) > _MANY:
-            np.concatenate([x.reshape(-1) for x in leaves], out=out, casting="unsafe")
+        many leaves, or a small vector: one ``np.concatenate(..., out=out)`` (the per-leaf Python
+        cost dominates there: bench_flat's 1,000,000-leaf rows and its MLP ``destructure(model)``
+        row; a non-contiguous leaf then costs a temporary copy, which a small vector can afford)."""
+        if not leaves:
+            return
+        if len(leaves) > _MANY or out.shape[0] <= _SMALL:
+            np.concatenate(leaves, axis=None, out=out, casting="unsafe")
             return
         for x, o, s in zip(leaves, offsets, shapes, strict=True):
             np.copyto(out[o : o + _size(s)].reshape(s), x, casting="unsafe")
@@ -117,6 +121,13 @@ class Adapter(MethodSlices):
         lo, hi = extent(x.__array_interface__["data"][0], x.shape, x.strides, x.itemsize)
         return _HOST, lo, hi
 
+    def overlap_problem(self, x: Any) -> str | None:
+        """A C- or Fortran-contiguous array has no two elements in one place: no layout to compute
+        (bench_scale ``fk.load_into`` row)."""
+        if x.flags.forc:
+            return None
+        return super().overlap_problem(x)
+
     def memory_layout(self, x: Any) -> Layout | None:
         if x.size == 0:
             return None
@@ -140,3 +151,11 @@ class Adapter(MethodSlices):
             acc += x
             return acc
         return acc + x
+
+    def to_host(self, x: Any) -> np.ndarray[Any, Any]:
+        """The array itself where it is contiguous and little-endian (no copy)."""
+        return _little_endian(np.asarray(x))
+
+    def from_stored(self, src: Any, like: Any) -> Any:
+        """A view of the copy-on-write memory map (pages are read when touched; writes stay private)."""
+        return src.array()

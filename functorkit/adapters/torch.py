@@ -1,5 +1,5 @@
-"""PyTorch: tensors as arrays (the :class:`Adapter`) and ``torch.nn.Module`` as a node
-(:func:`node_for`); imported only once torch is.
+"""PyTorch: tensors as arrays (the `Adapter`) and ``torch.nn.Module`` as a node
+(`node_for`); imported only once torch is.
 
 Array operations
 ----------------
@@ -9,11 +9,11 @@ concatenation in backward) or ``as_strided``, and NumPy views of CPU tensors
 where NumPy is faster. Two private torch APIs are feature-detected once, at
 import, each with a fallback (tests monkeypatch these module globals):
 
-* :data:`is_functorch_wrapped` (``torch._C._functorch.is_functorch_wrapped_tensor``):
+* `is_functorch_wrapped` (``torch._C._functorch.is_functorch_wrapped_tensor``):
   tensors inside ``torch.func`` transforms must not be written in place or
   viewed with ``as_strided``. Fallback: every tensor counts as wrapped (always
   the out-of-place / ``split_with_sizes`` path: correct, a little slower).
-* :data:`has_python_dispatch` (``torch._C._dispatch_keys`` and
+* `has_python_dispatch` (``torch._C._dispatch_keys`` and
   ``DispatchKey.Python``): wrapper subclasses such as ``FakeTensor`` have no
   real memory. Fallback: every tensor subclass counts as such (no alias check
   for subclasses; plain tensors are unaffected).
@@ -182,7 +182,7 @@ class Adapter(ArrayAdapter):
 
     def view_source(self, offsets: list[int], shapes: list[tuple[int, ...]], glb: dict[str, Any]) -> list[str]:
         """``as_strided`` (cheapest: bench_flat torch ``re(p)`` rows) unless autograd, a functorch
-        wrapper or a strided ``p`` is involved; then one ``split_with_sizes`` (see :meth:`views`)."""
+        wrapper or a strided ``p`` is involved; then one ``split_with_sizes`` (see `views`)."""
         glb["WRAPPED"] = _wrapped_or_compiling
         glb["SIZES"] = [_size(s) for s in shapes]
         lines = [
@@ -219,7 +219,7 @@ class Adapter(ArrayAdapter):
     def new_flat(
         self, dtype: Any, device: Any, n: int, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]
     ) -> Any:
-        """:meth:`empty` + :meth:`fill` (no autograd history: filled under ``no_grad``)."""
+        """`empty` + `fill` (no autograd history: filled under ``no_grad``)."""
         out = self.empty(dtype, device, n)
         self.fill(out, leaves, offsets, shapes)
         return out
@@ -363,6 +363,7 @@ class Adapter(ArrayAdapter):
             return x.reshape(-1).vdot(y.reshape(-1))
         return super().vdot(x, y)
 
+    # ---- checkpoints -------------------------------------------------------------------
 
     def sum_squares(self, x: Any) -> Any:
         """BLAS ``dot`` of the flattened tensor with itself (bench_arith ``norm`` torch rows: the
@@ -373,6 +374,45 @@ class Adapter(ArrayAdapter):
         if x.dtype in _VDOT_DTYPES:
             return xf.vdot(xf).real
         return super().sum_squares(x)
+
+    def to_host(self, x: Any) -> Any:
+        """Detached, on the CPU, contiguous, as NumPy (no copy for a contiguous CPU tensor); dtypes
+        NumPy lacks (bfloat16, float8) as same-width integers holding the bytes."""
+        t = x.detach()
+        if t.device.type == "meta":
+            msg = "it is a `meta` tensor, which holds no values; materialise the model first"
+            raise TypeError(msg)
+        t = t.resolve_conj().resolve_neg().cpu().contiguous()
+        stand = _STAND_IN.get(t.dtype)
+        if stand is not None:
+            return t.view(stand).numpy()
+        return t.numpy()
+
+    def from_stored(self, src: Any, like: Any) -> Any:
+        """``torch.from_numpy`` over the copy-on-write memory map (no copy on the CPU; bfloat16 and
+        float8 reinterpreted in place with ``Tensor.view(dtype)``), moved to `like`'s device unless
+        that is ``cpu`` or ``meta`` (a meta model is a template: the result is on the CPU); an
+        ``nn.Parameter`` in `like` gives an ``nn.Parameter`` with its ``requires_grad``."""
+        raw = src.raw()
+        if raw.dtype.kind == "u" and raw.dtype.itemsize > 1:
+            raw = raw.view(raw.dtype.str.replace("u", "i"))  # torch reads uint16+ only recently
+        t = torch.from_numpy(raw)
+        want = getattr(torch, src.name)
+        if t.dtype != want:
+            t = t.view(want)
+        dev = getattr(like, "device", None)
+        if dev is not None and dev.type not in ("cpu", "meta"):
+            t = t.to(dev)
+        if isinstance(like, torch.nn.Parameter):
+            t = torch.nn.Parameter(t, requires_grad=like.requires_grad)
+        return t
+
+
+_STAND_IN = {
+    d: torch.int16 if d == torch.bfloat16 else torch.uint8
+    for d in (torch.bfloat16, getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None))
+    if d is not None
+}
 
 
 _VDOT_DTYPES = frozenset({torch.float32, torch.float64, torch.complex64, torch.complex128})
@@ -553,6 +593,12 @@ def _trainable(m: Any) -> frozenset[Any]:
     return frozenset(out)
 
 
+def _state_skip(aux: Any) -> frozenset[Any] | None:
+    """The child keys ``state_dict()`` leaves out: the module's non-persistent buffers."""
+    names = aux[1].get("_non_persistent_buffers_set")
+    return frozenset(map(_key, names)) if names else None
+
+
 def _kind_of(cls: type) -> Any:
     """The node kind two trees are matched by. ``torch.nn.utils.parametrize`` gives every
     parametrized module a class of its own (``ParametrizedLinear``, made per instance, subclassing
@@ -584,6 +630,12 @@ def node_for(cls: type) -> NodeDef | None:
         elif _is_compiled_module(cls):
             fixup = _refresh_compiled
         nd = _DEFS[cls] = NodeDef(
-            cls, _flatten, _make_unflatten(copied, fixup), _trainable, owns=True, kind=_kind_of(cls)
+            cls,
+            _flatten,
+            _make_unflatten(copied, fixup),
+            _trainable,
+            owns=True,
+            kind=_kind_of(cls),
+            state_skip=_state_skip,
         )
     return nd

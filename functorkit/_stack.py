@@ -1,0 +1,269 @@
+"""fk.stack and fk.unstack: models with a leading axis, for ensembles, on the one recorded tree definition.
+
+``stack`` records every model (`record`), checks that their definitions
+are equal (``TreeDef ==``; the first differing path is named through
+``flatten_up_to`` and the ties and trainability of the expanded definitions),
+stacks each distinct array leaf once with its namespace's ``xp.stack`` and
+rebuilds on the first model's definition, so ties stay tied. ``unstack``
+records the stacked model and rebuilds it once per index with copies of
+``x[i, ...]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ._errors import PolicyError, StructureError
+from ._keypath import KeyPath, safe_repr
+from ._policy import check_policy
+from ._record import record
+from ._treedef import TreeDef, _aux_equal
+from ._xp import Kind, describe_kind, device_of, is_array, namespace, same_device
+from .adapters import adapter_of
+
+__all__ = ["stack", "unstack"]
+
+
+def _stack_mismatch(td0: TreeDef, tdi: TreeDef, models: list[Any], i: int) -> StructureError:
+    """The error for models[i] whose definition differs from models[0]'s: names the first path."""
+    names = tuple(f"models[{k}]" for k in range(len(models)))
+    td0.expanded().flatten_up_to(models[i], which=i, names=names)  # raises for node types, keys, lengths
+    e0, ei = td0.expanded(), tdi.expanded()
+    what = "differs in its static (non-child) data or in which sub-trees are shared"
+    path = KeyPath(())
+    if e0.num_positions == ei.num_positions:
+        lp0, lpi = e0.leaf_positions(), ei.leaf_positions()
+        pl0: Any = e0._pos_leaf or range(e0.num_positions)
+        pli: Any = ei._pos_leaf or range(ei.num_positions)
+        for p in range(e0.num_positions):
+            if lp0[pl0[p]] != lpi[pli[p]]:
+                path = e0.position_paths()[p]
+                what = "differs in ties (which places hold one object)"
+                break
+        else:
+            for j, (a, b) in enumerate(zip(td0.trainable, tdi.trainable)):
+                if a != b:
+                    path = td0.paths[j]
+                    what = f"differs in trainability (trainable in {names[0 if a else i]} only)"
+                    break
+    msg = (
+        f"fk.stack: at {path.display}: {names[i]} {what} from {names[0]}. Expected models of one "
+        "structure (fk.flatten(m)[1] equal for all); fix: make the models alike (same ties, frozen "
+        "parameters and static data)."
+    )
+    return StructureError(msg)
+
+
+def _kind(x: Any) -> Kind:
+    return Kind(namespace(x), x.dtype, device_of(x))
+
+
+def _stack_leaf(xs: list[Any], path: KeyPath, pol: str) -> Any:
+    """One stacked array from the arrays `xs` (one per model), after the checks of `pol`."""
+    x0 = xs[0]
+    ad = adapter_of(x0)
+    t0, dt0, dev0, shape0 = type(x0), x0.dtype, ad.device(x0), x0.shape
+    for x in xs:  # the common case: one type, dtype, device and shape everywhere
+        if type(x) is not t0 or x.shape != shape0 or not (x.dtype is dt0 or x.dtype == dt0):
+            break
+        dev = ad.device(x)
+        if not (dev is dev0 or dev == dev0):
+            break
+    else:
+        return ad.xp.stack(xs, axis=0)
+    k0 = _kind(x0)
+    shape0 = tuple(x0.shape)
+    kinds = [k0]
+    for i in range(1, len(xs)):
+        x = xs[i]
+        if not is_array(x):
+            msg = (
+                f"fk.stack: at {path.display}: models[0] holds an array, models[{i}] a {type(x).__name__}. "
+                "Expected an array of the same shape in every model; fix that model."
+            )
+            raise StructureError(msg)
+        if tuple(x.shape) != shape0:
+            msg = (
+                f"fk.stack: at {path.display}: models[0] holds shape {shape0}, models[{i}] shape "
+                f"{tuple(x.shape)}. Expected one shape per place in every model; fix that model."
+            )
+            raise StructureError(msg)
+        k = _kind(x)
+        kinds.append(k)
+        if k.xp is not k0.xp or (pol == "strict" and (k.dtype != k0.dtype or not same_device(k.device, k0.device))):
+            allowed = k.xp is k0.xp
+            fix = (
+                "convert the models, or pass policy='model' (a common dtype by result_type, on models[0]'s device)"
+                if allowed
+                else "convert the models to one array library (no policy mixes namespaces)"
+            )
+            msg = (
+                f"fk.stack: at {path.display}: models[0] holds {describe_kind(k0)}, models[{i}] holds "
+                f"{describe_kind(k)}; policy={pol!r} converts nothing. Expected one dtype and device per "
+                f"place in every model; fix: {fix}."
+            )
+            raise PolicyError(msg)
+    xp = k0.xp
+    dtypes: list[Any] = []
+    for k in kinds:
+        if not any(k.dtype == d for d in dtypes):
+            dtypes.append(k.dtype)
+    if len(dtypes) > 1 or any(not same_device(k.device, k0.device) for k in kinds):
+        dtype = dtypes[0] if len(dtypes) == 1 else xp.result_type(*dtypes)
+        conv = []
+        for x, k in zip(xs, kinds):
+            if k.dtype != dtype:
+                x = xp.astype(x, dtype)
+            if not same_device(k.device, k0.device):
+                x = adapter_of(x).to_device(x, k0.device)
+            conv.append(x)
+        xs = conv
+    return xp.stack(xs, axis=0)
+
+
+def stack(models: Iterable[Any], /, *, policy: str = "strict") -> Any:
+    """One model whose arrays have a leading axis: ``out[i]`` holds ``models[i]``'s values.
+
+    Parameters
+    ----------
+    models
+        Two or more (or one) models of one structure: the same node types,
+        keys, ties, shared sub-trees and trainable leaves
+        (``fk.flatten(m)[1]`` equal).
+    policy
+        As in `destructure`. ``"strict"`` (default): the arrays at one
+        place must have one dtype and device in every model.
+        ``"model"``/``"flat"`` (alike here): dtypes are promoted by
+        ``result_type`` and arrays moved to ``models[0]``'s device. Arrays of
+        two namespaces raise under every policy.
+
+    Returns
+    -------
+    model
+        Rebuilt on ``models[0]``'s structure (its node types and static
+        data; an ``nn.Module`` is a new module of its class, as from
+        ``fk.fmap``). Every array leaf (parameters, buffers, integer arrays)
+        is ``xp.stack`` of the models' arrays (a new array; autograd records
+        the stack as ``torch.stack`` does); a tied array is stacked once and
+        the result is tied at the same places. Other leaves are ``models[0]``'s
+        objects and must be equal in every model.
+
+    Raises
+    ------
+    StructureError
+        Naming the first path where a model differs from ``models[0]``
+        (structure, ties, shapes, constants).
+    PolicyError
+        For dtypes or devices that `policy` does not convert.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> w = np.ones(2)
+    >>> m1 = {"enc": w, "dec": w, "act": "relu"}
+    >>> v = np.full(2, 2.0)
+    >>> s = fk.stack([m1, {"enc": v, "dec": v, "act": "relu"}])
+    >>> s["enc"].shape, s["enc"] is s["dec"], s["act"]
+    ((2, 2), True, 'relu')
+    >>> [m["enc"] for m in fk.unstack(s)]
+    [array([1., 1.]), array([2., 2.])]
+    """
+    pol = check_policy(policy, "fk.stack")
+    if isinstance(models, (str, bytes)) or not isinstance(models, Iterable):
+        msg = f"fk.stack: `models` must be a list of models, got {type(models).__name__}."
+        raise TypeError(msg)
+    ms = list(models)
+    if not ms:
+        msg = "fk.stack: `models` is empty; expected at least one model."
+        raise ValueError(msg)
+    recs = [record(m) for m in ms]
+    leaves0, td0 = recs[0]
+    for i in range(1, len(ms)):
+        if recs[i][1] != td0:
+            raise _stack_mismatch(td0, recs[i][1], ms, i)
+    paths: tuple[KeyPath, ...] | None = None
+    out = []
+    for j, x0 in enumerate(leaves0):
+        xs = [lv[j] for lv, _ in recs]
+        if is_array(x0):
+            if paths is None:
+                paths = td0.paths
+            out.append(_stack_leaf(xs, paths[j], pol))
+            continue
+        for i in range(1, len(xs)):
+            if not _aux_equal(x0, xs[i]):
+                path = td0.paths[j]
+                msg = (
+                    f"fk.stack: at {path.display}: models[0] holds {safe_repr(x0)}, models[{i}] holds "
+                    f"{safe_repr(xs[i])}. Expected the same constant (a leaf that is not an array) in every "
+                    "model, since the stacked model keeps one; fix: make them equal, or make the leaf an array."
+                )
+                raise StructureError(msg)
+        out.append(x0)
+    return td0.unflatten(out)
+
+
+def unstack(stacked: Any, /) -> list[Any]:
+    """The models of a stacked model: the inverse of `stack`.
+
+    Parameters
+    ----------
+    stacked
+        A model whose array leaves all have one leading axis of length ``n``.
+
+    Returns
+    -------
+    list
+        ``n`` models; model ``i`` holds a **copy** of ``x[i]`` for each array
+        leaf ``x`` (no memory shared with `stacked` or between the models;
+        autograd kept where the library has it), ties and shared sub-trees
+        kept. Leaves that are not arrays are the same objects in every model.
+
+    Raises
+    ------
+    StructureError
+        If an array has no leading axis (0-d) or its length differs from the
+        first array's; the message names both paths.
+    ValueError
+        If `stacked` holds no array.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> ms = fk.unstack({"w": np.arange(6.0).reshape(3, 2), "lr": 0.1})
+    >>> len(ms), ms[2]
+    (3, {'w': array([4., 5.]), 'lr': 0.1})
+    """
+    leaves, td = record(stacked)
+    n: int | None = None
+    first = -1
+    for j, x in enumerate(leaves):
+        if not is_array(x):
+            continue
+        shape = tuple(x.shape)
+        if not shape or (n is not None and shape[0] != n):
+            paths = td.paths
+            found = "a 0-d array" if not shape else f"leading axis {shape[0]}"
+            lead = f"length {n}, as at {paths[first].display}" if n is not None else "a leading axis"
+            msg = (
+                f"fk.unstack: at {paths[j].display}: expected an array with {lead}, found {found} "
+                f"(shape {shape}). Fix: pass a model made by fk.stack, whose arrays all have one leading axis."
+            )
+            raise StructureError(msg)
+        if n is None:
+            n, first = int(shape[0]), j
+    if n is None:
+        msg = "fk.unstack: the model holds no array, so it has no leading axis to unstack; pass fk.stack's result."
+        raise ValueError(msg)
+    arrays = [j for j, x in enumerate(leaves) if is_array(x)]
+    out = []
+    for i in range(n):
+        new = list(leaves)
+        for j in arrays:
+            x = leaves[j]
+            new[j] = adapter_of(x).copy(x[i, ...])
+        out.append(td.unflatten(new))
+    return out

@@ -1,0 +1,15 @@
+"""The libraries whose pytree registries functorkit bridges (SPEC section 9; docs/interop.md).
+
+``_registry.py`` reads these tables; a glue module is imported only once its library is in
+``sys.modules``. In: each glue module's ``node_for(cls)`` (a NodeDef or None), asked in this order.
+Out: the glue modules of `EXPORT_TO` also have ``export(cls, static)``.
+"""
+
+#: library module name -> glue module, in lookup order
+PYTREES: tuple[tuple[str, str], ...] = (
+    ("jax", "functorkit.adapters._pytree_jax"),
+    ("optree", "functorkit.adapters._pytree_optree"),
+    ("torch", "functorkit.adapters._pytree_torch"),
+)
+#: the libraries functorkit's registered classes (and Restructure, TreeDef) are exported to
+EXPORT_TO: tuple[tuple[str, str], ...] = (PYTREES[0], PYTREES[2])

@@ -1,0 +1,141 @@
+"""destructure's plan for a small container tree met before (`_destructure._Plan`).
+
+The plan reuses the analysis of an earlier call on the same definition; every
+fact it was decided on, changed, must lead back to the full analysis, and the
+per-call checks (aliasing, policy on a new kind) must still run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import functorkit as fk
+from functorkit import _destructure, _record
+
+from conftest import to_numpy
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the calls that took the plan (a fresh plan cache for each test)."""
+    monkeypatch.setattr(_record, "_PLANS", {})
+    count: list[int] = []
+    original = _destructure._Plan.run
+
+    def counting(self: Any, leaves: Any, td: Any) -> Any:
+        count.append(1)
+        return original(self, leaves, td)
+
+    monkeypatch.setattr(_destructure._Plan, "run", counting)
+    return count
+
+
+def _model(xp: Any, scale: float = 1.0) -> dict[str, Any]:
+    return {
+        "l1": {"w": xp.asarray([[1.0, 2.0], [3.0, 4.0]]) * scale, "b": xp.asarray([0.5, 0.25]) * scale},
+        "steps": xp.asarray([3]),
+        "name": "mlp",
+        "l2": [xp.asarray([5.0]) * scale, None],
+    }
+
+
+def _warm(model: Any) -> None:
+    for _ in range(3):
+        fk.destructure(model)
+
+
+def test_plan_is_taken_and_agrees(xp: Any, runs: list[int]) -> None:
+    _warm(_model(xp))
+    runs.clear()
+    model = _model(xp, 2.0)
+    flat, re = fk.destructure(model)
+    assert runs == [1], "the plan for a definition met before was not taken"
+    np.testing.assert_array_equal(to_numpy(flat), [2.0, 4.0, 6.0, 8.0, 1.0, 0.5, 10.0])
+    out = re(flat * 3)
+    np.testing.assert_array_equal(to_numpy(out["l1"]["w"]), to_numpy(model["l1"]["w"]) * 3)
+    assert out["steps"] is model["steps"]
+    assert out["name"] == "mlp"
+    assert out["l2"][1] is None
+
+
+def test_plan_off_when_forced_off(xp: Any, runs: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_record, "PLAN_NODES", 0)
+    _warm(_model(xp))
+    runs.clear()
+    fk.destructure(_model(xp))
+    assert runs == []
+
+
+def test_new_constants_are_carried(xp: Any, runs: list[int]) -> None:
+    first = _model(xp)
+    _warm(first)
+    flat, re = fk.destructure(first)
+    re(flat)  # generate its code
+    second = _model(xp)
+    second["name"] = "other"
+    second["steps"] = xp.asarray([9])
+    flat2, re2 = fk.destructure(second)
+    assert runs
+    out = re2(flat2)
+    assert out["name"] == "other"
+    assert out["steps"] is second["steps"]
+    assert re(flat)["name"] == "mlp"  # the first rebuilder keeps its own constants
+
+
+@pytest.mark.parametrize("change", ["dtype", "int_to_float", "constant_to_array", "shape"])
+def test_changed_fact_takes_the_full_analysis(xp: Any, runs: list[int], change: str) -> None:
+    _warm(_model(xp))
+    runs.clear()
+    model = _model(xp)
+    other = xp.float32 if model["l1"]["w"].dtype == xp.float64 else xp.float64
+    if change == "dtype":
+        model["l1"] = {"w": xp.astype(model["l1"]["w"], other), "b": xp.astype(model["l1"]["b"], other)}
+        model["l2"] = [xp.astype(model["l2"][0], other), None]
+    elif change == "int_to_float":
+        model["steps"] = xp.asarray([3.0])
+    elif change == "constant_to_array":
+        model["l2"] = [model["l2"][0], xp.asarray([7.0])]
+    else:
+        model["l2"] = [xp.asarray([5.0, 6.0]), None]
+    flat, re = fk.destructure(model)
+    assert runs == []
+    expected = {"dtype": 7, "int_to_float": 8, "constant_to_array": 8, "shape": 8}[change]
+    assert flat.shape == (expected,)
+    if change == "dtype":
+        assert flat.dtype == other
+    out = re(flat)
+    assert fk.leaves(out)[0].shape == (2, 2)
+
+
+def test_mixed_dtypes_still_refused(xp: Any, runs: list[int]) -> None:
+    _warm(_model(xp))
+    model = _model(xp)
+    other = xp.float32 if model["l1"]["w"].dtype == xp.float64 else xp.float64
+    model["l2"] = [xp.astype(model["l2"][0], other), None]
+    with pytest.raises(fk.PolicyError):
+        fk.destructure(model)
+
+
+def test_aliases_still_found_on_the_plan() -> None:
+    base = np.arange(8.0)
+    tree = {"a": np.zeros(4), "b": np.zeros(4)}
+    _warm(tree)
+    with pytest.raises(fk.StructureError, match="share memory"):
+        fk.destructure({"a": base[:4], "b": base[2:6]})
+
+
+def test_device_change_is_seen() -> None:
+    torch = pytest.importorskip("torch")
+    tree = {"w": torch.ones(2), "b": torch.zeros(2)}
+    _warm(tree)
+    flat, _ = fk.destructure({"w": torch.ones(2, device="meta"), "b": torch.zeros(2, device="meta")})
+    assert flat.device.type == "meta"
+    with pytest.raises(fk.PolicyError):
+        fk.destructure({"w": torch.ones(2, device="meta"), "b": torch.zeros(2)})
