@@ -1,4 +1,4 @@
-"""Type names of the public API: :data:`Policy` and the :data:`Tree` type variable.
+"""Type names of the public API: `Policy` and the `Tree` type variable.
 
 ``fk.Policy`` is the type of every ``policy=`` argument, for users who pass a policy
 through their own typed code (``def train(..., policy: fk.Policy = "strict")``).
@@ -29,7 +29,7 @@ setattr(  # noqa: B010
 
     ``"strict"``: no conversion; ``"model"``: ``re(p)`` casts each parameter to its
     own dtype and device; ``"flat"``: every parameter takes ``p``'s (see
-    :func:`functorkit.destructure`).
+    `functorkit.destructure`).
 
     Examples
     --------

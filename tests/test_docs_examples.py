@@ -106,7 +106,7 @@ def test_page_declares_its_imports(page: Path) -> None:
 
 
 # torch's own forward-AD setup (torch.md's jvp) scripts decompositions with the deprecated torch.jit.script
-@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:`torch.jit.script:DeprecationWarning")  # script, script_method (Inductor)
 @pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=_rel)
 def test_page_examples_run(page: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     text = page.read_text(encoding="utf-8")

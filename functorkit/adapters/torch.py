@@ -22,12 +22,12 @@ import, each with a fallback (tests monkeypatch these module globals):
 -----------------
 Neither probe can be traced by Dynamo, nor can NumPy views of tensors,
 ``data_ptr`` or ``is_inference``. Every method that uses one first asks
-:func:`compiling` (``torch.compiler.is_compiling()``, a constant while Dynamo
+`compiling` (``torch.compiler.is_compiling()``, a constant while Dynamo
 traces): under it, tensors count as wrapped (no in-place accumulation, no
 ``as_strided``: the out-of-place paths, which Inductor fuses anyway), copies
 are ``copy_`` and memory checks are skipped (fake tensors have no memory).
-The module adds :func:`compiling` to the core's tracing probes, so generated
-code is not made while tracing either (:func:`functorkit.adapters.tracing`).
+The module adds `compiling` to the core's tracing probes, so generated
+code is not made while tracing either (`functorkit.adapters.tracing`).
 
 Modules
 -------
