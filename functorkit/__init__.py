@@ -7,13 +7,9 @@ JAX, CuPy, Dask and array-api-strict arrays, with no silent conversion.
 
 from ._arith import add as add
 from ._arith import copy as copy
-from ._arith import dot as dot
-from ._arith import filter_normalize as filter_normalize
 from ._arith import lerp as lerp
 from ._arith import lincomb as lincomb
 from ._arith import mean as mean
-from ._arith import norm as norm
-from ._arith import normalize as normalize
 from ._arith import scale as scale
 from ._arith import sub as sub
 from ._checkpoint import load as load
@@ -27,6 +23,10 @@ from ._keypath import KeyPath as KeyPath
 from ._load import load_into as load_into
 from ._record import flatten as flatten
 from ._record import unflatten as unflatten
+from ._reduce import dot as dot
+from ._reduce import filter_normalize as filter_normalize
+from ._reduce import norm as norm
+from ._reduce import normalize as normalize
 from ._registry import register as register
 from ._registry import register_dataclass as register_dataclass
 from ._registry import register_leaf as register_leaf

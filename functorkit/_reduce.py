@@ -1,0 +1,357 @@
+"""Reductions and normalisation of whole models: dot, norm, normalize, filter_normalize.
+
+Built on the lock-step engine of ``_arith.py`` (`_reduce_params` for the 0-d results,
+`_map_params` for the rescaled models), with its rules: operands are the parameters (or
+every floating array with ``trainable_only=False``), one namespace and device per result,
+nothing moved to the host. ``fk.norm`` sums ``|x|**p`` over every array before one guarded
+root, so its gradients are finite at zero arrays and at an all-zero model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+
+from ._arith import _as_array, _describe, _map_params, _real_dtype, _reduce_params
+from ._keypath import KeyPath
+from ._typing import Tree as T
+from ._xp import namespace
+from .adapters._base import adapter_of
+
+__all__ = ["dot", "filter_normalize", "norm", "normalize"]
+
+
+# --------------------------------------------------------------------------- reductions
+
+
+def _check_ord(ord: Any, fname: str) -> float:
+    if isinstance(ord, (bool, np.bool_)) or not isinstance(ord, (int, float, np.integer, np.floating)):
+        msg = f"fk.{fname}: `ord` must be a real number (2, 1, math.inf, -math.inf, 0 or any p), got {ord!r}."
+        raise TypeError(msg)
+    o = float(ord)
+    if math.isnan(o):
+        msg = f"fk.{fname}: `ord` must not be NaN."
+        raise ValueError(msg)
+    return o
+
+
+def _vector_norm(xp: Any, x: Any, *, axis: Any = None, keepdims: bool = False, ord: float = 2.0) -> Any:
+    """``xp.linalg.vector_norm``, or the same computed by hand where a namespace lacks it."""
+    linalg = getattr(xp, "linalg", None)
+    vn = getattr(linalg, "vector_norm", None)
+    o: float | int = int(ord) if ord.is_integer() else ord
+    if vn is not None:
+        return vn(x, axis=axis, keepdims=keepdims, ord=o)
+    ax = x if axis is not None else xp.reshape(x, (-1,))
+    ab = xp.abs(ax)
+    if ord == math.inf:
+        return xp.max(ab, axis=axis, keepdims=keepdims)
+    if ord == -math.inf:
+        return xp.min(ab, axis=axis, keepdims=keepdims)
+    if ord == 0:
+        return xp.sum(xp.astype(ab != 0, ab.dtype), axis=axis, keepdims=keepdims)
+    if ord == 1:
+        return xp.sum(ab, axis=axis, keepdims=keepdims)
+    if ord == 2:
+        return xp.sqrt(xp.sum(ab * ab, axis=axis, keepdims=keepdims))
+    return xp.sum(ab**o, axis=axis, keepdims=keepdims) ** (1.0 / o)
+
+
+def _flat(xp: Any, x: Any) -> Any:
+    return xp.reshape(x, (-1,))
+
+
+def _leaf_dot(xp: Any, x: Any, others: list[Any]) -> Any:
+    return adapter_of(x).vdot(x, others[0])
+
+
+def dot(a: T, b: T, /, *, trainable_only: bool = True) -> Any:
+    """The inner product of two models' parameters: ``sum(vdot(pa, pb))``, a 0-d array.
+
+    Like ``numpy.vdot`` (and the array API ``vecdot``), the first argument is
+    conjugated for complex parameters. A tied parameter (one array at several
+    places) counts once. The result is a 0-d array in the parameters'
+    namespace and on their device, of the dtype their values promote to;
+    nothing is moved to the host (call ``float()`` yourself).
+    ``trainable_only=False`` includes every floating array (buffers too).
+
+    Raises
+    ------
+    ValueError
+        The models have no parameters.
+    StructureError, PolicyError
+        As for `add`; `PolicyError` also when the parameters span
+        several namespaces or devices (no single place for the result).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> a = {"w": np.array([1.0, 2.0]), "b": np.array([3.0])}
+    >>> float(fk.dot(a, a))
+    14.0
+    """
+    xp, parts = _reduce_params("dot", ("a", "b"), (a, b), _leaf_dot, trainable_only)
+    if len(parts) == 1:
+        return _as_array(parts[0])
+    return _as_array(xp.sum(xp.stack(parts)))
+
+
+def norm(a: Any, /, *, ord: float = 2, trainable_only: bool = True) -> Any:
+    """The vector norm of all of a model's parameters taken together, a 0-d array.
+
+    Equal to ``numpy.linalg.norm`` of the concatenation of every distinct
+    parameter (a tie counts once), for the vector orders of the array API's
+    ``vector_norm``; absolute values are always taken.
+
+    Parameters
+    ----------
+    a
+        The model.
+    ord
+        ``2`` (default, Euclidean), ``1``, ``math.inf`` (largest absolute
+        value), ``-math.inf`` (smallest), ``0`` (number of non-zero entries,
+        as a float) or any other real ``p`` (``sum(|x|**p) ** (1/p)``).
+    trainable_only
+        True (default): parameters only, as described above. False: every
+        floating or complex array (buffers, frozen parameters) too.
+
+    Returns
+    -------
+    norm : array
+        A 0-d array in the parameters' namespace and on their device (real
+        dtype for complex parameters); nothing is moved to the host.
+
+    Raises
+    ------
+    ValueError
+        The model has no parameters, or `ord` is NaN.
+    PolicyError
+        The parameters span several namespaces or devices.
+
+    Notes
+    -----
+    Gradients are finite everywhere, also where arrays or the whole model
+    are zero (zero-initialised biases): for ``ord=2`` the squares of every
+    array are summed first and one square root is taken (a norm of
+    per-array norms has no gradient at an all-zero array), and the root is
+    guarded so that the gradient at an all-zero model is 0, the subgradient
+    ``torch.linalg.vector_norm`` uses. Other powers ``p`` likewise sum
+    ``|x|**p`` before the one root.
+
+    Examples
+    --------
+    >>> import math
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> m = {"w": np.array([3.0, -4.0]), "b": np.array([12.0])}
+    >>> float(fk.norm(m)), float(fk.norm(m, ord=1)), float(fk.norm(m, ord=math.inf))
+    (13.0, 19.0, 12.0)
+    """
+    o = _check_ord(ord, "norm")
+    return _norm(a, o, "norm", trainable_only)
+
+
+#: small arrays are concatenated into chunks of about this many elements for one dot product each
+_CHUNK = 1 << 16
+
+
+def _sums_of_squares(ad: Any, arrays: list[Any]) -> list[Any]:
+    """``sum(|x|**2)`` of every array, as a few 0-d partial sums: arrays of at least ``_CHUNK``
+    elements one dot product each; smaller ones concatenated into chunks first (a million tiny
+    arrays cost a million dot products otherwise: bench_scale's ``fk.norm`` row)."""
+    xp = ad.xp
+    out: list[Any] = []
+    chunk: list[Any] = []
+    size = 0
+    for x in arrays:
+        n = _numel(x)
+        if n >= _CHUNK:
+            out.append(ad.sum_squares(x))
+            continue
+        chunk.append(xp.reshape(x, (-1,)))
+        size += n
+        if size >= _CHUNK:
+            out.append(ad.sum_squares(xp.concat(chunk) if len(chunk) > 1 else chunk[0]))
+            chunk, size = [], 0
+    if chunk:
+        out.append(ad.sum_squares(xp.concat(chunk) if len(chunk) > 1 else chunk[0]))
+    return out
+
+
+def _numel(x: Any) -> int:
+    n = 1
+    for d in x.shape:
+        n *= int(d)
+    return n
+
+
+def _norm(a: Any, o: float, fname: str, trainable_only: bool = True) -> Any:
+    power = o not in (0.0, 1.0, math.inf, -math.inf)  # summed as |x|**o, then one root
+
+    def leaf(xp: Any, x: Any, others: list[Any]) -> Any:
+        if o == 2:
+            return x  # reduced below, many small arrays at once
+        if power:
+            return xp.sum(xp.abs(x) ** o)
+        return _vector_norm(xp, x, ord=o)
+
+    xp, parts = _reduce_params(fname, ("a",), (a,), leaf, trainable_only)
+    if o == 2:
+        ad = adapter_of(parts[0])
+        sq = _sums_of_squares(ad, parts)
+        total = sq[0] if len(sq) == 1 else xp.sum(xp.stack(sq))
+        return _as_array(_root(xp, ad, total, 2.0))
+    if len(parts) == 1 and not power:
+        return _as_array(parts[0])
+    stacked = xp.stack(parts)
+    if power:
+        return _as_array(_root(xp, adapter_of(parts[0]), xp.sum(stacked), o))
+    if o == 0:
+        return _as_array(xp.sum(stacked))
+    return _as_array(_vector_norm(xp, stacked, ord=o))
+
+
+def _root(xp: Any, ad: Any, total: Any, o: float) -> Any:
+    """``total ** (1/o)`` with a finite gradient at ``total == 0`` on backends with autodiff
+    (the gradient there is 0: ``where`` on a safe input, so no ``inf * 0``)."""
+    if not ad.autodiff:
+        return xp.sqrt(total) if o == 2 else total ** (1.0 / o)
+    zero = total == 0
+    safe = xp.where(zero, xp.ones_like(total), total)
+    root = xp.sqrt(safe) if o == 2 else safe ** (1.0 / o)
+    return xp.where(zero, xp.zeros_like(root), root)
+
+
+def normalize(a: T, /, *, ord: float = 2, trainable_only: bool = True) -> T:
+    """The model ``a / norm(a, ord=ord)``: parameters scaled to unit norm; constants from `a`.
+
+    The norm is computed once, on the device, and cast to each parameter's
+    (real) dtype, so no dtype changes. A model whose norm is 0 comes back as
+    zeros (a copy), with a finite gradient, not as NaNs (0/0): the division
+    is by ``where(n == 0, 1, n)``, on the device, without a host
+    synchronisation. ``trainable_only=False`` normalises every floating
+    array (buffers too) by their joint norm.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> fk.normalize({"w": np.array([3.0, 4.0])})
+    {'w': array([0.6, 0.8])}
+    """
+    o = _check_ord(ord, "normalize")
+    n = _norm(a, o, "normalize", trainable_only)
+    xn = namespace(n)
+    n = xn.where(n == 0, xn.ones_like(n), n)
+    casts: dict[Any, Any] = {}
+
+    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
+        xp = namespace(x)
+        target = _real_dtype(xp, x.dtype)
+        k = casts.get(target)
+        if k is None:
+            k = casts[target] = n if n.dtype == target else xp.astype(n, target)
+        return x / k
+
+    return _map_params("normalize", ("a",), (a,), fn, trainable_only)
+
+
+def filter_normalize(
+    direction: T,
+    reference: T,
+    /,
+    *,
+    ord: float = 2,
+    one_d: Literal["zero", "keep", "normalize"] = "zero",
+    axis: int = 0,
+    trainable_only: bool = True,
+) -> T:
+    """Filter-wise normalisation of a direction against a reference model (Li et al., 2018).
+
+    For "Visualizing the Loss Landscape of Neural Nets": every filter of the
+    direction is rescaled to the norm of the same filter of the reference,
+    so that a step along the direction is comparable across layers whatever
+    their scale. A filter is a slice along `axis` (the output axis: a row of
+    a ``Linear`` weight, one output channel of a ``Conv`` kernel).
+
+    All filter norms are computed at once from the un-rescaled direction
+    (``vector_norm`` over every axis but `axis`, absolute values included for
+    odd orders); nothing is written in place and nothing is moved to the
+    host. A filter of the direction that is all zeros stays zero (no NaN).
+
+    Parameters
+    ----------
+    direction
+        The model to normalise (e.g. a random model).
+    reference
+        The model whose filter norms are matched (e.g. the trained weights);
+        same structure, shapes, dtypes, namespace and devices as `direction`.
+    ord
+        The vector order of the filter norms (default 2, Frobenius).
+    one_d
+        What to do with parameters of one or zero dimensions (biases, norm
+        scales): ``"zero"`` (default, as in the paper) sets them to zero,
+        ``"keep"`` leaves the direction's values, ``"normalize"`` rescales
+        the whole vector to the reference's norm.
+    axis
+        The filter axis of parameters with two or more dimensions (0 for
+        PyTorch layouts; -1 for JAX/Flax kernels ``(..., in, out)``).
+    trainable_only
+        True (default): parameters only, as described above. False: every
+        floating or complex array (buffers, frozen parameters) too.
+
+    Returns
+    -------
+    model : Any
+        A new model of `direction`'s node types; constants come from `direction`
+        (arrays copied). Dtypes are kept.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> d = {"w": np.array([[3.0, 4.0], [0.0, -1.0]]), "b": np.array([1.0, 1.0])}
+    >>> ref = {"w": np.array([[1.0, 0.0], [0.0, 2.0]]), "b": np.array([5.0, 5.0])}
+    >>> out = fk.filter_normalize(d, ref)
+    >>> out["w"], out["b"]
+    (array([[ 0.6,  0.8],
+           [ 0. , -2. ]]), array([0., 0.]))
+    """
+    o = _check_ord(ord, "filter_normalize")
+    if one_d not in ("zero", "keep", "normalize"):
+        msg = f"fk.filter_normalize: `one_d` must be 'zero', 'keep' or 'normalize', got {one_d!r}."
+        raise ValueError(msg)
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        msg = f"fk.filter_normalize: `axis` must be an int, got {type(axis).__name__}."
+        raise TypeError(msg)
+
+    def rescale(xp: Any, d: Any, r: Any, axes: Any) -> Any:
+        keep = axes is not None
+        dn = _vector_norm(xp, d, axis=axes, keepdims=keep, ord=o)
+        rn = _vector_norm(xp, r, axis=axes, keepdims=keep, ord=o)
+        safe = xp.where(dn == 0, xp.ones_like(dn), dn)
+        return d * (rn / safe)
+
+    def fn(path: KeyPath, d: Any, others: list[Any]) -> Any:
+        xp = namespace(d)
+        nd = d.ndim
+        if nd >= 2:
+            if not -nd <= axis < nd:
+                msg = (
+                    f"at {path.display}: fk.filter_normalize: `axis={axis}` is out of range for a parameter "
+                    f"of {nd} dimensions ({_describe(d)}). Expected a filter axis every parameter with two "
+                    "or more dimensions has."
+                )
+                raise ValueError(msg)
+            ax = axis % nd
+            return rescale(xp, d, others[0], tuple(i for i in range(nd) if i != ax))
+        if one_d == "zero":
+            return xp.zeros_like(d)
+        if one_d == "keep":
+            return d * 1
+        return rescale(xp, d, others[0], None)
+
+    return _map_params("filter_normalize", ("direction", "reference"), (direction, reference), fn, trainable_only)
