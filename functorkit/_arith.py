@@ -25,7 +25,9 @@ accumulation, ``lerp``, ``vdot``, copies) is a method of the adapter.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import numbers
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -33,6 +35,8 @@ import numpy as np
 
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
+from ._record import record_plain
+from ._treedef import _MISS
 from ._typing import Tree as T
 from ._walk import BUILD_NONE, BUILD_SAME, fmap, walk
 from ._xp import (
@@ -40,12 +44,14 @@ from ._xp import (
     describe_dtype,
     describe_namespace,
     device_of,
+    inexact_flags,
     is_array,
     is_complex,
     is_inexact_array,
     namespace,
     same_device,
 )
+from .adapters import tracing
 from .adapters._base import adapter_of
 
 __all__ = [
@@ -229,6 +235,11 @@ def _check_coefficient(path: KeyPath, x: Any, c: Any, what: str, fname: str) -> 
 
 # --------------------------------------------------------------------------- the lock-step engine
 
+_SHAPE_OF = operator.attrgetter("shape")
+_DTYPE_OF = operator.attrgetter("dtype")
+#: the column path of `_columns` is on (tests turn it off to compare both paths)
+COLUMNS = [True]
+
 
 def _check_same(fname: str, names: Sequence[str], path: KeyPath, x: Any, others: Sequence[Any]) -> None:
     """Each other model's array at a parameter position matches the first model's."""
@@ -291,15 +302,65 @@ def _check_trainable_only(trainable_only: Any, fname: str) -> bool:
     return trainable_only
 
 
+def _columns(
+    models: Sequence[Any], names: Sequence[str], every: bool
+) -> tuple[Any, list[Any], list[int], list[list[Any]]] | None:
+    """The common case of the lock-step engine in C-level passes over the leaves: the first model's
+    definition and leaves, the indices of its operands, and the other models' operands, when there
+    are no ties or shared sub-trees and every other operand has the first one's type, shape, dtype
+    and device. None otherwise: the per-leaf path then runs and names what differs
+    (bench_scale ``fk.add(d, d)`` row; tests/test_arith.py turns this path off to compare)."""
+    if not COLUMNS[0] or tracing():  # under torch.compile the per-leaf path traces without breaks
+        return None
+    leaves, td = record_plain(models[0], track=True)
+    if td._pos_leaf is not None or td._refs:
+        return None
+    flags = inexact_flags(leaves)
+    if not every and td._trainable is not None:
+        flags = list(map(operator.and_, flags, td._trainable))
+    idx = list(itertools.compress(range(len(leaves)), flags))
+    xs = list(map(leaves.__getitem__, idx))
+    one_device = all(adapter_of(x).one_device for x in {type(x): x for x in xs}.values())
+    devices = None if one_device else list(map(device_of, xs))
+    sig = (list(map(type, xs)), list(map(_SHAPE_OF, xs)), list(map(_DTYPE_OF, xs)))
+    cols: list[list[Any]] = []
+    for j, m in enumerate(models[1:], start=1):
+        fm = td._fast_match
+        o = fm(m, False) if fm is not None else _MISS
+        if o is _MISS:
+            o = td._match(m, j, tuple(names))
+        if type(o) is int:
+            return None
+        col = list(map(cast(list[Any], o).__getitem__, idx))
+        if (list(map(type, col)), list(map(_SHAPE_OF, col)), list(map(_DTYPE_OF, col))) != sig:
+            return None
+        if devices is not None and list(map(device_of, col)) != devices:
+            return None  # (a device that cannot be determined, None, is left to the per-leaf test too)
+        cols.append(col)
+    return td, leaves, idx, cols
+
+
 def _map_params(
     fname: str,
     names: Sequence[str],
     models: Sequence[T],
     fn: Callable[[KeyPath, Any, list[Any]], Any],
     trainable_only: bool = True,
+    op: Callable[..., Any] | None = None,
 ) -> T:
-    """Rebuild the first model with ``fn(path, x, others)`` at every operand; constants copied."""
+    """Rebuild the first model with ``fn(path, x, others)`` at every operand; constants copied.
+    `op` (``op(x, *others)``, the same values as `fn`, needing no path) allows the column path."""
     every = not _check_trainable_only(trainable_only, fname)
+    cols = _columns(models, names, every) if op is not None else None
+    if cols is not None and op is not None:
+        td, leaves, idx, others = cols
+        out = list(map(op, map(leaves.__getitem__, idx), *others))
+        if len(idx) < len(leaves) or any(issubclass(t, np.generic) for t in set(map(type, out))):
+            res = list(map(copy_array, leaves))  # constants: arrays copied, anything else shared
+            for i, r in zip(idx, out, strict=True):
+                res[i] = _as_array(r)
+            out = res
+        return cast(T, td.build(out))
 
     def visit(path: KeyPath, x: Any, others: list[Any], trainable: bool) -> Any:
         if (trainable or every) and is_inexact_array(x):
@@ -317,11 +378,21 @@ def _reduce_params(
     models: Sequence[Any],
     fn: Callable[[Any, Any, list[Any]], Any],
     trainable_only: bool = True,
+    op: Callable[..., Any] | None = None,
 ) -> tuple[Any, list[Any]]:
-    """``(xp, [fn(xp, x, others) per distinct parameter])``; all parameters in one namespace and device."""
+    """``(xp, [fn(xp, x, others) per distinct parameter])``; all parameters in one namespace and device.
+    `op` (``op(x, *others)``, the same values as `fn`) allows the column path of `_columns`."""
     parts: list[Any] = []
     first: list[Any] = []  # [path, x, type, adapter, device, namespace] of the first parameter
     every = not _check_trainable_only(trainable_only, fname)
+    cols = _columns(models, names, every) if op is not None else None
+    if cols is not None and op is not None and cols[2]:
+        _, leaves, idx, others = cols
+        xs = list(map(leaves.__getitem__, idx))
+        if len(set(map(type, xs))) == 1:  # one namespace; then one device, or the per-leaf path names two
+            devices = None if adapter_of(xs[0]).one_device else list(map(device_of, xs))
+            if devices is None or devices == [devices[0]] * len(devices):
+                return namespace(xs[0]), list(map(op, xs, *others))
 
     def visit(path: KeyPath, x: Any, others: list[Any], trainable: bool) -> None:
         if not ((trainable or every) and is_inexact_array(x)):
@@ -396,7 +467,7 @@ def add(a: T, b: T, /, *, trainable_only: bool = True) -> T:
     >>> fk.add({"w": np.array([1.0, 2.0]), "n": 3}, {"w": np.array([10.0, 20.0]), "n": 4})
     {'w': array([11., 22.]), 'n': 3}
     """
-    return _map_params("add", ("a", "b"), (a, b), lambda p, x, o: x + o[0], trainable_only)
+    return _map_params("add", ("a", "b"), (a, b), lambda p, x, o: x + o[0], trainable_only, operator.add)
 
 
 def sub(a: T, b: T, /, *, trainable_only: bool = True) -> T:
@@ -411,7 +482,7 @@ def sub(a: T, b: T, /, *, trainable_only: bool = True) -> T:
     >>> fk.sub({"w": np.array([1.0, 2.0])}, {"w": np.array([10.0, 20.0])})
     {'w': array([ -9., -18.])}
     """
-    return _map_params("sub", ("a", "b"), (a, b), lambda p, x, o: x - o[0], trainable_only)
+    return _map_params("sub", ("a", "b"), (a, b), lambda p, x, o: x - o[0], trainable_only, operator.sub)
 
 
 def scale(c: Any, a: T, /, *, trainable_only: bool = True) -> T:

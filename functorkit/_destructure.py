@@ -31,7 +31,7 @@ from ._record import record_plain
 from ._registry import SCALAR_TYPES, export_pending, export_static
 from ._treedef import TreeDef, add_note
 from ._typing import Policy, Tree
-from ._xp import _INEXACT, _IS_ARRAY, device_of, is_array, is_inexact_array, namespace
+from ._xp import _IS_ARRAY, device_of, inexact_flags, is_array, is_inexact_array, namespace
 from .adapters import adapter_of
 
 __all__ = ["destructure"]
@@ -241,7 +241,7 @@ def _shapes(params: list[Any]) -> list[tuple[int, ...]]:
 def _parameters(leaves: list[Any], td: TreeDef) -> list[int]:
     """Indices of the parameters among the distinct leaves: trainable floating or complex arrays."""
     try:
-        flags = _inexact_flags(leaves)
+        flags = inexact_flags(leaves)
     except TypeError as e:  # a leaf functorkit refuses to classify (np.matrix): say where it is
         j = 0
         for j, x in enumerate(leaves):  # noqa: B007 -- j names the leaf that raised
@@ -255,22 +255,6 @@ def _parameters(leaves: list[Any], td: TreeDef) -> list[int]:
     if trainable is not None:
         flags = list(map(operator.and_, flags, trainable))
     return list(itertools.compress(range(len(leaves)), flags))
-
-
-def _inexact_flags(leaves: list[Any]) -> list[bool]:
-    """``is_inexact_array`` of each leaf; when every leaf is an array, in C-level passes over the
-    leaves and one classification per (type, dtype) (bench_scale ``fk.destructure(d)`` row)."""
-    types = list(map(type, leaves))
-    for t, x in dict(zip(types, leaves)).items():  # one leaf of each type
-        if t not in _IS_ARRAY:
-            is_array(x)  # classifies the type (and refuses np.matrix)
-        if not _IS_ARRAY[t]:
-            return list(map(is_inexact_array, leaves))
-    keys = list(zip(types, map(_dtype_of, leaves)))
-    for key, x in dict(zip(keys, leaves)).items():
-        if key not in _INEXACT:
-            is_inexact_array(x)
-    return list(map(_INEXACT.__getitem__, keys))
 
 
 def _one_kind(params: list[Any]) -> tuple[list[Kind], list[int], list[type]] | None:

@@ -9,7 +9,9 @@ root, so its gradients are finite at zero arrays and at an all-zero model.
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from typing import Any, Literal
 
 import numpy as np
@@ -154,14 +156,24 @@ def norm(a: Any, /, *, ord: float = 2, trainable_only: bool = True) -> Any:
     return _norm(a, o, "norm", trainable_only)
 
 
+_SHAPE_OF = operator.attrgetter("shape")
+_DTYPE_OF = operator.attrgetter("dtype")
 #: small arrays are concatenated into chunks of about this many elements for one dot product each
 _CHUNK = 1 << 16
+
+
+def _same(x: Any) -> Any:
+    return x
 
 
 def _sums_of_squares(ad: Any, arrays: list[Any]) -> list[Any]:
     """``sum(|x|**2)`` of every array, as a few 0-d partial sums: arrays of at least ``_CHUNK``
     elements one dot product each; smaller ones concatenated into chunks first (a million tiny
     arrays cost a million dot products otherwise: bench_scale's ``fk.norm`` row)."""
+    if not ad.autodiff:  # (the adapter's new_flat carries no autograd history: only where arrays carry none)
+        sizes = list(map(math.prod, map(_SHAPE_OF, arrays)))
+        if len(set(map(_DTYPE_OF, arrays))) == 1 and set(map(type, sizes)) == {int}:
+            return _chunked_sums_of_squares(ad, arrays, sizes)
     xp = ad.xp
     out: list[Any] = []
     chunk: list[Any] = []
@@ -178,6 +190,33 @@ def _sums_of_squares(ad: Any, arrays: list[Any]) -> list[Any]:
             chunk, size = [], 0
     if chunk:
         out.append(ad.sum_squares(xp.concat(chunk) if len(chunk) > 1 else chunk[0]))
+    return out
+
+
+def _chunked_sums_of_squares(ad: Any, arrays: list[Any], sizes: list[int]) -> list[Any]:
+    """`_sums_of_squares` for arrays of one dtype and known sizes: each chunk of small arrays is
+    one vector made by the adapter's ``new_flat`` (NumPy: one concatenate, no reshape per array)."""
+    out: list[Any] = []
+    small: list[int] = []
+    for i, n in enumerate(sizes):
+        if n >= _CHUNK:
+            out.append(ad.sum_squares(arrays[i]))
+        else:
+            small.append(i)
+    x0 = arrays[0]
+    dtype, device = x0.dtype, ad.device(x0)
+    start = 0
+    while start < len(small):
+        end, total = start, 0
+        while end < len(small) and total < _CHUNK:
+            total += sizes[small[end]]
+            end += 1
+        members = small[start:end]
+        chunk = list(map(arrays.__getitem__, members))
+        offsets = list(itertools.accumulate((sizes[i] for i in members), initial=0))[:-1]
+        shapes = [tuple(x.shape) for x in chunk]
+        out.append(ad.sum_squares(ad.new_flat(dtype, device, total, chunk, offsets, shapes)))
+        start = end
     return out
 
 
@@ -198,7 +237,7 @@ def _norm(a: Any, o: float, fname: str, trainable_only: bool = True) -> Any:
             return xp.sum(xp.abs(x) ** o)
         return _vector_norm(xp, x, ord=o)
 
-    xp, parts = _reduce_params(fname, ("a",), (a,), leaf, trainable_only)
+    xp, parts = _reduce_params(fname, ("a",), (a,), leaf, trainable_only, _same if o == 2 else None)
     if o == 2:
         ad = adapter_of(parts[0])
         sq = _sums_of_squares(ad, parts)
