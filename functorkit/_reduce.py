@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._arith import _as_array, _describe, _map_params, _real_dtype, _reduce_params
 from ._keypath import KeyPath
+from ._lockstep import _as_array, _describe, _map_params, _real_dtype, _reduce_params
 from ._typing import Tree as T
 from ._xp import namespace
 from .adapters._base import adapter_of

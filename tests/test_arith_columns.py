@@ -1,4 +1,4 @@
-"""The arithmetic's column path (`_arith._columns`): taken for plain trees without ties, equal to the
+"""The arithmetic's column path (`_lockstep._columns`): taken for plain trees without ties, equal to the
 per-leaf path, and left for the per-leaf path wherever something differs (which then names it)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import functorkit as fk
-from functorkit import _arith
+from functorkit import _lockstep
 
 from conftest import to_numpy
 
@@ -31,14 +31,14 @@ def _model(xp: Any, k: float) -> dict[str, Any]:
 @pytest.fixture
 def taken(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     calls: list[bool] = []
-    real = _arith._columns
+    real = _lockstep._columns
 
     def spy(*args: Any) -> Any:
         out = real(*args)
         calls.append(out is not None)
         return out
 
-    monkeypatch.setattr(_arith, "_columns", spy)
+    monkeypatch.setattr(_lockstep, "_columns", spy)
     return calls
 
 
@@ -48,7 +48,7 @@ def test_columns_equal_the_per_leaf_path(xp: Any, op: str, taken: list[bool], mo
     run = {"add": lambda: fk.add(a, b), "sub": lambda: fk.sub(a, b), "norm": lambda: fk.norm(a)}[op]
     fast = run()
     assert taken == [True], "the column path was not taken"
-    monkeypatch.setattr(_arith, "COLUMNS", [False])
+    monkeypatch.setattr(_lockstep, "COLUMNS", [False])
     slow = run()
     if op == "norm":
         np.testing.assert_allclose(to_numpy(fast), to_numpy(slow), rtol=1e-6)

@@ -1,0 +1,324 @@
+"""The lock-step engine of the arithmetic: the models walked together on the first one's tree
+definition, each operand checked against the first model's (`_check_same`), a column path over
+the leaves for the common case (`_columns`), and the helpers the arithmetic shares."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import numbers
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
+
+import numpy as np
+
+from ._errors import PolicyError, StructureError
+from ._keypath import KeyPath
+from ._record import record_plain
+from ._treedef import _MISS
+from ._typing import Tree as T
+from ._walk import BUILD_NONE, BUILD_SAME, walk
+from ._xp import (
+    describe_array,
+    describe_dtype,
+    describe_namespace,
+    device_of,
+    inexact_flags,
+    is_array,
+    is_complex,
+    is_inexact_array,
+    namespace,
+    same_device,
+)
+from .adapters import tracing
+from .adapters._base import adapter_of
+
+_PY_SCALARS = (int, float, complex)
+
+
+# --------------------------------------------------------------------------- helpers
+
+_dtype_name = describe_dtype
+_describe = describe_array
+_is_complex = is_complex
+
+
+def _ns_name(xp: Any) -> str:
+    return describe_namespace(xp)
+
+
+def _as_array(x: Any) -> Any:
+    """NumPy reductions and 0-d arithmetic give NumPy scalars: make them 0-d arrays."""
+    if isinstance(x, np.generic):
+        return np.asarray(x)
+    return x
+
+
+def _real_dtype(xp: Any, dt: Any) -> Any:
+    if xp.isdtype(dt, "complex floating"):
+        return xp.float32 if dt == xp.complex64 else xp.float64
+    return dt
+
+
+def _same_device(a: Any, b: Any) -> bool:
+    ad = adapter_of(a)
+    return same_device(ad.device(a), adapter_of(b).device(b))
+
+
+def copy_array(x: Any) -> Any:
+    """An independent copy of array `x` (anything else is returned as it is).
+
+    The adapter's ``clone_leaf``: NumPy arrays keep their subclass and memory
+    order and come back writeable; torch tensors are copied detached from
+    autograd history (like ``copy.deepcopy``): an ``nn.Parameter`` gives an
+    ``nn.Parameter`` and a tensor that required grad gives a new leaf that
+    requires grad.
+    """
+    if not is_array(x):
+        return x
+    return adapter_of(x).clone_leaf(x)
+
+
+def _model_list(models: Any, fname: str, what: str = "models") -> list[Any]:
+    """`models` as a list of models; a single model (dict, array, dataclass...) is a TypeError."""
+    single = (
+        isinstance(models, (Mapping, str, bytes))
+        or is_array(models)
+        or (dataclasses.is_dataclass(models) and not isinstance(models, type))
+    )
+    if not single:
+        try:
+            return list(models)
+        except TypeError:
+            single = True
+    msg = (
+        f"fk.{fname}: `{what}` must be a list (or tuple) of models, got a {type(models).__name__}, which "
+        f"looks like a single model. Expected e.g. fk.{fname}("
+        + ("[c1, c2], [m1, m2]" if fname == "lincomb" else "[m1, m2, m3]")
+        + f"); fix: wrap it in a list, e.g. fk.{fname}("
+        + ("[1.0], [model]" if fname == "lincomb" else "[model]")
+        + ")."
+    )
+    raise TypeError(msg)
+
+
+def _coefficient_list(coefficients: Any) -> list[Any]:
+    """`coefficients` as a list; a single number or array is a TypeError that shows the fix."""
+    if (
+        isinstance(coefficients, (Mapping, str, bytes))
+        or is_array(coefficients)
+        or isinstance(coefficients, numbers.Number)
+    ):
+        single = True
+    else:
+        try:
+            return list(coefficients)
+        except TypeError:
+            single = True
+    assert single
+    msg = (
+        f"fk.lincomb: `coefficients` must be a list of numbers, one per model, got a "
+        f"{type(coefficients).__name__} ({coefficients!r}). Expected e.g. fk.lincomb([0.5, 0.5], [m1, m2]); "
+        "fix: wrap it in a list (fk.lincomb([c], [model])) or use fk.scale(c, model) for one model."
+    )
+    raise TypeError(msg)
+
+
+# --------------------------------------------------------------------------- the lock-step engine
+
+_SHAPE_OF = operator.attrgetter("shape")
+_DTYPE_OF = operator.attrgetter("dtype")
+#: the column path of `_columns` is on (tests turn it off to compare both paths)
+COLUMNS = [True]
+
+
+def _check_same(fname: str, names: Sequence[str], path: KeyPath, x: Any, others: Sequence[Any]) -> None:
+    """Each other model's array at a parameter position matches the first model's."""
+    xp = namespace(x)
+    for j, o in enumerate(others, start=1):
+        if (
+            type(o) is type(x)
+            and o.shape == x.shape
+            and o.dtype == x.dtype
+            and (adapter_of(x).one_device or _same_device(o, x))
+        ):
+            continue  # the common case, in one test
+        if not is_array(o):
+            msg = (
+                f"at {path.display}: fk.{fname}: `{names[0]}` has a parameter here ({_describe(x)}) but "
+                f"`{names[j]}` has a {type(o).__name__}. Expected an array of the same shape and dtype in "
+                "every model; fix: pass models of the same structure."
+            )
+            raise StructureError(msg)
+        if namespace(o) is not xp:
+            msg = (
+                f"at {path.display}: fk.{fname}: `{names[0]}` has a {_ns_name(xp)} array here but "
+                f"`{names[j]}` a {_ns_name(namespace(o))} array. Expected one namespace; functorkit does "
+                "not convert between libraries silently; fix: convert one model first (e.g. with fk.fmap)."
+            )
+            raise PolicyError(msg)
+        if tuple(o.shape) != tuple(x.shape):
+            msg = (
+                f"at {path.display}: fk.{fname}: shape {tuple(x.shape)} in `{names[0]}` vs "
+                f"{tuple(o.shape)} in `{names[j]}`. Expected equal shapes (no broadcasting between "
+                "models); fix: pass models of the same architecture."
+            )
+            raise StructureError(msg)
+        if o.dtype != x.dtype:
+            msg = (
+                f"at {path.display}: fk.{fname}: dtype {_dtype_name(x.dtype)} in `{names[0]}` vs "
+                f"{_dtype_name(o.dtype)} in `{names[j]}`. Expected equal dtypes: functorkit never promotes "
+                "between models; fix: cast one model first, e.g. fk.fmap(lambda x: xp.astype(x, dtype), model)."
+            )
+            raise PolicyError(msg)
+        if not _same_device(o, x):
+            msg = (
+                f"at {path.display}: fk.{fname}: device {device_of(x)} in `{names[0]}` vs "
+                f"{device_of(o)} in `{names[j]}`. Expected one device per parameter; fix: move one model first."
+            )
+            raise PolicyError(msg)
+
+
+def _run(fname: str, names: Sequence[str], models: Sequence[Any], visit: Callable[..., Any], build: int) -> Any:
+    return walk(tuple(models), visit, build=build, with_path=True, track=True, names=tuple(names))
+
+
+def _check_trainable_only(trainable_only: Any, fname: str) -> bool:
+    if type(trainable_only) is not bool:
+        msg = (
+            f"fk.{fname}: `trainable_only` must be True or False, got {type(trainable_only).__name__} "
+            f"({trainable_only!r}). True: parameters only; False: every floating array (buffers too)."
+        )
+        raise TypeError(msg)
+    return trainable_only
+
+
+def _columns(
+    models: Sequence[Any], names: Sequence[str], every: bool
+) -> tuple[Any, list[Any], list[int], list[list[Any]]] | None:
+    """The common case of the lock-step engine in C-level passes over the leaves: the first model's
+    definition and leaves, the indices of its operands, and the other models' operands, when there
+    are no ties or shared sub-trees and every other operand has the first one's type, shape, dtype
+    and device. None otherwise: the per-leaf path then runs and names what differs
+    (bench_scale ``fk.add(d, d)`` row; tests/test_arith.py turns this path off to compare)."""
+    if not COLUMNS[0] or tracing():  # under torch.compile the per-leaf path traces without breaks
+        return None
+    leaves, td = record_plain(models[0], track=True)
+    if td._pos_leaf is not None or td._refs:
+        return None
+    try:
+        flags = inexact_flags(leaves)
+    except TypeError:  # a leaf functorkit refuses (np.matrix): the per-leaf path raises it with its path
+        return None
+    if not every and td._trainable is not None:
+        flags = list(map(operator.and_, flags, td._trainable))
+    idx = list(itertools.compress(range(len(leaves)), flags))
+    xs = list(map(leaves.__getitem__, idx))
+    one_device = all(adapter_of(x).one_device for x in {type(x): x for x in xs}.values())
+    devices = None if one_device else list(map(device_of, xs))
+    sig = (list(map(type, xs)), list(map(_SHAPE_OF, xs)), list(map(_DTYPE_OF, xs)))
+    cols: list[list[Any]] = []
+    for j, m in enumerate(models[1:], start=1):
+        fm = td._fast_match
+        o = fm(m, False) if fm is not None else _MISS
+        if o is _MISS:
+            o = td._match(m, j, tuple(names))
+        if type(o) is int:
+            return None
+        col = list(map(cast(list[Any], o).__getitem__, idx))
+        if (list(map(type, col)), list(map(_SHAPE_OF, col)), list(map(_DTYPE_OF, col))) != sig:
+            return None
+        if devices is not None and list(map(device_of, col)) != devices:
+            return None  # (a device that cannot be determined, None, is left to the per-leaf test too)
+        cols.append(col)
+    return td, leaves, idx, cols
+
+
+def _map_params(
+    fname: str,
+    names: Sequence[str],
+    models: Sequence[T],
+    fn: Callable[[KeyPath, Any, list[Any]], Any],
+    trainable_only: bool = True,
+    op: Callable[..., Any] | None = None,
+) -> T:
+    """Rebuild the first model with ``fn(path, x, others)`` at every operand; constants copied.
+    `op` (``op(x, *others)``, the same values as `fn`, needing no path) allows the column path."""
+    every = not _check_trainable_only(trainable_only, fname)
+    cols = _columns(models, names, every) if op is not None else None
+    if cols is not None and op is not None:
+        td, leaves, idx, others = cols
+        out = list(map(op, map(leaves.__getitem__, idx), *others))
+        if len(idx) < len(leaves) or any(issubclass(t, np.generic) for t in set(map(type, out))):
+            res = list(map(copy_array, leaves))  # constants: arrays copied, anything else shared
+            for i, r in zip(idx, out, strict=True):
+                res[i] = _as_array(r)
+            out = res
+        return cast(T, td.build(out))
+
+    def visit(path: KeyPath, x: Any, others: list[Any], trainable: bool) -> Any:
+        if (trainable or every) and is_inexact_array(x):
+            if others:
+                _check_same(fname, names, path, x, others)
+            return _as_array(fn(path, x, others))
+        return copy_array(x)
+
+    return cast(T, _run(fname, names, models, visit, BUILD_SAME))
+
+
+def _reduce_params(
+    fname: str,
+    names: Sequence[str],
+    models: Sequence[Any],
+    fn: Callable[[Any, Any, list[Any]], Any],
+    trainable_only: bool = True,
+    op: Callable[..., Any] | None = None,
+) -> tuple[Any, list[Any]]:
+    """``(xp, [fn(xp, x, others) per distinct parameter])``; all parameters in one namespace and device.
+    `op` (``op(x, *others)``, the same values as `fn`) allows the column path of `_columns`."""
+    parts: list[Any] = []
+    first: list[Any] = []  # [path, x, type, adapter, device, namespace] of the first parameter
+    every = not _check_trainable_only(trainable_only, fname)
+    cols = _columns(models, names, every) if op is not None else None
+    if cols is not None and op is not None and cols[2]:
+        _, leaves, idx, others = cols
+        xs = list(map(leaves.__getitem__, idx))
+        if len(set(map(type, xs))) == 1:  # one namespace; then one device, or the per-leaf path names two
+            devices = None if adapter_of(xs[0]).one_device else list(map(device_of, xs))
+            if devices is None or devices == [devices[0]] * len(devices):
+                return namespace(xs[0]), list(map(op, xs, *others))
+
+    def visit(path: KeyPath, x: Any, others: list[Any], trainable: bool) -> None:
+        if not ((trainable or every) and is_inexact_array(x)):
+            return
+        if others:
+            _check_same(fname, names, path, x, others)
+        if first and type(x) is first[2] and first[3].device(x) == first[4]:
+            parts.append(fn(first[5], x, others))  # the first parameter's type, namespace and device
+            return
+        xp = namespace(x)
+        if not first:
+            ad = adapter_of(x)
+            first.extend((path, x, type(x), ad, ad.device(x), xp))
+        else:
+            p0, x0 = first[0], first[1]
+            if namespace(x0) is not xp or not _same_device(x0, x):
+                msg = (
+                    f"at {p0.display} and {path.display}: fk.{fname} reduces over every parameter, but "
+                    f"these are {_ns_name(namespace(x0))} on {device_of(x0)} and {_ns_name(xp)} on "
+                    f"{device_of(x)}. Expected one namespace and device for the 0-d result; fix: move the "
+                    "model to one device first."
+                )
+                raise PolicyError(msg)
+        parts.append(fn(xp, x, others))
+
+    _run(fname, names, models, visit, BUILD_NONE)
+    if not parts:
+        msg = (
+            f"fk.{fname}: `{names[0]}` has no parameters (floating or complex arrays reached through "
+            "trainable children), so there is no namespace or device for the 0-d result. Expected at "
+            "least one parameter; check the model with fk.leaves_with_path."
+        )
+        raise ValueError(msg)
+    return namespace(first[1]), parts
