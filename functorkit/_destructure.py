@@ -16,7 +16,7 @@ import operator
 from typing import Any
 
 from ._alias import check_no_aliases
-from ._flat import Restructure, _check_readable, _default_float, _new_flat
+from ._flat import Restructure, _default_float
 from ._holders import unknown_holder_error, unknown_holders
 from ._keypath import KeyPath
 from ._policy import (
@@ -28,6 +28,7 @@ from ._policy import (
     same_device,
 )
 from ._record import record_plain
+from ._reflatten import _check_readable, _new_flat
 from ._registry import SCALAR_TYPES, export_pending, export_static
 from ._treedef import TreeDef, add_note
 from ._typing import Policy, Tree

@@ -24,9 +24,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Generic, cast
 
-from ._alias import layouts_overlap, memory_layout, separate_allocations
 from ._codegen import CODEGEN_MAX, build_source, compile_source, entry_of_error
-from ._errors import PolicyError, StructureError
 from ._explain import ExplainRow, Explanation, explain_rows
 from ._holders import unknown_holders
 from ._keypath import KeyPath
@@ -35,20 +33,19 @@ from ._policy import (
     Decision,
     Kind,
     check_policy,
-    decide_flatten,
     decide_rebuild,
     describe_device,
     describe_dtype,
     describe_namespace,
-    flatten_error,
     is_complex,
     rebuild_error,
     same_device,
 )
+from ._reflatten import Reflatten
 from ._registry import SCALAR_TYPES
 from ._treedef import BUILD_SAME, TreeDef, add_note
 from ._typing import Policy, Tree
-from ._xp import is_array, is_inexact_array, namespace
+from ._xp import is_array, is_inexact_array
 from .adapters import ArrayAdapter, adapter_for, adapter_of, tracing
 
 __all__ = ["ExplainRow", "Explanation", "Restructure"]
@@ -93,15 +90,10 @@ def _default_float(xp: Any, device: Any) -> Any:
     return info().default_dtypes(device=device)["real floating"]
 
 
-def _new_flat(kind: Kind, n: int, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> Any:
-    """A new flat vector holding `leaves` (never aliasing them, never carrying autograd history)."""
-    return adapter_for(kind.xp).new_flat(kind.dtype, kind.device, n, leaves, offsets, shapes)
-
-
 # ============================================================== Restructure
 
 
-class Restructure(Generic[Tree]):
+class Restructure(Reflatten, Generic[Tree]):
     """Rebuilds a model from a flat vector: the second result of `destructure`.
 
     ``re(p, policy=None, copy=None)`` returns the model with its parameters
@@ -139,7 +131,6 @@ class Restructure(Generic[Tree]):
         "_param_idx",
         "_param_kind",
         "_param_types",
-        "_paths",
         "_policy",
         "_shapes",
         "_sizes",
@@ -161,7 +152,6 @@ class Restructure(Generic[Tree]):
     _param_idx: list[int]
     _param_kind: list[int]
     _param_types: list[type]
-    _paths: tuple[KeyPath, ...] | None
     _policy: str
     _shapes: list[tuple[int, ...]]
     _sizes: list[int]
@@ -331,14 +321,6 @@ class Restructure(Generic[Tree]):
     def policy(self) -> str:
         """The policy ``re(p)`` uses when none is given (the one given to `destructure`)."""
         return self._policy
-
-    @property
-    def paths(self) -> tuple[KeyPath, ...]:
-        """The key path of each parameter (its first position, for ties), in walk order."""
-        if self._paths is None:
-            leaf_paths = self._td.paths
-            self._paths = tuple(leaf_paths[j] for j in self._param_idx)
-        return self._paths
 
     @property
     def shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -534,173 +516,6 @@ class Restructure(Generic[Tree]):
 
     # ---------------------------------------------------------------- flatten
 
-    def flatten(self, model: Tree, /, *, out: Any = None, policy: Policy | None = None) -> Any:
-        """Flatten another model of the same structure with this plan (the inverse of ``re(p)``).
-
-        Parameters
-        ----------
-        model
-            A model of the structure given to `destructure` (node types,
-            keys, lengths, ties; parameters of the same shapes). Constants are
-            not compared.
-        out
-            Optional 1-D array of length ``len(re)`` and of the flat vector's
-            dtype, device and namespace: written in place and returned,
-            nothing allocated. Immutable backends (JAX, Dask) raise TypeError.
-        policy
-            How a parameter of another dtype/device than the flat vector is
-            treated: ``"strict"`` raises PolicyError, ``"model"``/``"flat"``
-            convert it (complex into a real flat vector always raises).
-            Default: the policy given to `destructure`.
-
-        Returns
-        -------
-        flat : array
-            The flat vector (`out` if given). It never carries autograd history.
-
-        Raises
-        ------
-        StructureError
-            If `model`'s structure differs (the message names the path).
-
-        Examples
-        --------
-        >>> import numpy as np
-        >>> import functorkit as fk
-        >>> flat, re = fk.destructure({"w": np.ones(2), "b": np.zeros(1)})
-        >>> buf = np.empty(len(re))
-        >>> re.flatten({"w": np.full(2, 7.0), "b": np.ones(1)}, out=buf) is buf
-        True
-        >>> buf
-        array([7., 7., 1.])
-        """
-        pol = self._policy if policy is None else check_policy(policy, "re.flatten")
-        kind = self._flat_kind
-        if out is not None:
-            self._check_out(out)
-        leaves = self._match(model)
-        if out is not None:
-            self._check_out_apart(out, leaves)
-        # policy: each parameter against the flat vector
-        seen: list[tuple[Kind, Decision]] = []
-        kinds: list[Kind] = []  # the distinct kinds met, for the readability check
-        which: list[int] = []  # each parameter's index into `kinds`
-        last: tuple[Any, Any, Any, int] | None = None
-        for j, x in enumerate(leaves):
-            t, dt = type(x), x.dtype
-            ad = adapter_of(x)
-            dev = ad.device(x)
-            if last is not None and t is last[0] and (dt is last[1] or dt == last[1]) and dev == last[2]:
-                which.append(last[3])  # the kind of the previous parameter: decided already
-                continue
-            lk = Kind(ad.xp, dt, dev)
-            for other, d in seen:  # noqa: B007 - d is used after the break
-                if other.xp is lk.xp and other.dtype == lk.dtype and same_device(other.device, lk.device):
-                    break
-            else:
-                d = decide_flatten(pol, lk, kind)
-                seen.append((lk, d))
-            if d.error is not None:
-                raise flatten_error(pol, self.paths[j], lk, kind, d.error)
-            which.append(len(kinds))
-            kinds.append(lk)
-            last = (t, dt, dev, which[-1])
-        _check_readable(kinds, which, kind, lambda j: self.paths[j])
-        if out is None:
-            return _new_flat(kind, self._n, leaves, self._offsets, self._shapes)
-        self._adapter.fill(out, leaves, self._offsets, self._shapes)
-        return out
-
-    def _check_out(self, out: Any) -> None:
-        kind = self._flat_kind
-        n = self._n
-        if not is_array(out):
-            msg = f"re.flatten: `out` must be a 1-D array of length {n}, got {type(out).__name__}."
-            raise TypeError(msg)
-        ok = namespace(out)
-        if ok is not kind.xp:
-            msg = (
-                f"re.flatten: `out` is a {describe_namespace(ok)} array but the flat vector is "
-                f"{describe_namespace(kind.xp)}; pass an `out` of the flat vector's namespace."
-            )
-            raise TypeError(msg)
-        ad = self._adapter
-        if not ad.mutable:
-            msg = (
-                f"re.flatten: `out=` needs a mutable array, but {describe_namespace(ok)} arrays are immutable; "
-                "call re.flatten(model) without `out` (it returns a new array)."
-            )
-            raise TypeError(msg)
-        if tuple(out.shape) != (n,):
-            msg = f"re.flatten: `out` must be 1-D of length {n}, got shape {tuple(out.shape)}."
-            raise ValueError(msg)
-        if out.dtype != kind.dtype:
-            msg = (
-                f"re.flatten: `out` has dtype {describe_dtype(out.dtype)} but the flat vector is "
-                f"{describe_dtype(kind.dtype)}; pass an `out` of dtype re.dtype."
-            )
-            raise TypeError(msg)
-        if not same_device(ad.device(out), kind.device):
-            msg = (
-                f"re.flatten: `out` is on {describe_device(ad.device(out))} but the flat vector is on "
-                f"{describe_device(kind.device)}; pass an `out` on re.device."
-            )
-            raise ValueError(msg)
-        problem = ad.out_problem(out)
-        if problem is not None:
-            msg = f"re.flatten: `out` cannot be written: {problem}; pass a writeable, contiguous 1-D array."
-            raise ValueError(msg)
-
-    def _check_out_apart(self, out: Any, leaves: list[Any]) -> None:
-        """`out` must not share memory with a parameter it is filled from (it would be read after
-        being overwritten)."""
-        lo = memory_layout(out)
-        if lo is None or separate_allocations([out, *leaves]):
-            return
-        for k, x in enumerate(leaves):
-            lx = memory_layout(x)
-            if lx is not None and layouts_overlap(lo, lx):
-                msg = (
-                    f"at {self.paths[k].display}: re.flatten: `out` shares memory with this parameter of the "
-                    "model, so writing `out` would overwrite values not yet read. Expected an `out` apart from "
-                    "the model; fix: pass a fresh array (or call re.flatten(model) without `out`)."
-                )
-                raise ValueError(msg)
-
-    def _match(self, model: Any) -> list[Any]:
-        """The parameters of `model` at the plan's positions (StructureError where it differs)."""
-        td = self._td
-        got = td._match(model, 1, None, None, lambda path, left, right: _flatten_mismatch(path, left, right))
-        if type(got) is int:
-            raise _flatten_mismatch(
-                td.entry_path(got), "the sub-tree shared with an earlier position (the same object)", "another object"
-            )
-        assert type(got) is list
-        pos_leaf = td._pos_leaf
-        first = td.leaf_positions()
-        leaves = [got[first[j]] for j in self._param_idx]
-        for k, (x, shape) in enumerate(zip(leaves, self._shapes, strict=True)):
-            if not is_inexact_array(x) or tuple(x.shape) != shape:
-                raise _flatten_mismatch(
-                    self.paths[k], f"a floating or complex array of shape {shape}", _describe_obj(x)
-                )
-        if pos_leaf is not None:  # ties: every position of a tied parameter holds the same array
-            params = set(self._param_idx)
-            for p, j in enumerate(pos_leaf):
-                if j in params and got[p] is not got[first[j]]:
-                    raise _flatten_mismatch(
-                        td.position_paths()[p], "the parameter tied to an earlier position (the same array)",
-                        "another array",
-                    )
-        if len(set(map(id, leaves))) != len(leaves):
-            owner: dict[int, int] = {}
-            for k, x in enumerate(leaves):
-                if owner.setdefault(id(x), k) != k:
-                    raise _flatten_mismatch(
-                        self.paths[k], "a parameter distinct from the one at an earlier position", "the same array"
-                    )
-        return leaves
-
     # ---------------------------------------------------------------- pickling
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -725,41 +540,10 @@ def _same_constant(a: Any, b: Any) -> bool:
     return a is b or (type(a) is type(b) and type(a) in SCALAR_TYPES and a == b)
 
 
-def _flatten_mismatch(path: KeyPath, expected: str, found: str) -> StructureError:
-    msg = (
-        f"at {path.display}: re.flatten expected {expected}, found {found}. The model must have the "
-        "structure of the one given to fk.destructure (node types, keys, lengths, ties, parameter "
-        "shapes). Fix: pass a model of that structure, or destructure this one itself."
-    )
-    return StructureError(msg)
-
-
-def _describe_obj(c: Any) -> str:
-    if is_array(c):
-        return f"{type(c).__name__} of dtype {describe_dtype(c.dtype)} and shape {tuple(c.shape)}"
-    return f"leaf ({type(c).__name__})"
-
-
-def _check_readable(kinds: list[Kind], param_kind: list[int], flat_kind: Kind, path_of: Any) -> None:
-    """A parameter whose values cannot be read (a torch ``meta`` tensor) can only fill a flat vector
-    on such a device itself."""
-    ad = adapter_for(flat_kind.xp)
-    if not ad.readable(flat_kind.device) or all(adapter_for(k.xp).readable(k.device) for k in kinds):
-        return
-    for j, i in enumerate(param_kind):
-        if not adapter_for(kinds[i].xp).readable(kinds[i].device):
-            msg = (
-                f"at {path_of(j).display}: the parameter is on {describe_device(kinds[i].device)}, which holds "
-                f"no values, but the flat vector is on {describe_device(flat_kind.device)}. "
-                "Expected parameters whose values can be read; fix: materialise the model first "
-                "(e.g. `module.to_empty(device=...)` and load weights), or destructure a model whose "
-                "parameters are all on that device."
-            )
-            raise PolicyError(msg)
-
-
 #: what `Restructure._again` shares between two rebuilders of one plan (all but the constants and
 #: the code generated around them)
 _SHARED_STATE = tuple(
-    n for n in Restructure.__slots__ if n not in ("__weakref__", "_build", "_fast", "_gen", "_template")
+    n
+    for n in (*Reflatten.__slots__, *Restructure.__slots__)
+    if n not in ("__weakref__", "_build", "_fast", "_gen", "_template")
 )
