@@ -213,11 +213,13 @@ def _columns(
         return None
     if not every and td._trainable is not None:
         flags = list(map(operator.and_, flags, td._trainable))
-    idx = list(itertools.compress(range(len(leaves)), flags))
-    xs = list(map(leaves.__getitem__, idx))
-    one_device = all(adapter_of(x).one_device for x in {type(x): x for x in xs}.values())
-    devices = None if one_device else list(map(device_of, xs))
-    sig = (list(map(type, xs)), list(map(_SHAPE_OF, xs)), list(map(_DTYPE_OF, xs)))
+    if all(flags):  # every leaf an operand (the common case): no index lists
+        idx: list[int] = list(range(len(leaves)))
+        xs = leaves
+    else:
+        idx = list(itertools.compress(range(len(leaves)), flags))
+        xs = list(map(leaves.__getitem__, idx))
+    one_device = all(adapter_of(x).one_device for x in dict(zip(map(type, xs), xs)).values())
     cols: list[list[Any]] = []
     for j, m in enumerate(models[1:], start=1):
         fm = td._fast_match
@@ -226,10 +228,14 @@ def _columns(
             o = td._match(m, j, tuple(names))
         if type(o) is int:
             return None
-        col = list(map(cast(list[Any], o).__getitem__, idx))
-        if (list(map(type, col)), list(map(_SHAPE_OF, col)), list(map(_DTYPE_OF, col))) != sig:
-            return None
-        if devices is not None and list(map(device_of, col)) != devices:
+        col = cast(list[Any], o) if xs is leaves else list(map(cast(list[Any], o).__getitem__, idx))
+        # streamed comparisons: no list of a million shape tuples for the garbage collector to scan
+        if not (
+            all(map(operator.is_, map(type, xs), map(type, col)))
+            and all(map(operator.eq, map(_SHAPE_OF, xs), map(_SHAPE_OF, col)))
+            and all(map(operator.eq, map(_DTYPE_OF, xs), map(_DTYPE_OF, col)))
+            and (one_device or all(map(operator.eq, map(device_of, xs), map(device_of, col))))
+        ):
             return None  # (a device that cannot be determined, None, is left to the per-leaf test too)
         cols.append(col)
     return td, leaves, idx, cols

@@ -119,7 +119,16 @@ def inexact_flags(leaves: list[Any]) -> list[bool]:
             is_array(x)  # classifies the type (and refuses np.matrix)
         if not _IS_ARRAY[t]:
             return list(map(is_inexact_array, leaves))
-    keys = list(zip(types, map(_DTYPE_OF, leaves)))
+    dtypes = list(map(_DTYPE_OF, leaves))
+    if len(set(types)) == 1:  # one array type: classify each dtype once, no tuple per leaf
+        t = types[0]
+        by_dtype = {}
+        for dt, x in dict(zip(dtypes, leaves)).items():
+            if (t, dt) not in _INEXACT:
+                is_inexact_array(x)
+            by_dtype[dt] = _INEXACT[(t, dt)]
+        return list(map(by_dtype.__getitem__, dtypes))
+    keys = list(zip(types, dtypes))
     for key, x in dict(zip(keys, leaves)).items():
         if key not in _INEXACT:
             is_inexact_array(x)
