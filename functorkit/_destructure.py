@@ -175,7 +175,7 @@ class _Plan:
     ``destructure(model)`` rows; tests/test_destructure.py checks that this path is taken and
     that each fact, changed, leads back to the full analysis)."""
 
-    __slots__ = ("arrays", "devices", "dtypes", "holders", "n", "offsets", "pshapes", "re", "sizes", "types")
+    __slots__ = ("arrays", "devices", "dtypes", "holders", "n", "offsets", "pshapes", "re", "types")
 
     def __init__(
         self, leaves: list[Any], params: list[Any], re: Restructure[Any], offsets: list[int], sizes: list[int]
@@ -189,7 +189,6 @@ class _Plan:
         self.holders = not all(t in SCALAR_TYPES or is_array(x) for t, x in zip(self.types, leaves, strict=True))
         self.re = re
         self.offsets = offsets
-        self.sizes = sizes
         self.n = sum(sizes)
 
     def fits(self, leaves: list[Any]) -> bool:

@@ -45,7 +45,7 @@ from ._registry import SCALAR_TYPES
 from ._treedef import BUILD_SAME, TreeDef, add_note
 from ._typing import Policy, Tree
 from ._xp import is_array, is_inexact_array
-from .adapters import ArrayAdapter, adapter_for, adapter_of, tracing
+from .adapters import adapter_for, adapter_of, tracing
 
 __all__ = ["ExplainRow", "Explanation", "Restructure"]
 
@@ -138,25 +138,9 @@ class Restructure(Reflatten, Generic[Tree]):
         "_uniform",
     )
 
+    # (the rest of the state is declared by the Reflatten mixin)
     _build: Any
-    _adapter: ArrayAdapter
-    _fast: Any
-    _flat_kind: Kind
-    _ftype: Any
     _gen: tuple[str, dict[int, int]] | None
-    _has_complex: bool
-    _kinds: list[Kind]
-    _n: int
-    _offsets: list[int]
-    _param_idx: list[int]
-    _param_kind: list[int]
-    _param_types: list[type]
-    _policy: str
-    _shapes: list[tuple[int, ...]]
-    _sizes: list[int]
-    _td: TreeDef
-    _template: list[Any]
-    _uniform: bool
 
     def __init__(self) -> None:
         msg = "Restructure objects are made by fk.destructure(model); call that instead."

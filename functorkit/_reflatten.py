@@ -22,14 +22,14 @@ from ._policy import (
 from ._treedef import TreeDef
 from ._typing import Policy, Tree
 from ._xp import is_array, is_inexact_array, namespace
-from .adapters import adapter_for, adapter_of
+from .adapters import ArrayAdapter, adapter_for, adapter_of
 
 
 class Reflatten:
     """The flattening half of `Restructure` (its state is declared and set there)."""
 
     __slots__ = ("_paths",)
-    _adapter: Any
+    _adapter: ArrayAdapter
     _fast: Any
     _flat_kind: Kind
     _ftype: Any
