@@ -29,25 +29,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _timing import best_of
+from bench_arith import gpt2_shapes
 
 import functorkit as fk
-
-
-def gpt2_shapes(d: int, vocab: int = 50257, ctx: int = 1024, layers: int = 12) -> dict[str, Any]:
-    """GPT-2 small's parameter shapes at width `d` (148 arrays)."""
-
-    def ln() -> dict[str, tuple[int, ...]]:
-        return {"weight": (d,), "bias": (d,)}
-
-    def block() -> dict[str, Any]:
-        return {
-            "ln_1": ln(),
-            "attn": {"c_attn": {"weight": (d, 3 * d), "bias": (3 * d,)}, "c_proj": {"weight": (d, d), "bias": (d,)}},
-            "ln_2": ln(),
-            "mlp": {"c_fc": {"weight": (d, 4 * d), "bias": (4 * d,)}, "c_proj": {"weight": (4 * d, d), "bias": (d,)}},
-        }
-
-    return {"wte": (vocab, d), "wpe": (ctx, d), "h": [block() for _ in range(layers)], "ln_f": ln()}
 
 
 def _models(d: int, n: int) -> list[Any]:
