@@ -28,12 +28,14 @@ def match_tree(
     names: tuple[str, ...] | None,
     firsts: list[Any] | None = None,
     fail: Callable[[KeyPath, str, str], StructureError] | None = None,
+    slots: bool = False,
 ) -> list[Any] | int:
     """`td.flatten_up_to(tree)`, or the program index of a shared sub-tree of `td` that is not
     shared in `tree`.
 
     `firsts` (the first tree's value at each position) only improves the messages; `fail`
-    makes the error (default: the lock-step maps' message)."""
+    makes the error (default: the lock-step maps' message); ``slots=True`` matches a `td`
+    recorded with ``record(..., slots=True)`` (nodes' ``None`` slots are children)."""
     if fail is None:
 
         def fail(path: KeyPath, left: str, right: str) -> StructureError:
@@ -103,7 +105,8 @@ def match_tree(
                     okeys: Any = list(c)
                     vals = list(c.values())
                 else:
-                    okeys, vals, _aux, _named = nd.flatten(c)
+                    flatten = nd.flatten_slots if slots and nd.flatten_slots is not None else nd.flatten
+                    okeys, vals, _aux, _named = flatten(c)
                     if not nd.owns:
                         keep.append(vals)
                 if okeys != keys:

@@ -39,14 +39,16 @@ __all__ = ["flatten", "record", "record_plain", "unflatten"]
 
 
 def record(
-    tree: Any, is_leaf: Callable[[Any], bool] | None = None, *, track: bool = True
+    tree: Any, is_leaf: Callable[[Any], bool] | None = None, *, track: bool = True, slots: bool = False
 ) -> tuple[list[Any], TreeDef]:
     """Walk `tree` once: its distinct leaves in walk order and its `TreeDef`.
 
     With ``track=False`` no node's ``trainable`` function is called (maps that do not
     need trainability skip that work, and a lazy torch module can still be listed);
-    the definition then counts every leaf as trainable."""
-    rec = _Recorder(is_leaf, track)
+    the definition then counts every leaf as trainable. With ``slots=True`` nodes that have
+    a ``flatten_slots`` (torch modules) list their ``None`` slots as ``None`` leaves
+    (``fk.combine``)."""
+    rec = _Recorder(is_leaf, track, slots)
     return rec.finish(rec.run(tree))
 
 
@@ -56,11 +58,12 @@ class _Recorder:
     key sets are kept by program entry and resolved afterwards, over the program (`_trainable`),
     only when some node declared one."""
 
-    __slots__ = ("forced", "is_leaf", "its", "keep", "opens", "prog", "refs", "track", "tsets")
+    __slots__ = ("forced", "is_leaf", "its", "keep", "opens", "prog", "refs", "slots", "track", "tsets")
 
-    def __init__(self, is_leaf: Callable[[Any], bool] | None, track: bool) -> None:
+    def __init__(self, is_leaf: Callable[[Any], bool] | None, track: bool, slots: bool = False) -> None:
         self.is_leaf = is_leaf
         self.track = track
+        self.slots = slots
         self.prog: list[Any] = []
         self.forced: set[int] = set()  # positions made leaves by is_leaf
         self.keep: list[Any] = []  # children lists of nodes that do not own them (ids stay unique)
@@ -82,6 +85,7 @@ class _Recorder:
         """Walk `tree`; returns the object at every leaf position, in order."""
         is_leaf = self.is_leaf
         track = self.track
+        slots = self.slots
         flat: list[Any] = []
         prog = self.prog
         keep = self.keep
@@ -144,7 +148,10 @@ class _Recorder:
                         aux = _NO_AUX
                         named = True
                     else:
-                        ckeys, cvals, aux, named = nd.flatten(c)
+                        if slots and nd.flatten_slots is not None:
+                            ckeys, cvals, aux, named = nd.flatten_slots(c)
+                        else:
+                            ckeys, cvals, aux, named = nd.flatten(c)
                         if not nd.owns:
                             keep.append(cvals)
                     n = len(cvals)

@@ -76,9 +76,14 @@ class NodeDef:
 
     ``state_skip(aux)`` (optional) returns the child keys that are not part
     of the node's state dict (torch: non-persistent buffers), or None.
+
+    ``flatten_slots(obj)`` (optional) is ``flatten`` for a node that leaves
+    out slots holding ``None`` (torch modules: ``bias=None``): it lists them
+    too, as ``None`` children, so that trees differing only in which slots
+    hold ``None`` have one structure. Only ``fk.combine`` uses it.
     """
 
-    __slots__ = ("cls", "fast", "flatten", "kind", "owns", "state_skip", "trainable", "unflatten")
+    __slots__ = ("cls", "fast", "flatten", "flatten_slots", "kind", "owns", "state_skip", "trainable", "unflatten")
 
     def __init__(
         self,
@@ -91,6 +96,7 @@ class NodeDef:
         owns: bool = False,
         kind: Any = None,
         state_skip: Callable[[Any], Any] | None = None,
+        flatten_slots: Callable[[Any], tuple[list[Any], list[Any], Any, bool]] | None = None,
     ) -> None:
         self.cls = cls
         self.kind = cls if kind is None else kind
@@ -100,6 +106,7 @@ class NodeDef:
         self.fast = fast
         self.owns = owns
         self.state_skip = state_skip
+        self.flatten_slots = flatten_slots
 
     def __repr__(self) -> str:
         return f"NodeDef({self.cls.__qualname__})"

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from ._errors import StructureError
 from ._keypath import KeyPath
+from ._match import match_tree
 from ._record import record
 from ._treedef import _LEAFY, _N, TreeDef, add_note
 
@@ -21,13 +22,6 @@ __all__ = ["combine", "partition"]
 
 
 # ============================================================== partition / combine
-
-_MODULE_NOTE = (
-    "(fk.combine: the groups must have one structure. A torch nn.Module drops a parameter or buffer slot "
-    "that holds None, as torch does for bias=None, so partition groups of modules differ in structure; "
-    "put a group's leaves back into the model with fk.replace(model, dict(fk.leaves_with_path(group))).)"
-)
-
 
 def _predicate(pred: Any, k: int) -> Callable[[KeyPath, Any], Any]:
     if isinstance(pred, str):
@@ -137,6 +131,15 @@ def combine(*groups: Any) -> Any:
         If the groups differ in structure, or two groups hold a value (not
         ``None``) at one place; the message names the path.
 
+    Notes
+    -----
+    A torch ``nn.Module`` keeps its parameter and buffer slots that hold
+    ``None`` (``bias=False``), and every walk skips them; `combine` alone
+    matches them as places, so the groups of a module (modules with ``None``
+    in the slots another group holds) combine. The result takes its
+    non-parameter state (training flag, hooks, attributes) from the first
+    group.
+
     Examples
     --------
     >>> import numpy as np
@@ -147,14 +150,11 @@ def combine(*groups: Any) -> Any:
     if not groups:
         msg = "fk.combine: expected at least one group (the trees fk.partition returned), got none."
         raise TypeError(msg)
-    recs = [record(g) for g in groups]
+    recs = [record(g, track=False, slots=True) for g in groups]
     exp0 = recs[0][1].expanded()
     names = tuple(f"groups[{k}]" for k in range(len(groups)))
-    try:
-        cols = [exp0.flatten_up_to(g, which=k, names=names) for k, g in enumerate(groups)]
-    except StructureError as e:
-        add_note(e, _MODULE_NOTE)
-        raise
+    # an expanded definition has no shared entries, so the match gives a list
+    cols = [cast(list[Any], match_tree(exp0, g, k, names, slots=True)) for k, g in enumerate(groups)]
     out = list(cols[0])
     owner = [0] * len(out)
     for k in range(1, len(cols)):

@@ -420,18 +420,57 @@ def test_partition_a_module_into_trainable_frozen_and_buffers() -> None:
     assert buffers["norm"].weight is None
     flat, re = fk.destructure(tr)
     assert len(re) == 5 * 4 + 4 + 4 + 4 * 4  # wte (tied with lm_head, once), norm weight/bias, proj weight
-    # a module drops a slot holding None (as torch does for bias=None), so the groups differ in
-    # structure; fk.replace puts a group's leaves back into the model
-    with pytest.raises(fk.StructureError) as ei:
-        fk.combine(tr, frozen, buffers)
-    assert "fk.replace(model, dict(fk.leaves_with_path(group)))" in "".join(ei.value.__notes__)
+    # combine: the groups (modules with None in the slots another group holds) go back together
+    back = fk.combine(tr, frozen, buffers)
+    assert type(back["proj"]) is torch.nn.Linear
+    assert back["proj"] is not lm["proj"]
+    for (p1, x), (p2, y) in zip(fk.leaves_with_path(back), fk.leaves_with_path(lm), strict=True):
+        assert p1 == p2
+        assert x is y
+    assert back["lm_head"].weight is back["wte"].weight
+    assert list(back.state_dict()) == list(lm.state_dict())
+    # one group trained (rebuilt by re), the others as they were
     new = re(flat * 0)
-    back = fk.replace(lm, dict(fk.leaves_with_path(new)))
+    back = fk.combine(new, frozen, buffers)
     assert back["lm_head"].weight is back["wte"].weight
     assert float(back["wte"].weight.abs().sum()) == 0.0
     assert back["proj"].bias is lm["proj"].bias
     assert back["norm"].running_mean is lm["norm"].running_mean
     assert float(lm["wte"].weight.detach().abs().sum()) > 0  # the input is unchanged
+    # fk.replace is the other way back into the model
+    back = fk.replace(lm, dict(fk.leaves_with_path(new)))
+    assert back["lm_head"].weight is back["wte"].weight
+    assert back["proj"].bias is lm["proj"].bias
+
+
+def test_combine_modules_keeps_none_slots_and_names_mismatches() -> None:
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3, bias=False), torch.nn.Linear(3, 1))
+    w, rest = fk.partition(net, "*.weight")
+    assert w[0].bias is None
+    assert w[1].bias is None
+    assert rest[0].weight is None
+    back = fk.combine(w, rest)
+    assert back[0].bias is None  # bias=False stays a None slot, not a parameter
+    assert "bias" in back[0]._parameters
+    assert back[1].bias is net[1].bias
+    assert [n for n, _ in back.named_parameters()] == [n for n, _ in net.named_parameters()]
+    assert torch.equal(back(torch.ones(4, 2)), net(torch.ones(4, 2)))
+    # two groups holding a value at one slot
+    with pytest.raises(fk.StructureError, match=r"at \[1\]\.bias: groups\[0\] and groups\[1\] both hold"):
+        fk.combine(net, fk.partition(fk.copy(net), "*.weight")[1])
+    # a submodule shared by two places (and holding a None slot) stays one module
+    lin = torch.nn.Linear(2, 2, bias=False)
+    shared = torch.nn.Sequential(lin, torch.nn.ReLU(), lin, torch.nn.Linear(2, 1))
+    back = fk.combine(*fk.partition(shared, "*.bias"))
+    assert back[0] is back[2]
+    assert back[0] is not lin
+    assert back[0].weight is lin.weight
+    assert back[0].bias is None
+    # a group of another model: the path and both sides are named
+    other = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+    with pytest.raises(fk.StructureError, match=r"at \[1\]"):
+        fk.combine(w, fk.partition(other, "*.weight")[1])
 
 
 def test_stack_modules_for_vmap() -> None:

@@ -1,0 +1,243 @@
+"""PyTorch ``nn.Module`` as a functorkit node (`node_for`); part of the torch adapter
+(`functorkit.adapters.torch`), imported only once torch is.
+
+Children of a module are its parameters, then its buffers, then its
+submodules, each in registration order (the order of ``state_dict()``), keyed
+by name; names made of ASCII digits (``Sequential``/``ModuleList`` entries)
+become integer keys, so paths read ``layers[0].weight``. Slots holding
+``None`` (a ``bias=False`` layer) are not children: they are kept as they are
+(``fk.combine`` alone sees them, as ``None`` leaves, through the node's
+``flatten_slots``: a partition group is the module with ``None`` in the slots
+another group holds).
+Nothing else is a child: a plain attribute holding a tensor, a dict of
+tensors or a list of modules is not walked (torch does not see it either:
+it is not in ``state_dict()``, ``parameters()`` or ``.to()``).
+
+Trainable children: every tensor in a parameter slot unless it is an
+``nn.Parameter`` with ``requires_grad=False``, and every submodule; buffers
+are not trainable.
+
+A rebuilt module is a shallow clone made without calling ``__init__`` of the
+module it was recorded from as that module is *now* (held weakly; the state
+recorded at flatten time once it is gone or after unpickling), so ``re(p)``
+sees ``net.eval()``, new hooks and changed attributes as
+``torch.func.functional_call`` does: user attributes are shared, torch's own bookkeeping containers (hook dicts, the
+non-persistent buffer set, ``ParameterDict``'s key table) are copied, and the
+parameter, buffer and submodule dicts are fresh. Torch modules that cache
+references to their own children are refreshed: an RNN's flat weight list
+points at the rebuilt weights, and a ``torch.compile``d module
+(``OptimizedModule``) calls its rebuilt inner module.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .._registry import NodeDef
+
+__all__ = ["node_for"]
+
+_SECTIONS = ("_parameters", "_buffers", "_modules")
+# containers torch's Module.__init__ creates: copied (not shared) in a clone
+_OWN_CONTAINERS = frozenset(
+    k for k, v in torch.nn.Module().__dict__.items() if isinstance(v, (dict, set, list)) and k not in _SECTIONS
+)
+_DEFS: dict[type, NodeDef] = {}
+_KEYS: dict[str, Any] = {}  # child name -> path key (int for canonical ASCII digit strings)
+_Uninitialized = getattr(torch.nn.parameter, "UninitializedTensorMixin", ())
+
+
+def _key(name: str) -> Any:
+    k = _KEYS.get(name)
+    if k is None:
+        # only canonical decimal strings ("0", "17", not "007" or "²") become ints: the key maps back to the name
+        k = int(name) if name.isascii() and name.isdigit() and str(int(name)) == name else name
+        if len(_KEYS) < 100_000:
+            _KEYS[name] = k
+    return k
+
+
+def _flatten(m: Any, keep_none: bool = False) -> tuple[list[Any], list[Any], Any, bool]:
+    d = m.__dict__
+    keys: list[Any] = []
+    vals: list[Any] = []
+    layout: list[tuple[int, str, int]] = []  # (section, name, child index or -1 for None)
+    for s, section in enumerate(_SECTIONS):
+        for name, v in d[section].items():
+            if v is None and not keep_none:
+                layout.append((s, name, -1))
+            else:
+                layout.append((s, name, len(vals)))
+                keys.append(_key(name))
+                vals.append(v)
+    rest = {k: v for k, v in d.items() if k not in _SECTIONS}
+    return keys, vals, (type(m), rest, layout, _Live(m)), True
+
+
+def _flatten_slots(m: Any) -> tuple[list[Any], list[Any], Any, bool]:
+    """`_flatten` with the slots holding ``None`` as children too (for ``fk.combine``: every
+    partition group of a module then has the module's structure)."""
+    return _flatten(m, keep_none=True)
+
+
+class _Live:
+    """The module a node was recorded from, held weakly: a rebuilt module takes its non-parameter
+    state (training flag, hooks, plain attributes) from it at rebuild time, as
+    ``torch.func.functional_call`` uses the live module, so ``re(p)`` made before ``net.eval()``
+    sees it. Not part of the structure: every ``_Live`` equals every other, and pickles as a dead
+    reference (the recorded snapshot is used then)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, m: Any) -> None:
+        self.ref = None if m is None else weakref.ref(m)
+
+    def __call__(self) -> Any:
+        ref = self.ref
+        return None if ref is None else ref()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Live
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Live, (None,))
+
+    def __repr__(self) -> str:
+        return "<live module>"
+
+
+def _make_unflatten(
+    copied: frozenset[str], fixup: Callable[[Any], None] | None
+) -> Callable[[Any, list[Any], list[Any]], Any]:
+    def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
+        cls, rest, layout, live = aux
+        new = cls.__new__(cls)
+        m = live()
+        # the live module's current state; its parameter, buffer and submodule dicts are replaced below
+        nd = dict(rest if m is None or type(m) is not cls else m.__dict__)
+        for k in copied:
+            if k in nd:
+                nd[k] = type(nd[k])(nd[k])
+        sections: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] = ({}, {}, {})
+        for s, name, j in layout:
+            sections[s][name] = None if j < 0 else values[j]
+        for s, section in enumerate(_SECTIONS):
+            nd[section] = sections[s]
+        object.__setattr__(new, "__dict__", nd)
+        if fixup is not None:
+            fixup(new)
+        return new
+
+    return unflatten
+
+
+def _refresh_rnn(m: Any) -> None:
+    """Point an RNN's cached flat weight list at the rebuilt module's own weights.
+
+    ``RNNBase.forward`` reads ``_flat_weights``; the clone would otherwise share
+    the original's list (and a later ``setattr`` on the clone would write into
+    it). This mirrors ``RNNBase._init_flat_weights`` without its
+    ``flatten_parameters()``, which on CUDA rewrites the weights in place.
+    """
+    d = m.__dict__
+    names = d.get("_flat_weights_names")
+    if names is None:
+        return
+    params = d["_parameters"]
+    flat = [params.get(n, d.get(n)) for n in names]
+    d["_flat_weights"] = flat
+    d["_flat_weight_refs"] = [None if w is None else weakref.ref(w) for w in flat]
+
+
+def _refresh_compiled(m: Any) -> None:
+    """``torch.compile``'s ``OptimizedModule``: bind its forward to the rebuilt inner module.
+
+    Its ``forward`` attribute is a wrapper around ``self._orig_mod.__call__``
+    of the module it was made from; torch rebuilds it the same way when
+    unpickling (``__setstate__`` calls ``_initialize``).
+    """
+    m.__dict__.pop("forward", None)
+    m.__dict__.pop("_forward", None)
+    m._initialize()
+
+
+def _is_compiled_module(cls: type) -> bool:
+    return any(
+        c.__name__ == "OptimizedModule" and c.__module__.startswith("torch._dynamo") for c in cls.__mro__
+    ) and hasattr(cls, "_initialize")
+
+
+def _trainable(m: Any) -> frozenset[Any]:
+    d = m.__dict__
+    out = []
+    for name, v in d["_parameters"].items():
+        if v is None:
+            continue
+        if isinstance(v, _Uninitialized):
+            msg = (
+                f"the parameter {name!r} of this {type(m).__name__} is uninitialized (a lazy module): it has no "
+                "shape and no values yet, so it cannot be flattened or combined. Expected initialized "
+                "parameters; fix: run one forward pass through the model first, which initializes them."
+            )
+            raise ValueError(msg)
+        if isinstance(v, torch.nn.Parameter) and not v.requires_grad:
+            continue
+        out.append(_key(name))
+    out.extend(_key(name) for name, v in d["_modules"].items() if v is not None)
+    return frozenset(out)
+
+
+def _state_skip(aux: Any) -> frozenset[Any] | None:
+    """The child keys ``state_dict()`` leaves out: the module's non-persistent buffers."""
+    names = aux[1].get("_non_persistent_buffers_set")
+    return frozenset(map(_key, names)) if names else None
+
+
+def _kind_of(cls: type) -> Any:
+    """The node kind two trees are matched by. ``torch.nn.utils.parametrize`` gives every
+    parametrized module a class of its own (``ParametrizedLinear``, made per instance, subclassing
+    the original); two such modules of one original class are the same kind of node, as torch's
+    ``load_state_dict`` treats them."""
+    bases = cls.__bases__
+    if (
+        cls.__module__ == "torch.nn.utils.parametrize"
+        and len(bases) == 1
+        and cls.__name__ == f"Parametrized{bases[0].__name__}"
+    ):
+        return ("parametrized", bases[0])
+    return cls
+
+
+def node_for(cls: type) -> NodeDef | None:
+    """The NodeDef for an ``nn.Module`` subclass, or None for any other type."""
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        return None
+    nd = _DEFS.get(cls)
+    if nd is None:
+        copied = _OWN_CONTAINERS
+        fixup: Callable[[Any], None] | None = None
+        if issubclass(cls, torch.nn.ParameterDict):
+            copied = copied | {"_keys"}
+        if issubclass(cls, torch.nn.RNNBase):
+            copied = copied | {"_flat_weights_names", "_all_weights"}
+            fixup = _refresh_rnn
+        elif _is_compiled_module(cls):
+            fixup = _refresh_compiled
+        nd = _DEFS[cls] = NodeDef(
+            cls,
+            _flatten,
+            _make_unflatten(copied, fixup),
+            _trainable,
+            owns=True,
+            kind=_kind_of(cls),
+            state_skip=_state_skip,
+            flatten_slots=_flatten_slots,
+        )
+    return nd
