@@ -19,6 +19,7 @@ from ._policy import (
     flatten_error,
     same_device,
 )
+from ._record import all_distinct
 from ._treedef import TreeDef
 from ._typing import Policy, Tree
 from ._xp import is_array, is_inexact_array, namespace
@@ -214,7 +215,7 @@ class Reflatten:
                         td.position_paths()[p], "the parameter tied to an earlier position (the same array)",
                         "another array",
                     )
-        if len(set(map(id, leaves))) != len(leaves):
+        if not all_distinct(leaves):
             owner: dict[int, int] = {}
             for k, x in enumerate(leaves):
                 if owner.setdefault(id(x), k) != k:

@@ -1094,3 +1094,61 @@ def test_wide_container_trees_take_the_planned_matcher(monkeypatch: pytest.Monke
     tied = fk.fmap(lambda x: x + 1, t)
     assert len(walks) == walked + 1
     assert tied["b0"][0][0] is tied["b0"][0][9]
+
+
+@pytest.mark.parametrize("words", [True, False])
+def test_tie_test_on_many_leaves_with_and_without_object_words(monkeypatch: pytest.MonkeyPatch, words: bool) -> None:
+    # the tie test of a walk of many leaves sorts the objects' words (an object array's buffer)
+    # or, without that (the fallback), their ids: both find every tie, in the walk and in the
+    # generated matcher of a tree met before
+    from functorkit import _record
+
+    monkeypatch.setattr(_record, "OBJECT_WORDS", words)
+    monkeypatch.setattr(_record, "_DISTINCT_SORT", 128 if words else 2048)
+    monkeypatch.setattr(_record, "_PLANS", {})
+
+    def tree() -> dict[str, Any]:
+        return {
+            f"b{i}": [tuple(np.full(1, float(i * 1000 + k)) for k in range(100)) for j in range(10)] for i in range(3)
+        }
+
+    for _ in range(3):
+        out = fk.fmap(lambda x: x + 1, tree())
+        assert out["b2"][9][99][0] == 2100.0
+    t = tree()
+    assert all(_record.all_distinct(fk.leaves(t)) for _ in range(2))
+    x = t["b1"][4][7]
+    t["b2"][8] = (*t["b2"][8][:50], x, *t["b2"][8][51:])  # one tie among 3,000 positions
+    calls: list[int] = []
+
+    def f(a: Any) -> Any:
+        calls.append(1)
+        return a * 2
+
+    out = fk.fmap(f, t)
+    assert out["b2"][8][50] is out["b1"][4][7]
+    assert len(calls) == 2999
+    assert len(fk.leaves(t)) == 2999
+    assert not _record.all_distinct([*fk.leaves(t), x])
+
+
+def test_object_words_are_detected_and_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench_walk's "(a) A wide tree" fmap rows rest on it: on CPython the fast tie test must be on,
+    # and a walk of many leaves must go through it (forcing it off turns this red)
+    import sys
+
+    from functorkit import _record
+
+    if sys.implementation.name == "cpython":
+        assert _record._detect_object_words()
+        assert _record.OBJECT_WORDS
+    seen: list[int] = []
+    real = np.frombuffer
+
+    def frombuffer(*args: Any, **kwargs: Any) -> Any:
+        seen.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_record.np, "frombuffer", frombuffer)
+    fk.fmap(lambda x: x, [np.zeros(()) for _ in range(500)])
+    assert seen == ([1] if _record.OBJECT_WORDS else [])
