@@ -455,3 +455,64 @@ def test_out_problem_names_overlap() -> None:
     ro = np.zeros(3)
     ro.flags.writeable = False
     assert "read-only" in (adapter_of(ro).out_problem(ro) or "")
+
+
+def test_torch_small_flat_vectors_are_one_cat(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench_flat "mlp, torch" destructure(model) row: a small CPU vector of plain tensors of its
+    # dtype is one torch.cat; forcing that off (CAT_MAX_BYTES = 0) must show here and give the same
+    torch = pytest.importorskip("torch")
+    from functorkit.adapters import torch as tad
+
+    model = {
+        "w": torch.randn(3, 4, requires_grad=True),
+        "b": torch.nn.Parameter(torch.randn(4)),
+        "t": torch.randn(2, 3).t(),
+    }
+    cats: list[int] = []
+    real = torch.cat
+
+    def cat(*a: Any, **k: Any) -> Any:
+        cats.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(torch, "cat", cat)
+    got = [fk.destructure(model)[0] for _ in range(3)]  # the first call and two through the plan
+    assert len(cats) == 3
+    for flat in got:
+        assert not flat.requires_grad
+        assert flat.is_contiguous()
+        assert flat.data_ptr() not in {x.data_ptr() for x in model.values()}
+    monkeypatch.setattr(tad, "CAT_MAX_BYTES", 0)
+    ref, _ = fk.destructure(model)
+    assert len(cats) == 3
+    for flat in got:
+        assert torch.equal(flat, ref)
+    monkeypatch.setattr(tad, "CAT_MAX_BYTES", 1 << 20)
+    # not taken: a dtype conversion (policy "model"), a subclass
+    fk.destructure({"a": torch.ones(2), "b": torch.ones(2, dtype=torch.float64)}, policy="model")
+
+    class Sub(torch.Tensor):
+        pass
+
+    fk.destructure({"a": torch.ones(2).as_subclass(Sub)})
+    assert len(cats) == 3
+
+
+def test_small_alias_sweep_agrees_with_the_numpy_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the alias check sorts up to _SMALL spans in Python, more in NumPy: both give the same clusters
+    import random
+
+    from functorkit import _alias
+
+    rng = random.Random(7)
+    for _ in range(300):
+        n = rng.randint(2, 12)
+        spans = []
+        for k in range(n):
+            lo = rng.randrange(0, 200, 8)
+            spans.append(("space", lo, lo + rng.randrange(8, 64, 8), k))
+        small = [[sp[3] for sp in c] for c in _alias._clusters(spans)]
+        monkeypatch.setattr(_alias, "_SMALL", 0)
+        big = [[sp[3] for sp in c] for c in _alias._clusters(spans)]
+        monkeypatch.setattr(_alias, "_SMALL", 16)
+        assert small == big
