@@ -482,11 +482,18 @@ def test_torch_small_flat_vectors_are_one_cat(monkeypatch: pytest.MonkeyPatch) -
         assert not flat.requires_grad
         assert flat.is_contiguous()
         assert flat.data_ptr() not in {x.data_ptr() for x in model.values()}
+    re = fk.destructure(model)[1]
+    buf = torch.full((len(re),), -1.0)
+    assert re.flatten(model, out=buf) is buf  # re.flatten(out=): one torch.cat(..., out=buf)
+    assert len(cats) == 5
     monkeypatch.setattr(tad, "CAT_MAX_BYTES", 0)
     ref, _ = fk.destructure(model)
-    assert len(cats) == 3
-    for flat in got:
+    buf2 = torch.full((len(re),), -1.0)
+    re.flatten(model, out=buf2)
+    assert len(cats) == 5
+    for flat in [*got, buf]:
         assert torch.equal(flat, ref)
+    assert torch.equal(buf2, ref)
     monkeypatch.setattr(tad, "CAT_MAX_BYTES", 1 << 20)
     # not taken: a dtype conversion (policy "model"), a subclass
     fk.destructure({"a": torch.ones(2), "b": torch.ones(2, dtype=torch.float64)}, policy="model")
@@ -495,7 +502,7 @@ def test_torch_small_flat_vectors_are_one_cat(monkeypatch: pytest.MonkeyPatch) -
         pass
 
     fk.destructure({"a": torch.ones(2).as_subclass(Sub)})
-    assert len(cats) == 3
+    assert len(cats) == 5
 
 
 def test_small_alias_sweep_agrees_with_the_numpy_one(monkeypatch: pytest.MonkeyPatch) -> None:
