@@ -105,8 +105,7 @@ def match_tree(
                     okeys: Any = list(c)
                     vals = list(c.values())
                 else:
-                    flatten = nd.flatten_slots if slots and nd.flatten_slots is not None else nd.flatten
-                    okeys, vals, _aux, _named = flatten(c)
+                    okeys, vals, _aux, _named = (nd.flatten_slots if slots else nd.flatten)(c)
                     if not nd.owns:
                         keep.append(vals)
                 if okeys != keys:

@@ -148,10 +148,7 @@ class _Recorder:
                         aux = _NO_AUX
                         named = True
                     else:
-                        if slots and nd.flatten_slots is not None:
-                            ckeys, cvals, aux, named = nd.flatten_slots(c)
-                        else:
-                            ckeys, cvals, aux, named = nd.flatten(c)
+                        ckeys, cvals, aux, named = (nd.flatten_slots if slots else nd.flatten)(c)
                         if not nd.owns:
                             keep.append(cvals)
                     n = len(cvals)

@@ -77,10 +77,10 @@ class NodeDef:
     ``state_skip(aux)`` (optional) returns the child keys that are not part
     of the node's state dict (torch: non-persistent buffers), or None.
 
-    ``flatten_slots(obj)`` (optional) is ``flatten`` for a node that leaves
-    out slots holding ``None`` (torch modules: ``bias=None``): it lists them
-    too, as ``None`` children, so that trees differing only in which slots
-    hold ``None`` have one structure. Only ``fk.combine`` uses it.
+    ``flatten_slots(obj)`` (default: ``flatten``) is ``flatten`` for a node
+    that leaves out slots holding ``None`` (torch modules: ``bias=None``): it
+    lists them too, as ``None`` children, so that trees differing only in
+    which slots hold ``None`` have one structure. Only ``fk.combine`` uses it.
     """
 
     __slots__ = ("cls", "fast", "flatten", "flatten_slots", "kind", "owns", "state_skip", "trainable", "unflatten")
@@ -106,7 +106,7 @@ class NodeDef:
         self.fast = fast
         self.owns = owns
         self.state_skip = state_skip
-        self.flatten_slots = flatten_slots
+        self.flatten_slots = flatten if flatten_slots is None else flatten_slots
 
     def __repr__(self) -> str:
         return f"NodeDef({self.cls.__qualname__})"
