@@ -11,8 +11,11 @@ writes for tied models.
 The file format is written and read here with NumPy
 (`functorkit._safetensors_io`); array families differ only in adapter
 methods (``to_host``, ``host_blocks``/``compute_blocks``, ``from_stored``).
-Writing goes to a temporary name next to the target, renamed into place at
-the end (removed on any error), so no partial checkpoint is ever left.
+Writing goes to a temporary name next to the target, moved into place at
+the end (removed on any error), so no partial checkpoint is ever left; what
+may be replaced, and how, is `functorkit._ckpt_files`. Reading checks every
+header first (`functorkit._safetensors_io`) and, unless ``mmap=True``,
+copies the tensors into memory the arrays own.
 """
 
 from __future__ import annotations
@@ -21,17 +24,15 @@ import builtins
 import json
 import math
 import os
-import shutil
-import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from ._ckpt_files import replace_dir, replace_file
 from ._errors import StructureError
-from ._keypath import KeyPath
-from ._safetensors_io import CODE_OF, INDEX, TIES, Checkpoint, header_bytes, stand_in
+from ._safetensors_io import CODE_OF, TIES, Checkpoint, header_bytes, stand_in
 from ._state import state_positions
 from ._treedef import TreeDef
 from .adapters._base import adapter_of
@@ -50,6 +51,18 @@ _SHOWN = 20
 def _dtype_name(dtype: Any) -> str:
     name = getattr(dtype, "name", None)
     return name if isinstance(name, str) else str(dtype).rpartition(".")[2]
+
+
+def _known_shape(x: Any, where: str) -> tuple[int, ...]:
+    """`x`'s shape as ints; a Dask array of unknown dims (``nan``) is a clear error naming `where`."""
+    dims = tuple(x.shape)
+    if any(d is None or (isinstance(d, float) and math.isnan(d)) for d in dims):
+        msg = (
+            f"{where} has the unknown shape {dims} (a Dask array after boolean indexing or a filter?); "
+            "expected known sizes to store it. Fix: call `x.compute_chunk_sizes()` on it first."
+        )
+        raise StructureError(msg)
+    return tuple(int(d) for d in dims)
 
 
 def _array_keys(tree: Any, fname: str) -> tuple[list[Any], TreeDef, dict[int, list[str]]]:
@@ -104,7 +117,7 @@ class _Item:
                 f"Expected one of {sorted(CODE_OF)}; fix: cast it first (fk.fmap)."
             )
             raise TypeError(msg)
-        self.shape = tuple(int(d) for d in x.shape)
+        self.shape = _known_shape(x, f"fk.save: the array at {key!r}")
         self.itemsize = stand_in(self.name).itemsize
         self.nbytes = math.prod(self.shape) * self.itemsize
 
@@ -126,19 +139,26 @@ def save(
     Lazy (Dask) arrays are computed block by block and written in place,
     so memory stays near one block (`BATCH_BYTES`), on whatever Dask
     scheduler is active (``dask.distributed`` included). The file (or
-    directory) appears only when complete: on any error nothing is left.
+    directory) appears only when complete: on any error, ``KeyboardInterrupt``
+    included, the path holds the old checkpoint or the new one, whole, and
+    nothing else is left. Keys are stored exactly as given, so saving what
+    `load` returned writes the keys it read.
 
     Parameters
     ----------
     path
         A file path; with `shard_size`, a directory that receives the shards
         ``model-00001-of-0000N.safetensors`` and ``model.safetensors.index.json``
-        (Hugging Face's layout). An existing file is replaced; an existing
-        directory only if it holds nothing but a checkpoint.
+        (Hugging Face's layout). An existing file is replaced only if it is a
+        safetensors file; an existing directory must be empty or hold a
+        checkpoint (an index and its shards): those are replaced, every other
+        file there is left alone. Anything else at the path is a
+        ``FileExistsError``.
     model
         Any tree functorkit walks: dict, dataclass, ``nn.Module``...
     metadata
-        ``str -> str`` pairs stored in the header (``"functorkit.ties"`` is reserved).
+        ``str -> str`` pairs stored in the header, never read as anything else
+        (``"functorkit.ties"`` is reserved: functorkit's own record of ties).
     shard_size
         The largest shard, in bytes (``int``) or as text (``"2GB"``, ``"500MiB"``);
         a tensor larger than that gets a shard of its own.
@@ -148,7 +168,11 @@ def save(
     TypeError
         For a dtype safetensors cannot store, or bad `metadata`.
     StructureError
-        If two paths give one key (a dict key holding a dot).
+        If two paths give one key (a dict key holding a dot), a key is
+        ``__metadata__`` (the header's own entry), or a lazy array's shape is
+        unknown.
+    FileExistsError
+        If the path holds something fk.save does not replace.
 
     Examples
     --------
@@ -169,29 +193,28 @@ def save(
     items: list[_Item] = []
     ties: dict[str, str] = {}
     for j, ks in keys.items():
+        if _HEADER_KEY in ks:
+            msg = (
+                f"fk.save: a model key is {_HEADER_KEY!r}, the name safetensors reserves for the header's "
+                "metadata, so the file could not be read back. Fix: rename that key."
+            )
+            raise StructureError(msg)
         items.append(_Item(ks[0], leaves[j]))
         ties.update({k: ks[0] for k in ks[1:]})
-    if ties:
-        meta[TIES] = json.dumps(ties)
-    parent = os.path.dirname(os.path.abspath(target))
-    if not os.path.isdir(parent):
-        msg = f"fk.save: the directory {parent} does not exist; create it first (os.makedirs)."
-        raise FileNotFoundError(msg)
-    tmp = os.path.join(parent, f".{os.path.basename(target)}.fk-tmp-{uuid.uuid4().hex[:12]}")
-    try:
-        if size is None:
-            _write_file(tmp, items, meta)
-            os.replace(tmp, target)
-        else:
-            os.mkdir(tmp)
-            _write_shards(tmp, items, meta, size)
-            _replace_dir(tmp, target)
-    except BaseException:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-        elif os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    meta[TIES] = json.dumps(ties)  # always written: it marks the other metadata as the user's
+    if size is None:
+        replace_file(target, lambda tmp: _write_file(tmp, items, meta))
+    else:
+        shards = _plan_shards(items, size)
+        replace_dir(
+            target,
+            len(shards),
+            lambda file, i: _write_file(file, shards[i], meta),
+            lambda file, names: _write_index(file, shards, names, meta),
+        )
+
+
+_HEADER_KEY = "__metadata__"
 
 
 def _check_metadata(metadata: Any) -> dict[str, str]:
@@ -208,7 +231,7 @@ def _check_metadata(metadata: Any) -> dict[str, str]:
     return dict(metadata)
 
 
-def _write_shards(folder: str, items: list[_Item], meta: dict[str, str], size: int) -> None:
+def _plan_shards(items: list[_Item], size: int) -> list[list[_Item]]:
     shards: list[list[_Item]] = [[]]
     filled = 0
     for it in items:
@@ -217,34 +240,15 @@ def _write_shards(folder: str, items: list[_Item], meta: dict[str, str], size: i
             filled = 0
         shards[-1].append(it)
         filled += it.nbytes
-    n = len(shards)
-    weight_map: dict[str, str] = {}
-    for i, shard in enumerate(shards):
-        name = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-        _write_file(os.path.join(folder, name), shard, meta)
-        weight_map.update({it.key: name for it in shard})
-    index = {"metadata": {**meta, "total_size": sum(it.nbytes for it in items)}, "weight_map": weight_map}
-    with builtins.open(os.path.join(folder, INDEX), "w") as f:
+    return shards
+
+
+def _write_index(file: str, shards: list[list[_Item]], names: list[str], meta: dict[str, str]) -> None:
+    weight_map = {it.key: name for shard, name in zip(shards, names, strict=True) for it in shard}
+    total = sum(it.nbytes for shard in shards for it in shard)
+    index = {"metadata": {**meta, "total_size": total}, "weight_map": weight_map}
+    with builtins.open(file, "w", encoding="utf-8") as f:
         json.dump(index, f, indent=2)
-
-
-def _replace_dir(tmp: str, target: str) -> None:
-    """Move the finished directory `tmp` to `target`, replacing an earlier checkpoint there."""
-    if not os.path.lexists(target):
-        os.rename(tmp, target)
-        return
-    if not os.path.isdir(target) or any(
-        not (n.endswith(".safetensors") or n == INDEX) for n in os.listdir(target)
-    ):
-        msg = (
-            f"fk.save: {target} exists and is not a checkpoint directory (it holds other files); "
-            "choose a new path or remove it first."
-        )
-        raise FileExistsError(msg)
-    old = tmp.replace(".fk-tmp-", ".fk-old-")
-    os.rename(target, old)
-    os.rename(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_file(file: str, items: list[_Item], meta: dict[str, str]) -> None:
@@ -333,35 +337,34 @@ class _Writer:
 # ----------------------------------------------------------------------------- reading
 
 
+def _split(key: str) -> list[Any]:
+    """The entries of a stored key: split at its dots, a digit run written as ``str(int)`` becoming an
+    ``int`` (``01``, ``-1``, ``a[0]`` stay strings), so `KeyPath.dotted` gives `key` back exactly."""
+    return [int(e) if e.isascii() and e.isdigit() and len(e) < 19 and str(int(e)) == e else e for e in key.split(".")]
+
+
 def _nest(ck: Checkpoint, make: Any, fname: str) -> dict[Any, Any]:
-    """Nested dicts by the dotted keys (digit runs become ``int`` keys), ties shared."""
-    out: dict[Any, Any] = {}
+    """Nested dicts by the dotted keys (`_split`), ties shared; one flat dict ``{stored key:
+    array}`` where the keys do not nest (a key that is a prefix of another)."""
     made: dict[str, Any] = {}
-    for key in [*ck.tensors, *ck.aliases]:
+    keys = [*ck.tensors, *ck.aliases]
+    for key in keys:
         stored = ck.aliases.get(key, key)
         if stored not in made:
             made[stored] = make(ck.tensors[stored])
-        try:
-            entries = list(KeyPath.parse(key)) if key else [key]
-        except ValueError:
-            entries = [key]
+    out: dict[Any, Any] = {}
+    for key in keys:
+        entries = _split(key)
         node = out
-        for i, e in enumerate(entries[:-1]):
+        for e in entries[:-1]:
             nxt = node.setdefault(e, {})
-            if not isinstance(nxt, dict):
-                raise _prefix_error(ck, fname, ".".join(map(str, entries[: i + 1])), key)
+            if type(nxt) is not dict:
+                return {k: made[ck.aliases.get(k, k)] for k in keys}
             node = nxt
         if entries[-1] in node:
-            raise _prefix_error(ck, fname, key, key)
-        node[entries[-1]] = made[stored]
+            return {k: made[ck.aliases.get(k, k)] for k in keys}
+        node[entries[-1]] = made[ck.aliases.get(key, key)]
     return out
-
-
-def _prefix_error(ck: Checkpoint, fname: str, leaf: str, key: str) -> StructureError:
-    return StructureError(
-        f"fk.{fname}: in {ck.where}, the key {key!r} goes through {leaf!r}, which is itself a tensor (or "
-        "repeats a key); nested dicts cannot hold both. Fix: pass `like=` a model with that structure."
-    )
 
 
 def _into_like(ck: Checkpoint, like: Any, make: Any, fname: str) -> Any:
@@ -382,7 +385,7 @@ def _into_like(ck: Checkpoint, like: Any, make: Any, fname: str) -> Any:
             continue
         s = next(iter(stored))
         x, info = leaves[j], ck.tensors[s].info
-        shape, name = tuple(int(d) for d in x.shape), _dtype_name(x.dtype)
+        shape, name = _known_shape(x, f"fk.{fname}: the array of `like` at {ks[0]!r}"), _dtype_name(x.dtype)
         if shape != info.shape or name != info.name:
             bad.append(f"{ks[0]!r} in {info.path}: {info.name} {info.shape} stored, {name} {shape} in `like`")
         plan[j] = s
@@ -422,29 +425,48 @@ def _report(ck: Checkpoint, fname: str, missing: list[str], unexpected: list[str
     )
 
 
-def load(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:
-    """Read a safetensors checkpoint (a file, or a directory of shards with an index), memory-mapped.
+def load(path: str | os.PathLike[str], /, *, like: Any = None, mmap: bool = False) -> Any:
+    """Read a safetensors checkpoint (a file, or a directory of shards with an index).
+
+    Every header is checked before anything is read (rules at least as strict
+    as the ``safetensors`` package's: a hostile or damaged file gives a
+    `StructureError` naming the file and the key, never a crash or a huge
+    allocation), and shard names must be plain files of the checkpoint
+    directory. The arrays own their memory: they are read from the files
+    whose headers were checked, and a later change to the file (rewritten,
+    truncated, replaced) never changes or breaks them.
 
     Without `like`: nested dicts by the dotted keys, a run of digits becoming
-    an ``int`` key (``layers.0.weight`` -> ``{"layers": {0: {"weight": ...}}}``),
-    NumPy arrays over a copy-on-write map of the file (read when touched;
-    writing to them never changes the file). Saving that tree again gives
-    the same keys. bfloat16/float8 tensors need ``ml_dtypes`` for NumPy.
+    an ``int`` key (``layers.0.weight`` -> ``{"layers": {0: {"weight": ...}}}``;
+    ``01`` or ``-1`` stay strings), so that saving the tree again writes the
+    very keys that were read; where keys do not nest (``a`` and ``a.b`` both
+    stored), one flat dict ``{stored key: array}``. NumPy arrays; bfloat16 and
+    float8 need ``ml_dtypes``.
 
     With `like`: a copy of `like`'s structure (modules, dataclasses...) with
-    each array read into `like`'s array library and device: NumPy views of
-    the map, torch tensors over the map without a copy on the CPU
-    (``nn.Parameter`` where `like` has one), JAX arrays, Dask arrays (as
-    `open`). Non-array leaves come from `like`.
+    each array read into `like`'s array library and device (torch tensors
+    over the array read, ``nn.Parameter`` where `like` has one; JAX arrays;
+    Dask arrays as `open`). Non-array leaves come from `like`.
 
     Ties recorded in the file come back as one shared array.
+
+    Parameters
+    ----------
+    mmap
+        ``True``: NumPy arrays (and CPU torch tensors) are views of one
+        copy-on-write memory map of each file instead, read when touched (for
+        models larger than memory). Such arrays **follow the file**: another
+        program rewriting it in place changes them, and truncating it makes a
+        later read crash the process (``SIGBUS``). Writing to them never
+        changes the file.
 
     Raises
     ------
     StructureError
-        If the file is not valid safetensors (truncated, bad header), or with
-        `like`: every missing, unexpected, shape- or dtype-mismatched key in
-        one message naming the keys and files.
+        If a file is not valid safetensors (truncated, bad header, a shard
+        name leaving the directory, not a regular file), or with `like`: every
+        missing, unexpected, shape- or dtype-mismatched key in one message
+        naming the keys and files.
     FileNotFoundError
         For a missing file or shard.
 
@@ -460,18 +482,24 @@ def load(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:
     >>> fk.load(path, like=like)["layers"][0]["w"].tolist()
     [1.0, 1.0]
     """
-    ck = Checkpoint(path, "load")
-    if like is None:
-        return _nest(ck, lambda s: s.array(), "load")
-    return _into_like(ck, like, lambda s, x: adapter_of(x).from_stored(s, x), "load")
+    if type(mmap) is not bool:
+        msg = f"fk.load: `mmap` must be True or False, got {mmap!r}."
+        raise TypeError(msg)
+    with Checkpoint(path, "load", mmap=mmap) as ck:
+        if like is None:
+            return _nest(ck, lambda s: s.array(), "load")
+        return _into_like(ck, like, lambda s, x: adapter_of(x).from_stored(s, x), "load")
 
 
 def open(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:
     """Open a checkpoint lazily: a model whose leaves are Dask arrays over the stored tensors.
 
-    Nothing is read until computed: each chunk (rows of about 16 MiB) maps
-    the file, copies its rows and unmaps it, in whichever process computes
-    it (``dask.distributed`` workers included). Dtypes are as stored
+    Nothing is read until computed: each chunk (rows of about 16 MiB; an
+    empty tensor is one chunk) opens the file, checks that it is still the
+    file whose header was read (device, inode, size, modification time: a
+    `StructureError` otherwise, never data read at old offsets from another
+    file), reads its rows and closes it, in whichever process computes it
+    (``dask.distributed`` workers included). Headers are checked as in `load`. Dtypes are as stored
     (bfloat16/float8 through ``ml_dtypes``). Arithmetic on the result stays
     lazy; `save` writes it block by block. Structure as in
     `load` (nested dicts, or `like`'s structure with every array leaf
@@ -495,7 +523,7 @@ def open(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:
     from .adapters._base import lazy_adapter
 
     ad = lazy_adapter()
-    ck = Checkpoint(path, "open")
-    if like is None:
-        return _nest(ck, lambda s: ad.from_stored(s, None), "open")
-    return _into_like(ck, like, lambda s, x: ad.from_stored(s, None), "open")
+    with Checkpoint(path, "open") as ck:
+        if like is None:
+            return _nest(ck, lambda s: ad.from_stored(s, None), "open")
+        return _into_like(ck, like, lambda s, x: ad.from_stored(s, None), "open")

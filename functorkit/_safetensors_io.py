@@ -10,6 +10,12 @@ covering the data section without holes
 torch out of the core; the tests check files both ways against the
 ``safetensors`` package.
 
+Reading trusts nothing in the file (SPEC section 13): the header passes the
+rules of the ``safetensors`` package (`_parse_header`) before any tensor
+is touched, every refusal is a `StructureError` naming the file and the key,
+shard names of an index are plain names inside its directory, and only
+regular files are opened (with ``O_NONBLOCK``, so a FIFO never blocks).
+
 Tensors are handed around as NumPy arrays. Dtypes NumPy lacks (bfloat16,
 float8) travel as a same-width unsigned integer stand-in together with their
 name; `real_dtype` gives the true NumPy dtype through ``ml_dtypes``
@@ -22,9 +28,11 @@ from __future__ import annotations
 
 import json
 import math
+import mmap as _mmap
 import os
+import stat
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -37,11 +45,13 @@ __all__ = [
     "NAME_OF",
     "TIES",
     "Checkpoint",
-    "Stored",
     "LazyTensor",
     "SafetensorsFile",
+    "Stored",
     "TensorInfo",
     "header_bytes",
+    "open_regular",
+    "read_index",
     "real_dtype",
     "stand_in",
 ]
@@ -66,8 +76,13 @@ CODE_OF: dict[str, str] = {
 }
 NAME_OF: dict[str, str] = {v: k for k, v in CODE_OF.items()}
 _ML_DTYPES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2"})
-#: refuse headers larger than this (the reference implementation's limit)
+#: refuse headers (and shard indexes) larger than this (the reference implementation's limit)
 _MAX_HEADER = 100_000_000
+#: the longest integer a header may hold (offsets and dims fit in 64 bits: 20 digits)
+_MAX_DIGITS = 20
+INDEX = "model.safetensors.index.json"
+#: the metadata key of the ties fk.save records (``{alias: stored key}`` as JSON); always written
+TIES = "functorkit.ties"
 
 
 def stand_in(name: str) -> np.dtype[Any]:
@@ -95,12 +110,15 @@ def real_dtype(name: str, where: str) -> np.dtype[Any]:
 
 
 class TensorInfo:
-    """One tensor of a file: key, dtype name, shape, and where its bytes lie."""
+    """One tensor of a file: key, dtype name, shape, where its bytes lie, and the file's identity."""
 
-    __slots__ = ("begin", "end", "key", "name", "path", "shape")
+    __slots__ = ("begin", "end", "ident", "key", "name", "path", "shape")
 
-    def __init__(self, path: str, key: str, name: str, shape: tuple[int, ...], begin: int, end: int) -> None:
+    def __init__(
+        self, path: str, key: str, name: str, shape: tuple[int, ...], begin: int, end: int, ident: tuple[int, ...]
+    ) -> None:
         self.path, self.key, self.name, self.shape, self.begin, self.end = path, key, name, shape, begin, end
+        self.ident = ident
 
     @property
     def nbytes(self) -> int:
@@ -127,85 +145,275 @@ def _bad(path: str, what: str) -> StructureError:
     )
 
 
-class SafetensorsFile:
-    """A parsed header; tensors are read through one copy-on-write memory map of the whole file."""
+def _short(obj: Any) -> str:
+    """A repr cut to 80 characters (a hostile header may hold anything)."""
+    text = repr(obj) if not isinstance(obj, int) or abs(obj) < 10**_MAX_DIGITS else "<a huge int>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = p = os.fspath(path)
-        try:
-            size = os.path.getsize(p)
-            with open(p, "rb") as f:
-                raw = f.read(8)
-                if len(raw) < 8:
-                    raise _bad(p, f"it has {len(raw)} bytes, fewer than the 8-byte header length")
-                (n,) = struct.unpack("<Q", raw)
-                if n > min(_MAX_HEADER, size - 8):
-                    raise _bad(p, f"the header length {n} exceeds the file ({size} bytes)")
-                text = f.read(n)
-        except FileNotFoundError:
-            msg = f"{p}: no such checkpoint file; check the path (a missing shard of a sharded checkpoint?)."
-            raise FileNotFoundError(msg) from None
-        try:
-            head = json.loads(text)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise _bad(p, f"its header is not JSON ({e})") from None
-        if not isinstance(head, dict):
-            raise _bad(p, "its header is not a JSON object")
-        meta = head.pop("__metadata__", None) or {}
-        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-            raise _bad(p, "`__metadata__` is not a mapping of strings")
-        self.metadata: dict[str, str] = meta
-        self.data_start = 8 + n
-        data_size = size - self.data_start
-        self.tensors: dict[str, TensorInfo] = {}
-        for key, entry in head.items():
-            self.tensors[key] = self._entry(key, entry, data_size)
-        self._map: np.memmap[Any, Any] | None = None
 
-    def _entry(self, key: str, e: Any, data_size: int) -> TensorInfo:
-        p = self.path
-        if not isinstance(e, dict) or e.get("dtype") not in NAME_OF:
-            raise _bad(p, f"the entry of {key!r} has no known dtype ({e!r:.200})")
-        shape, offs = e.get("shape"), e.get("data_offsets")
-        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-            raise _bad(p, f"the shape of {key!r} is not a list of non-negative ints")
-        if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int and o >= 0 for o in offs)):
-            raise _bad(p, f"the data offsets of {key!r} are not two non-negative ints")
-        name = NAME_OF[e["dtype"]]
-        begin, end = offs
-        if end - begin != math.prod(shape) * stand_in(name).itemsize:
-            raise _bad(p, f"{key!r} has {end - begin} bytes for shape {tuple(shape)} of {name}")
-        if end > data_size:
+# ----------------------------------------------------------------------------- opening files
+
+
+def _kind(mode: int) -> str:
+    for test, what in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO (named pipe)"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(mode):
+            return what
+    return "special file"
+
+
+def open_regular(path: str, what: str) -> Any:
+    """`path` opened for reading as an unbuffered binary file, if it is a regular file.
+
+    A FIFO, device or socket is refused before it is opened (``os.stat``) and
+    again after (``fstat`` of a descriptor opened with ``O_NONBLOCK``, so a
+    FIFO swapped in between cannot block the open)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        msg = f"{path}: no such {what}; check the path (a missing shard of a sharded checkpoint?)."
+        raise FileNotFoundError(msg) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path, what, st.st_mode)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, what, mode)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _not_regular(path: str, what: str, mode: int) -> StructureError:
+    return StructureError(
+        f"{path}: expected the {what} to be a regular file, found a {_kind(mode)}; functorkit opens only "
+        "regular files. Fix: point to the checkpoint file itself."
+    )
+
+
+def _identity(f: Any) -> tuple[int, int, int, int]:
+    st = os.fstat(f.fileno())
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _read_into(f: Any, buf: Any, offset: int, path: str, key: str) -> None:
+    """Fill the writable buffer `buf` with the file's bytes from `offset` (short reads retried)."""
+    view = memoryview(buf).cast("B")
+    f.seek(offset)
+    done = 0
+    while done < len(view):
+        n = f.readinto(view[done:])
+        if not n:
             msg = (
-                f"{p}: the file is truncated: the tensor {key!r} needs bytes up to {end} of the data "
-                f"section, which has only {data_size}. Fix: write or download the file again."
+                f"{path}: the file is shorter than its header says: the tensor {key!r} ends at byte "
+                f"{offset + len(view)}, the file at {offset + done}; was it cut short by another program?"
             )
             raise StructureError(msg)
-        return TensorInfo(p, key, name, tuple(shape), self.data_start + begin, self.data_start + end)
+        done += n
+
+
+# ----------------------------------------------------------------------------- the header
+
+
+class _Refused(Exception):
+    """A header value refused while the JSON is read (before Python builds it)."""
+
+
+def _json_int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_DIGITS:
+        msg = f"an integer of {len(text)} digits"
+        raise _Refused(msg)
+    return int(text)
+
+
+def _json_constant(text: str) -> Any:
+    msg = f"the non-JSON constant {text}"
+    raise _Refused(msg)
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        msg = f"the key {_short(dup)} twice in one object"
+        raise _Refused(msg)
+    return out
+
+
+def loads_json(raw: bytes, path: str, what: str) -> Any:
+    """Strict JSON: UTF-8 without BOM, no duplicate keys, no NaN/Infinity, integers of at most 20
+    digits, bounded nesting; every refusal a `StructureError` naming `path`."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise _bad(path, f"its {what} starts with a byte order mark (UTF-8 JSON has none)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _bad(path, f"its {what} is not UTF-8 (byte {e.start}: {e.reason}; UTF-16?)") from None
+    if not text.startswith("{"):
+        raise _bad(path, f"its {what} does not start with '{{' (found {_short(text[:16])})")
+    try:
+        return json.loads(
+            text, object_pairs_hook=_json_object, parse_int=_json_int, parse_constant=_json_constant
+        )
+    except _Refused as e:
+        raise _bad(path, f"its {what} holds {e}") from None
+    except RecursionError:
+        raise _bad(path, f"its {what} is nested too deeply") from None
+    except ValueError as e:  # json.JSONDecodeError, and whatever else json refuses
+        raise _bad(path, f"its {what} is not JSON ({_short(str(e))})") from None
+
+
+def _parse_header(
+    path: str, raw: bytes, data_size: int, data_start: int, ident: tuple[int, ...]
+) -> tuple[dict[str, str], dict[str, TensorInfo]]:
+    """The metadata and the tensors of a header, after every rule of the ``safetensors`` package:
+    known dtypes, shapes of non-negative ints whose byte size is the range, ranges contiguous and
+    non-overlapping from 0 to the end of the file exactly."""
+    head = loads_json(raw, path, "header")
+    meta = head.pop("__metadata__", None)
+    if meta is None:
+        meta = {}
+    elif not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise _bad(path, f"the entry '__metadata__' is not an object of strings ({_short(meta)})")
+    tensors: dict[str, TensorInfo] = {}
+    for key, e in head.items():
+        tensors[key] = _entry(path, key, e, data_size, data_start, ident)
+    pos = 0
+    for t in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
+        if t.begin != data_start + pos:
+            where = "overlaps the tensor before it" if t.begin < data_start + pos else "leaves a hole before it"
+            raise _bad(
+                path,
+                f"the tensor {t.key!r} starts at byte {t.begin - data_start} of the data section, which "
+                f"{where} (the ranges must follow each other without gaps or overlaps, from 0)",
+            )
+        pos = t.end - data_start
+    if pos != data_size:
+        raise _bad(path, f"the data section has {data_size - pos} bytes after the last tensor (trailing bytes)")
+    return meta, tensors
+
+
+def _entry(path: str, key: str, e: Any, data_size: int, data_start: int, ident: tuple[int, ...]) -> TensorInfo:
+    if not isinstance(e, dict):
+        raise _bad(path, f"the entry of {key!r} is not an object ({_short(e)})")
+    code = e.get("dtype")
+    if type(code) is not str or code not in NAME_OF:
+        raise _bad(path, f"the tensor {key!r} has the dtype {_short(code)}; expected one of {sorted(NAME_OF)}")
+    shape, offs = e.get("shape"), e.get("data_offsets")
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+        raise _bad(path, f"the shape of {key!r} is not a list of non-negative ints ({_short(shape)})")
+    if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int and o >= 0 for o in offs)):
+        raise _bad(path, f"the data offsets of {key!r} are not two non-negative ints ({_short(offs)})")
+    name = NAME_OF[code]
+    begin, end = offs
+    if end < begin:
+        raise _bad(path, f"the data offsets of {key!r} end before they begin ({begin}, {end})")
+    if end > data_size:
+        msg = (
+            f"{path}: the file is truncated: the tensor {key!r} needs bytes up to {end} of the data "
+            f"section, which has only {data_size}. Fix: write or download the file again."
+        )
+        raise StructureError(msg)
+    count = 0 if 0 in shape else 1
+    for d in shape:  # stops as soon as the size passes the range: no huge product is formed
+        count *= d
+        if count > end - begin:
+            break
+    if count * stand_in(name).itemsize != end - begin:
+        raise _bad(path, f"{key!r} has {end - begin} bytes for shape {_short(tuple(shape))} of {name}")
+    return TensorInfo(path, key, name, tuple(shape), data_start + begin, data_start + end, ident)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+class SafetensorsFile:
+    """A parsed header, and the open file it was read from (closed by `close`).
+
+    Tensors are read from that same open file, so they come from the very
+    file whose header was checked: copied into arrays that own their memory
+    (`read`), or, with ``mmap=True``, views of one copy-on-write memory map of it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, mmap: bool = False, what: str = "checkpoint file") -> None:
+        self.path = p = os.fspath(path)
+        self.mmap = mmap
+        self._map: Any = None
+        self._f: Any = open_regular(p, what)
+        try:
+            self.ident = ident = _identity(self._f)
+            size = ident[2]
+            raw = self._f.read(8)
+            if len(raw) < 8:
+                raise _bad(p, f"it has {len(raw)} bytes, fewer than the 8-byte header length")
+            (n,) = struct.unpack("<Q", raw)
+            if n > _MAX_HEADER:
+                raise _bad(p, f"the header length {n} exceeds the limit of {_MAX_HEADER} bytes")
+            if n > size - 8:
+                raise _bad(p, f"the header length {n} exceeds the file ({size} bytes)")
+            text = self._f.read(n)  # n <= the file's size: no allocation beyond what is there
+            if len(text) != n:
+                raise _bad(p, "the file was cut short while its header was read")
+            self.data_start = 8 + n
+            self.metadata, self.tensors = _parse_header(p, text, size - self.data_start, self.data_start, ident)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
 
     def raw(self, key: str) -> np.ndarray[Any, Any]:
-        """The tensor's bytes as a stand-in-dtype array over the file's copy-on-write map (no read yet)."""
+        """The tensor's bytes as a stand-in-dtype array: read into memory it owns, or (``mmap``) a view
+        of the file's copy-on-write map."""
         t = self.tensors[key]
+        dt = stand_in(t.name)
+        if not self.mmap:
+            out = np.empty(t.shape, dtype=dt)
+            if t.nbytes:
+                if self._f is None:
+                    msg = f"{self.path}: the checkpoint was closed before {key!r} was read (internal error)."
+                    raise RuntimeError(msg)
+                _read_into(self._f, out, t.begin, self.path, key)
+            return out
         if self._map is None:
-            self._map = np.memmap(self.path, dtype=np.uint8, mode="c")
+            if self._f is None or _identity(self._f) != self.ident:
+                msg = f"{self.path}: the file changed while it was being opened; open it again."
+                raise StructureError(msg)
+            size = self.ident[2]
+            self._map = _mmap.mmap(self._f.fileno(), size, access=_mmap.ACCESS_COPY) if size else b""
         count = math.prod(t.shape)
-        return np.frombuffer(self._map, dtype=stand_in(t.name), count=count, offset=t.begin).reshape(t.shape)
+        return np.frombuffer(self._map, dtype=dt, count=count, offset=t.begin).reshape(t.shape)
 
 
 class LazyTensor:
     """A picklable, array-like view of one stored tensor for ``dask.array.from_array``.
 
-    Holds only the path, place, shape and dtype; each ``[...]`` maps the
-    file, copies the requested rows out and unmaps it again, so a Dask
-    worker in another process reads the file itself, and pages read are not
-    kept mapped (peak memory stays near one block). ``reads`` counts the
-    bytes read per path in this process (benchmarks use it).
+    Holds only the path, the file's identity (device, inode, size,
+    modification time), place, shape and dtype; each ``[...]`` opens the
+    file, checks it is still the one opened (a `StructureError` otherwise:
+    the offsets would point into another file), reads the requested rows into
+    a new array and closes it, so a Dask worker in another process reads the
+    file itself and a truncated file gives an error, never a crash.
+    ``reads`` counts the bytes read per path in this process (benchmarks use it).
     """
 
     reads: dict[str, int] = {}  # noqa: RUF012 -- a process-wide counter, by design
 
     def __init__(self, info: TensorInfo) -> None:
-        self.path, self.key, self.begin = info.path, info.key, info.begin
+        self.path, self.key, self.begin, self.ident = info.path, info.key, info.begin, info.ident
         self.shape = info.shape
         self.name = info.name
         self.dtype = real_dtype(info.name, f"the tensor {info.key!r} of {info.path}")
@@ -229,41 +437,82 @@ class LazyTensor:
         return out
 
     def _read(self, lo: int, hi: int) -> np.ndarray[Any, Any]:
-        """Rows ``lo:hi`` (along the first axis) copied out of a short-lived map of the file."""
+        """Rows ``lo:hi`` (along the first axis) read from the file, after checking it is the same file."""
         rows = (hi - lo, *self.shape[1:]) if self.shape else ()
         row = math.prod(self.shape[1:])
         nbytes = (hi - lo) * row * self.dtype.itemsize if self.shape else self.dtype.itemsize
-        if nbytes == 0:
-            return np.empty(rows, dtype=self.dtype)
+        out = np.empty(rows, dtype=self.dtype)
         try:
-            mm = np.memmap(
-                self.path, dtype=np.uint8, mode="r", offset=self.begin + lo * row * self.dtype.itemsize, shape=(nbytes,)
-            )
-        except (OSError, ValueError) as e:
-            msg = f"reading the tensor {self.key!r} of {self.path} failed ({e}); was the file moved or cut short?"
+            f = open_regular(self.path, "checkpoint file")
+        except (OSError, StructureError) as e:
+            msg = f"reading the tensor {self.key!r} of {self.path} failed ({e}); was the file moved or removed?"
             raise OSError(msg) from None
-        out = np.array(mm.view(self.dtype).reshape(rows))
-        del mm
+        with f:
+            now = _identity(f)
+            if now != self.ident:
+                raise self._changed(now)
+            if nbytes:
+                _read_into(f, out.view(np.uint8), self.begin + lo * row * self.dtype.itemsize, self.path, self.key)
         LazyTensor.reads[self.path] = LazyTensor.reads.get(self.path, 0) + nbytes
         return out
 
+    def _changed(self, now: tuple[int, ...]) -> StructureError:
+        names = ("device", "inode", "size", "modification time (ns)")
+        diff = ", ".join(f"{n} {a} -> {b}" for n, a, b in zip(names, self.ident, now) if a != b)
+        return StructureError(
+            f"{self.path}: the file changed since fk.open read its header ({diff}), so the tensor "
+            f"{self.key!r} would be read at the old offsets from another file. Fix: call fk.open again "
+            "(or fk.load the checkpoint before it is rewritten)."
+        )
 
-def iter_index(path: str) -> Iterator[tuple[str, str]]:
-    """``(key, shard file name)`` pairs of a Hugging Face style ``model.safetensors.index.json``."""
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except json.JSONDecodeError as e:
-        raise _bad(path, f"the index is not JSON ({e})") from None
-    wm = doc.get("weight_map") if isinstance(doc, dict) else None
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def _plain_name(folder: str, name: Any, index: str) -> str:
+    """`name` joined to `folder`, if it is a plain file name there (no separator, no ``..``, no
+    absolute path, no symlink leading out of `folder`); a `StructureError` otherwise."""
+    ok = (
+        type(name) is str
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and os.sep not in name
+        and (os.altsep is None or os.altsep not in name)
+        and "\x00" not in name
+    )
+    if not ok:
+        msg = (
+            f"{index}: the shard name {_short(name)} is not a plain file name; a shard index names files "
+            "inside its own directory (no '/', '..' or absolute paths). Fix: write the checkpoint again "
+            "(a hostile or hand-edited index?)."
+        )
+        raise StructureError(msg)
+    full = os.path.join(folder, name)
+    if os.path.dirname(os.path.realpath(full)) != os.path.realpath(folder):
+        msg = (
+            f"{index}: the shard {name!r} is a symbolic link to {os.path.realpath(full)}, outside the "
+            f"checkpoint directory {folder}; functorkit reads shards only inside it. Fix: copy the shard "
+            "into the directory."
+        )
+        raise StructureError(msg)
+    return full
+
+
+def read_index(path: str) -> dict[str, str]:
+    """``{key: shard file name}`` of a Hugging Face style ``model.safetensors.index.json``, each name
+    checked to be a plain file of the index's directory."""
+    with open_regular(path, "shard index") as f:
+        if os.fstat(f.fileno()).st_size > _MAX_HEADER:
+            raise _bad(path, f"the index is larger than {_MAX_HEADER} bytes")
+        raw = f.read(_MAX_HEADER + 1)
+    doc = loads_json(raw, path, "index")
+    wm = doc.get("weight_map")
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
-        raise _bad(path, "the index has no `weight_map` of key -> shard file name")
-    yield from wm.items()
-
-
-INDEX = "model.safetensors.index.json"
-#: the metadata key of the ties fk.save records (``{alias: stored key}`` as JSON)
-TIES = "functorkit.ties"
+        raise _bad(path, "the index has no `weight_map` object of key -> shard file name")
+    folder = os.path.dirname(path)
+    for name in set(wm.values()):
+        _plain_name(folder, name, path)
+    return wm
 
 
 class Stored:
@@ -278,6 +527,8 @@ class Stored:
     shape = property(lambda self: self.info.shape)
 
     def raw(self) -> np.ndarray[Any, Any]:
+        """The bytes as the stand-in dtype: a new array owning its memory (a view of the copy-on-write
+        map with ``mmap=True``)."""
         return self.file.raw(self.info.key)
 
     def array(self) -> np.ndarray[Any, Any]:
@@ -289,44 +540,73 @@ class Stored:
 
 
 class Checkpoint:
-    """Every stored tensor of a file or sharded directory, and the ties recorded there."""
+    """Every stored tensor of a file or sharded directory, and the ties recorded there.
 
-    def __init__(self, path: str | os.PathLike[str], fname: str) -> None:
+    The files stay open until `close` (tensors are read from the files whose
+    headers were checked); use it as a context manager."""
+
+    def __init__(self, path: str | os.PathLike[str], fname: str, *, mmap: bool = False) -> None:
         self.where = p = os.fspath(path)
         self.index: dict[str, str] = {}
+        self.files: list[SafetensorsFile] = []
         if os.path.isdir(p):
-            files = self._shards(p)
-        elif os.path.exists(p):
-            files = [p]
+            paths = self._shards(p)
+        elif os.path.lexists(p):
+            paths = [p]
         else:
             msg = f"fk.{fname}: {p} does not exist; expected a .safetensors file or a directory of shards."
             raise FileNotFoundError(msg)
+        try:
+            self._read(paths, fname, mmap)
+        except BaseException:
+            self.close()
+            raise
+
+    def _read(self, paths: list[str], fname: str, mmap: bool) -> None:
         self.tensors: dict[str, Stored] = {}
-        meta: dict[str, str] = {}
-        for fp in files:
-            sf = SafetensorsFile(fp)
-            meta = meta or sf.metadata
+        meta: dict[str, str] | None = None
+        for fp in paths:
+            sf = SafetensorsFile(fp, mmap=mmap)
+            self.files.append(sf)
+            meta = sf.metadata if meta is None else meta
             for key, info in sf.tensors.items():
                 if key in self.tensors:
                     msg = f"fk.{fname}: the key {key!r} is stored twice, in {self.tensors[key].info.path} and {fp}."
+                    raise StructureError(msg)
+                if self.index and self.index.get(key) != os.path.basename(fp):
+                    msg = (
+                        f"fk.{fname}: the shard {fp} holds {key!r}, which the index {INDEX} places in "
+                        f"{self.index.get(key)!r}; fix: write the checkpoint again."
+                    )
                     raise StructureError(msg)
                 self.tensors[key] = Stored(sf, info)
         for key, shard in self.index.items():
             if key not in self.tensors:
                 msg = (
-                    f"fk.{fname}: the index {os.path.join(p, INDEX)} places {key!r} in {shard}, which has no "
-                    "such tensor; fix: write the checkpoint again."
+                    f"fk.{fname}: the index {os.path.join(self.where, INDEX)} places {key!r} in {shard}, which "
+                    "has no such tensor; fix: write the checkpoint again."
                 )
                 raise StructureError(msg)
-        self.aliases = self._ties(meta)
+        self.metadata = meta or {}
+        self.aliases = self._ties(self.metadata)
+
+    def close(self) -> None:
+        for sf in self.files:
+            sf.close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _shards(self, p: str) -> list[str]:
         ip = os.path.join(p, INDEX)
-        if os.path.exists(ip):
-            self.index = dict(iter_index(ip))
+        if os.path.lexists(ip):
+            self.index = read_index(ip)
             names = list(dict.fromkeys(self.index.values()))
             for n in names:
-                if not os.path.exists(os.path.join(p, n)):
+                if not os.path.lexists(os.path.join(p, n)):
                     msg = (
                         f"{os.path.join(p, n)}: missing shard of the checkpoint {p} (the index {INDEX} "
                         f"lists it for {sum(v == n for v in self.index.values())} tensors); expected it there: "
@@ -334,23 +614,31 @@ class Checkpoint:
                     )
                     raise FileNotFoundError(msg)
             return [os.path.join(p, n) for n in names]
-        names = sorted(n for n in os.listdir(p) if n.endswith(".safetensors"))
+        names = sorted(n for n in os.listdir(p) if n.endswith(".safetensors") and not n.startswith("."))
         if len(names) != 1:
             msg = f"{p}: a checkpoint directory holds {INDEX} or exactly one .safetensors file; found {names}."
             raise FileNotFoundError(msg)
-        return [os.path.join(p, names[0])]
+        return [_plain_name(p, names[0], p)]
 
     def _ties(self, meta: dict[str, str]) -> dict[str, str]:
-        """``{alias: stored key}``: functorkit's record, else save_model's ``{removed: kept}`` entries."""
+        """``{alias: stored key}``: functorkit's record (the other metadata is the user's, never read);
+        in a file without it, the ``{removed: kept}`` entries of ``safetensors.torch.save_model``."""
         if TIES in meta:
             try:
                 ties = json.loads(meta[TIES])
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 ties = None
-            if not isinstance(ties, dict) or not all(v in self.tensors for v in ties.values()):
-                msg = f"{self.where}: the metadata {TIES!r} is not a JSON mapping of alias to stored key."
+            if (
+                not isinstance(ties, dict)
+                or not all(type(v) is str and v in self.tensors for v in ties.values())
+                or any(k in self.tensors for k in ties)
+            ):
+                msg = (
+                    f"{self.where}: the metadata {TIES!r} is not a JSON mapping of alias to stored key "
+                    f"({_short(meta[TIES])}); fix: write the checkpoint again."
+                )
                 raise StructureError(msg)
-            return {str(k): v for k, v in ties.items() if k not in self.tensors}
+            return {str(k): v for k, v in ties.items()}
         return {k: v for k, v in meta.items() if v in self.tensors and k not in self.tensors}
 
     def file_of(self, key: str) -> str:

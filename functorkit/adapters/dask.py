@@ -58,11 +58,11 @@ class Adapter(MethodSlices):
     def from_stored(self, src: Any, like: Any) -> Any:
         """A lazy array over the file: ``dask.array.from_array`` of a `LazyTensor` (picklable:
         path and offset, no data), chunked along the first axis in blocks of about
-        `CHUNK_BYTES`; named by file, key, size and modification time, so opening a file twice
+        `CHUNK_BYTES` (one chunk when it holds no bytes); named by file, key and the file's identity
+        (device, inode, size, modification time), so opening a file twice
         gives the same graph keys (read once when computed together)."""
         import importlib
         import math
-        import os
 
         import numpy as np
         from dask.base import tokenize
@@ -71,10 +71,11 @@ class Adapter(MethodSlices):
         shape = lazy.shape
         chunks: Any = ()
         if shape:
-            row = max(1, math.prod(shape[1:]) * lazy.dtype.itemsize)
-            chunks = (max(1, CHUNK_BYTES // row), *shape[1:])
-        st = os.stat(lazy.path)
-        name = "fk-open-" + tokenize(lazy.path, lazy.key, lazy.begin, st.st_size, st.st_mtime_ns)
+            row = math.prod(shape[1:]) * lazy.dtype.itemsize
+            # an empty tensor is one chunk, whatever its dims say (a shape [2**46, 0] holds no bytes)
+            rows = max(1, CHUNK_BYTES // row) if row and shape[0] else max(1, shape[0])
+            chunks = (rows, *shape[1:])
+        name = "fk-open-" + tokenize(lazy.path, lazy.key, lazy.begin, lazy.ident)
         meta = np.empty((0,) * len(shape), dtype=lazy.dtype)
         da: Any = importlib.import_module("dask.array")
         return da.from_array(lazy, chunks=chunks, name=name, lock=False, asarray=False, meta=meta)
