@@ -153,7 +153,12 @@ class KeyPath(tuple[Any, ...]):
         Python literal (``[0]``, ``['a key']``, ``[1.5]``, ``[None]``), read
         with `ast.literal_eval`, never evaluated. ``""`` and
         ``"<root>"`` are the root path. ``KeyPath.parse(str(path)) == path``
-        for every path whose keys are strings, integers or other literals.
+        for every path whose keys are strings (any characters), integers
+        (negative ones too), bytes, ``None``, booleans, finite floats, or
+        tuples of these (holding ``]`` or quotes included): every key
+        functorkit's own nodes produce. Keys with no literal ``repr`` (a NaN,
+        an enum, an object) and integers longer than Python's digit limit
+        show as text that does not read back.
 
         Raises
         ------
@@ -181,8 +186,12 @@ class KeyPath(tuple[Any, ...]):
 
         Integer indices and string keys are joined with ``.`` as
         ``torch.nn.Module.state_dict()`` does; any other key shows as its
-        ``repr``. `parse` reads it back when no string key holds a dot
-        or a bracket, or is a run of digits.
+        ``repr``. It is lossy: `parse` reads it back only when no string
+        key is empty, holds a dot or a bracket, or is a run of digits, and
+        every other key is an ``int >= 0`` (``"-1"`` comes back as the
+        string ``'-1'``; the key ``"1"`` as the integer ``1``; ``b"x"``
+        as the string ``"b'x'"``). `str` is the exact form: use it
+        (or the path itself) where keys must survive.
 
         Examples
         --------
@@ -278,25 +287,31 @@ def _parse_error(text: str, at: int, what: str) -> ValueError:
 
 
 def _bracket_end(text: str, start: int) -> int:
-    """Index of the ``]`` closing the bracket opened at `start` (quotes respected)."""
-    i = start + 1
-    quote = text[i] if i < len(text) and text[i] in "'\"" else None
-    if quote is None:
-        end = text.find("]", i)
-        if end < 0:
-            raise _parse_error(text, start, "an unclosed '['")
-        return end
-    i += 1
-    while i < len(text):
-        if text[i] == "\\":
-            i += 2
+    """Index of the ``]`` closing the bracket opened at `start`: string literals (``'a]'``,
+    ``b"]"``, escapes) are skipped and nested brackets counted, so a tuple or bytes key holding
+    ``]`` is read whole."""
+    i, n, depth = start + 1, len(text), 0
+    while i < n:
+        c = text[i]
+        if c in "'\"":
+            quote = c * 3 if text.startswith(c * 3, i) else c
+            i += len(quote)
+            while i < n and not text.startswith(quote, i):
+                i += 2 if text[i] == "\\" else 1
+            if i >= n:
+                raise _parse_error(text, start, "an unclosed quoted key")
+            i += len(quote)
             continue
-        if text[i] == quote:
-            if i + 1 < len(text) and text[i + 1] == "]":
-                return i + 1
-            raise _parse_error(text, i + 1, "expected ']' after the quoted key")
+        if c in "([{":
+            depth += 1
+        elif c in ")}":
+            depth -= 1
+        elif c == "]":
+            if depth == 0:
+                return i
+            depth -= 1
         i += 1
-    raise _parse_error(text, start, "an unclosed quoted key")
+    raise _parse_error(text, start, "an unclosed '['")
 
 
 def _parse_entries(text: str) -> list[Any]:

@@ -543,6 +543,37 @@ class TreeDef:
         return match_tree(self, tree, which, names, firsts, fail)
 
 
+def _check_program(
+    prog: list[Any], npos: int, nleaves: int, pos_leaf: Any, trainable: Any, forced: list[int], bad: str
+) -> None:
+    """The counts of an unpickled program agree (every index it holds is in range), so running it
+    can only fail in a node's own code: the stack never runs short, one tree comes out, positions
+    and leaves are as many as the state says."""
+    depth = positions = 0
+    for e in prog:
+        if e is None or type(e) is int:
+            depth += 1
+            positions += e is None
+            continue
+        _, keys, n, leafy, _, _ = e
+        if n < 0 or (keys is not None and len(keys) != n) or (not leafy and n > depth):
+            raise pickle.UnpicklingError(bad)
+        if leafy:
+            positions += n
+        else:
+            depth -= n
+        depth += 1
+    if depth != 1 or positions != npos or not 0 <= nleaves <= npos:
+        raise pickle.UnpicklingError(bad)
+    if pos_leaf is None:
+        if nleaves != npos:
+            raise pickle.UnpicklingError(bad)
+    elif len(pos_leaf) != npos or any(not 0 <= j < nleaves for j in pos_leaf):
+        raise pickle.UnpicklingError(bad)
+    if (trainable is not None and len(trainable) != nleaves) or any(not 0 <= j < npos for j in forced):
+        raise pickle.UnpicklingError(bad)
+
+
 def _restore_treedef(state: Any) -> TreeDef:
     """Unpickle a TreeDef: every field is type-checked, node classes are looked up in the registry."""
     bad = "unpickling a TreeDef: the pickled state is malformed"
@@ -581,6 +612,7 @@ def _restore_treedef(state: Any) -> TreeDef:
         raise pickle.UnpicklingError(bad)
     if type(forced) is not list or any(type(j) is not int for j in forced):
         raise pickle.UnpicklingError(bad)
+    _check_program(prog, npos, nleaves, pos_leaf, trainable, forced, bad)
     refs = frozenset(e for e in prog if type(e) is int)
     return TreeDef._make(prog, npos, nleaves, pos_leaf, trainable, refs, frozenset(forced))
 

@@ -300,3 +300,40 @@ def test_a_module_name_in_the_state_is_never_imported(tmp_path: Path, monkeypatc
     assert not ran, report("made functorkit import a module named in the pickle", ran)
     assert not unclear, report("gave unclear errors", unclear)
     assert not accepted, report("naming a module that is no array namespace were accepted", accepted)
+
+
+def test_every_field_tampered_with_other_values_is_an_unpickling_error(tmp_path: Path) -> None:
+    # the campaign's fuzz: each int and str of the state replaced by out-of-range ints, other types
+    # and odd strings; whatever comes out is a clear error, never IndexError/OverflowError/KeyError
+    marker = tmp_path / "marker"
+    tree = model()
+    flat, re = fk.destructure(tree)
+    rv = reduce_value(re)
+    ints: list[Any] = [-1, 0, 1, 2, 3, 7, 100, 2**31, 2**63, -(2**63), 10**30, None, 1.5, (), [], True]
+    strs: list[Any] = ["", "x", "numpy", "0", None, 1, (), []]
+    ran, unclear = [], []
+    for where, v in fields(rv):
+        found = attack(rv, [where], ints if type(v) is int else strs, marker, flat, tree)
+        ran += found[0]
+        unclear += found[1]
+    assert not ran, report("ran code", ran)
+    assert not unclear, report("gave unclear errors", unclear)
+
+
+def test_inconsistent_treedef_counts_are_unpickling_errors() -> None:
+    # the counts of a pickled TreeDef are checked against its program before it is built
+    _, td = fk.flatten({"a": np.ones(1), "b": [np.zeros(1), np.ones(2)]})
+    fn, (state,) = td.__reduce__()
+    prog, npos, nleaves, pos_leaf, trainable, forced = state
+    for bad in (
+        (prog, npos + 1, nleaves, pos_leaf, trainable, forced),  # more positions than the program has
+        (prog, npos, nleaves + 1, pos_leaf, trainable, forced),
+        (prog, npos, nleaves, (0,) * (npos + 1), trainable, forced),
+        (prog, npos, nleaves, pos_leaf, (True,) * (nleaves + 3), forced),
+        (prog, npos, nleaves, pos_leaf, trainable, [npos]),
+        (prog[1:], npos, nleaves, pos_leaf, trainable, forced),  # the stack runs short
+        ([*prog, None], npos + 1, nleaves + 1, pos_leaf, trainable, forced),  # two trees come out
+    ):
+        with pytest.raises(pickle.UnpicklingError):
+            fn(bad)
+    assert fn(state) == td
