@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ._ckpt_files import replace_dir, replace_file
-from ._errors import StructureError
+from ._errors import StructureError, known_shape
 from ._safetensors_io import CODE_OF, TIES, Checkpoint, header_bytes, stand_in
 from ._state import state_positions
 from ._treedef import TreeDef
@@ -51,18 +51,6 @@ _SHOWN = 20
 def _dtype_name(dtype: Any) -> str:
     name = getattr(dtype, "name", None)
     return name if isinstance(name, str) else str(dtype).rpartition(".")[2]
-
-
-def _known_shape(x: Any, where: str) -> tuple[int, ...]:
-    """`x`'s shape as ints; a Dask array of unknown dims (``nan``) is a clear error naming `where`."""
-    dims = tuple(x.shape)
-    if any(d is None or (isinstance(d, float) and math.isnan(d)) for d in dims):
-        msg = (
-            f"{where} has the unknown shape {dims} (a Dask array after boolean indexing or a filter?); "
-            "expected known sizes to store it. Fix: call `x.compute_chunk_sizes()` on it first."
-        )
-        raise StructureError(msg)
-    return tuple(int(d) for d in dims)
 
 
 def _array_keys(tree: Any, fname: str) -> tuple[list[Any], TreeDef, dict[int, list[str]]]:
@@ -117,7 +105,7 @@ class _Item:
                 f"Expected one of {sorted(CODE_OF)}; fix: cast it first (fk.fmap)."
             )
             raise TypeError(msg)
-        self.shape = _known_shape(x, f"fk.save: the array at {key!r}")
+        self.shape = known_shape(x, f"fk.save: the array at {key!r}")
         self.itemsize = stand_in(self.name).itemsize
         self.nbytes = math.prod(self.shape) * self.itemsize
 
@@ -385,7 +373,7 @@ def _into_like(ck: Checkpoint, like: Any, make: Any, fname: str) -> Any:
             continue
         s = next(iter(stored))
         x, info = leaves[j], ck.tensors[s].info
-        shape, name = _known_shape(x, f"fk.{fname}: the array of `like` at {ks[0]!r}"), _dtype_name(x.dtype)
+        shape, name = known_shape(x, f"fk.{fname}: the array of `like` at {ks[0]!r}"), _dtype_name(x.dtype)
         if shape != info.shape or name != info.name:
             bad.append(f"{ks[0]!r} in {info.path}: {info.name} {info.shape} stored, {name} {shape} in `like`")
         plan[j] = s

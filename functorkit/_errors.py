@@ -28,3 +28,17 @@ class PolicyError(TypeError):
     The message names the key path, the model's and the other side's
     dtype/device, and the policies that would allow the conversion.
     """
+
+
+def known_shape(x: object, where: str) -> tuple[int, ...]:
+    """`x`'s shape as ints; a Dask array of unknown sizes (``nan`` dims) is a `StructureError`
+    naming `where` (a path or a key) instead of ``int(nan)``'s bare ``ValueError``."""
+    dims = tuple(x.shape)  # type: ignore[attr-defined]
+    for d in dims:
+        if type(d) is not int and (d is None or d != d):
+            msg = (
+                f"{where} has the unknown shape {dims} (a Dask array after boolean indexing or a filter?); "
+                "expected known sizes. Fix: call `x.compute_chunk_sizes()` on it first."
+            )
+            raise StructureError(msg)
+    return tuple(int(d) for d in dims)

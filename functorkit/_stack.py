@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ._errors import PolicyError, StructureError
+from ._errors import PolicyError, StructureError, known_shape
 from ._keypath import KeyPath, safe_repr
 from ._policy import check_policy
 from ._record import record
@@ -64,6 +64,7 @@ def _stack_leaf(xs: list[Any], path: KeyPath, pol: str) -> Any:
     x0 = xs[0]
     ad = adapter_of(x0)
     t0, dt0, dev0, shape0 = type(x0), x0.dtype, ad.device(x0), x0.shape
+    known_shape(x0, f"fk.stack: at {path.display}, models[0]'s array")
     for x in xs:  # the common case: one type, dtype, device and shape everywhere
         if type(x) is not t0 or x.shape != shape0 or not (x.dtype is dt0 or x.dtype == dt0):
             break
@@ -243,7 +244,7 @@ def unstack(stacked: Any, /) -> list[Any]:
     for j, x in enumerate(leaves):
         if not is_array(x):
             continue
-        shape = tuple(x.shape)
+        shape = known_shape(x, f"fk.unstack: at {td.paths[j].display}, the array")
         if not shape or (n is not None and shape[0] != n):
             paths = td.paths
             found = "a 0-d array" if not shape else f"leading axis {shape[0]}"

@@ -11,6 +11,7 @@ import dataclasses
 import math
 from typing import Any
 
+from ._errors import known_shape
 from ._keypath import KeyPath
 from ._record import record
 from ._xp import describe_device, describe_dtype, device_of, is_array, is_inexact_array, namespace
@@ -224,7 +225,7 @@ def summary(model: Any, /) -> Summary:
         path = paths[j]
         tied = tuple(p for p in places.get(j, ()) if p != path)
         if is_array(x):
-            shape = tuple(int(s) for s in x.shape)
+            shape = known_shape(x, f"fk.summary: at {path.display}, the array")
             count = math.prod(shape)
             rows.append(
                 SummaryRow(
