@@ -324,13 +324,16 @@ def _entry(path: str, key: str, e: Any, data_size: int, data_start: int, ident: 
             f"section, which has only {data_size}. Fix: write or download the file again."
         )
         raise StructureError(msg)
-    count = 0 if 0 in shape else 1
+    count, exact = (0 if 0 in shape else 1), True
     for d in shape:  # stops as soon as the size passes the range: no huge product is formed
         count *= d
         if count > end - begin:
+            exact = False
             break
-    if count * stand_in(name).itemsize != end - begin:
-        raise _bad(path, f"{key!r} has {end - begin} bytes for shape {_short(tuple(shape))} of {name}")
+    need = count * stand_in(name).itemsize
+    if need != end - begin:
+        needs = f"{need} bytes" if exact else "more bytes than that"
+        raise _bad(path, f"{key!r} has {end - begin} bytes, but its shape {_short(tuple(shape))} of {name} needs {needs}")
     return TensorInfo(path, key, name, tuple(shape), data_start + begin, data_start + end, ident)
 
 
