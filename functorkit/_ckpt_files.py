@@ -91,7 +91,7 @@ def replace_file(target: str, write: Callable[[str], None]) -> None:
             raise FileExistsError(msg)
         try:
             SafetensorsFile(target).close()
-        except (StructureError, OSError) as e:
+        except StructureError as e:  # an I/O error while reading it propagates as itself
             msg = (
                 f"fk.save: {target} exists and is not a safetensors checkpoint functorkit can read "
                 f"({str(e).splitlines()[0][:200]}); fk.save replaces only checkpoints. "
@@ -142,7 +142,7 @@ def _old_checkpoint(target: str) -> tuple[set[str], set[str]]:
         old = set(read_index(os.path.join(target, INDEX)).values())
         for name in old:
             SafetensorsFile(os.path.join(target, name)).close()
-    except (StructureError, OSError) as e:
+    except (StructureError, FileNotFoundError) as e:  # other I/O errors propagate as themselves
         msg = (
             f"fk.save: {target} holds a checkpoint functorkit cannot read ({str(e).splitlines()[0][:200]}); "
             "fk.save replaces only a checkpoint it can read. Fix: choose another directory, or remove "
