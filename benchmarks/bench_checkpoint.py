@@ -20,6 +20,13 @@ Rows:
   during the pass divided by its tensor bytes (1.0 = each checkpoint read
   once per pass).
 
+- ``load``: ``fk.load`` of one checkpoint (arrays that own their memory, the
+  default) against ``safetensors.numpy.load_file`` (the package's Rust
+  parser, which also copies) and ``fk.load(..., mmap=True)`` with every page
+  touched; best of three, page cache warm. ``open``: ``fk.open`` (every header
+  checked, the Dask graph built, nothing read) against the package's
+  ``safe_open`` + ``keys()`` of every shard.
+
 ``mergekit`` is not installed here, so its linear merge is not timed.
 
     python benchmarks/bench_checkpoint.py --mb 1000     # one run at the issue's size, printed
@@ -121,6 +128,49 @@ def _floor(folders: list[Path], out: Path, nbytes: int) -> float:
     return time.perf_counter() - t0
 
 
+def _best(f: object, rounds: int = 3) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        out = f()  # type: ignore[operator]
+        best = min(best, time.perf_counter() - t0)
+        del out
+    return best
+
+
+def _loads(folder: Path) -> dict[str, float]:
+    """fk.load / fk.open against the safetensors package on one sharded checkpoint."""
+    shards = sorted(str(f) for f in folder.iterdir() if f.suffix == ".safetensors")
+
+    def touch_mapped() -> object:
+        m = fk.load(folder, mmap=True)
+        for x in fk.leaves(m):
+            np.add.reduce(x.reshape(-1)[::1024])  # one element per 4 KiB page: every page read
+        return m
+
+    out = {
+        "load_s": _best(lambda: fk.load(folder)),
+        "mmap_s": _best(touch_mapped),
+        "open_s": _best(lambda: fk.open(folder)),
+    }
+    try:
+        from safetensors import safe_open
+        from safetensors.numpy import load_file
+    except ImportError:
+        return out
+
+    def st_open() -> object:
+        keys = []
+        for s in shards:
+            with safe_open(s, framework="np") as f:
+                keys += list(f.keys())
+        return keys
+
+    out["st_load_s"] = _best(lambda: [load_file(s) for s in shards])
+    out["st_open_s"] = _best(st_open)
+    return out
+
+
 def measure(mb: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
@@ -135,6 +185,7 @@ def measure(mb: int) -> dict[str, float]:
         floor = min(_floor(folders[:3], t / "floor.bin", size) for _ in range(2))
         merge2 = _child(_CHILD_MERGE, *map(str, folders[:3]), str(t / "merged"), str(mb * MIB // 4))
         dist = _child(_CHILD_DIST, *map(str, folders))
+        loads = _loads(folders[0])
         reads = [dist["reads"].get(str(f), 0) / size for f in folders]  # type: ignore[union-attr]
     best = min(merge, merge2, key=lambda r: r["wall"])
     return {
@@ -146,6 +197,7 @@ def measure(mb: int) -> dict[str, float]:
         "dist_s": dist["wall"],
         "reads_min": min(reads),
         "reads_max": max(reads),
+        **loads,
     }
 
 
@@ -164,6 +216,17 @@ def section(r: dict[str, float], quick: bool) -> str:
         f"| distance matrix, 4 lazy checkpoints (6 norms, one `dask.compute`) | {r['dist_s']:.2f} s | "
         f"| each file read {r['reads_min']:.2f}-{r['reads_max']:.2f}x per pass |"
     )
+    st_load, st_open = r.get("st_load_s"), r.get("st_open_s")
+    load_rows = [
+        f"| load: `fk.load(ckpt)` (arrays own their memory) | {r['load_s']:.3f} s | | "
+        + (f"{r['load_s'] / st_load:.2f}x `safetensors.numpy.load_file` |" if st_load else "|"),
+        f"| load: `safetensors.numpy.load_file` of every shard | {st_load:.3f} s | | |" if st_load else "",
+        f"| load: `fk.load(ckpt, mmap=True)`, every page touched | {r['mmap_s']:.3f} s | | |",
+        f"| open: `fk.open(ckpt)` (headers checked, graph built, no data) | {r['open_s'] * 1e3:.1f} ms | | "
+        + (f"{r['open_s'] / st_open:.1f}x `safe_open` + `keys()` |" if st_open else "|"),
+        f"| open: `safe_open(shard).keys()` of every shard | {st_open * 1e3:.1f} ms | | |" if st_open else "",
+    ]
+    loads = "\n".join(row for row in load_rows if row)
     return f"""## Lazy checkpoints (fk.open, fk.mean, fk.save)
 
 Three checkpoints of {size:.0f} MB each (float32, sharded safetensors, written by the
@@ -175,6 +238,7 @@ benchmark{"; quick run" if quick else ""}); the merge runs in a fresh process.
 | baseline process (imports only) | | {base:.0f} MB | |
 {floor}
 {dist}
+{loads}
 """
 
 

@@ -84,7 +84,7 @@ def test_round_trip_without_like_gives_nested_dicts(xp: Any, tmp_path: Path) -> 
     assert again["head"]["weight"] is again["embed"]["weight"]
 
 
-def test_loaded_numpy_arrays_are_private_copies_on_write(tmp_path: Path) -> None:
+def test_loaded_numpy_arrays_are_private_and_writable(tmp_path: Path) -> None:
     path = tmp_path / "m.safetensors"
     fk.save(path, {"w": np.ones(3)})
     before = path.read_bytes()
@@ -194,7 +194,7 @@ def test_torch_tied_model_both_ways(tmp_path: Path) -> None:
     assert plain["head"]["weight"] is plain["embed"]["weight"]
 
 
-def test_torch_load_is_zero_copy_over_the_map_and_keeps_parameters(tmp_path: Path) -> None:
+def test_torch_load_keeps_parameters_and_gives_each_load_its_own_memory(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     net = _torch_net()
     fk.save(tmp_path / "n.safetensors", net)
@@ -203,7 +203,7 @@ def test_torch_load_is_zero_copy_over_the_map_and_keeps_parameters(tmp_path: Pat
     assert isinstance(a[0].weight, torch.nn.Parameter)
     assert a[0].weight.requires_grad
     assert not isinstance(a[1].running_mean, torch.nn.Parameter)
-    # two loads map the file privately (copy on write): writing one does not change the other
+    # two loads read into memory of their own: writing one does not change the other
     with torch.no_grad():
         a[0].weight.add_(1.0)
     assert torch.equal(b[0].weight, net[0].weight)
