@@ -333,7 +333,8 @@ def _entry(path: str, key: str, e: Any, data_size: int, data_start: int, ident: 
     need = count * stand_in(name).itemsize
     if need != end - begin:
         needs = f"{need} bytes" if exact else "more bytes than that"
-        raise _bad(path, f"{key!r} has {end - begin} bytes, but its shape {_short(tuple(shape))} of {name} needs {needs}")
+        shown = _short(tuple(shape))
+        raise _bad(path, f"{key!r} has {end - begin} bytes, but its shape {shown} of {name} needs {needs}")
     return TensorInfo(path, key, name, tuple(shape), data_start + begin, data_start + end, ident)
 
 

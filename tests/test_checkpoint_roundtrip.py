@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 import functorkit as fk
 
+from conftest import importable
+
 
 def stored_keys(path: Path) -> list[str]:
     n = struct.unpack("<Q", path.read_bytes()[:8])[0]
@@ -54,11 +56,13 @@ def test_load_then_save_keeps_every_key(tmp_path: Path) -> None:
     write_raw(src, KEYS)
     back = fk.load(src)
     assert back["layers"][0]["w"].tolist() == [3.0]  # canonical digit runs still become int keys
-    assert "01" in back["h"] and "-1" in back["n"]
+    assert "01" in back["h"]
+    assert "-1" in back["n"]
     fk.save(tmp_path / "again.safetensors", back)
     assert stored_keys(tmp_path / "again.safetensors") == sorted(KEYS)
     again = fk.load(tmp_path / "again.safetensors")
-    assert fk.leaves(again) and [x.tolist() for x in fk.leaves(again)] == [x.tolist() for x in fk.leaves(back)]
+    assert fk.leaves(again)
+    assert [x.tolist() for x in fk.leaves(again)] == [x.tolist() for x in fk.leaves(back)]
 
 
 def test_keys_that_do_not_nest_load_flat_and_round_trip(tmp_path: Path) -> None:
@@ -68,15 +72,18 @@ def test_keys_that_do_not_nest_load_flat_and_round_trip(tmp_path: Path) -> None:
     assert sorted(back) == ["", "a", "a.b", "c.d"]  # a flat dict: "a" is a tensor and a prefix
     fk.save(tmp_path / "again.safetensors", back)
     assert stored_keys(tmp_path / "again.safetensors") == ["", "a", "a.b", "c.d"]
-    lazy = fk.open(src)
-    assert sorted(lazy) == ["", "a", "a.b", "c.d"]
+    if importable("dask"):
+        assert sorted(fk.open(src)) == ["", "a", "a.b", "c.d"]
 
 
 def test_sharded_and_lazy_round_trips_keep_keys(tmp_path: Path) -> None:
     src = tmp_path / "src.safetensors"
     write_raw(src, KEYS)
     fk.save(tmp_path / "sh", fk.load(src), shard_size=8)
-    assert sorted(json.loads((tmp_path / "sh" / "model.safetensors.index.json").read_text())["weight_map"]) == sorted(KEYS)
+    assert sorted(json.loads((tmp_path / "sh" / "model.safetensors.index.json").read_text())["weight_map"]) == sorted(
+        KEYS
+    )
+    pytest.importorskip("dask")
     fk.save(tmp_path / "lazy.safetensors", fk.open(tmp_path / "sh"))
     assert stored_keys(tmp_path / "lazy.safetensors") == sorted(KEYS)
 
@@ -87,7 +94,8 @@ def test_user_metadata_is_never_read_as_ties(tmp_path: Path) -> None:
     fk.save(path, {"w": np.ones(1)}, metadata={"base": "w", "w": "w"})
     out = fk.load(path)
     assert sorted(out) == ["w"]
-    assert sorted(fk.open(path)) == ["w"]
+    if importable("dask"):
+        assert sorted(fk.open(path)) == ["w"]
     assert sorted(fk.load(path, like={"w": np.zeros(1)})) == ["w"]
     fk.save(tmp_path / "s", {"w": np.ones(1)}, metadata={"base": "w"}, shard_size=8)
     assert sorted(fk.load(tmp_path / "s")) == ["w"]
@@ -102,7 +110,7 @@ def test_save_model_style_ties_are_still_read_from_foreign_files(tmp_path: Path)
 
 
 def test_a_model_key_named_metadata_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(fk.StructureError, match="__metadata__.*rename"):
+    with pytest.raises(fk.StructureError, match=r"__metadata__.*rename"):
         fk.save(tmp_path / "m.safetensors", {"__metadata__": np.ones(1)})
     with pytest.raises(fk.StructureError, match="__metadata__"):
         fk.save(tmp_path / "d", {"__metadata__": np.ones(1)}, shard_size=8)
@@ -122,7 +130,7 @@ def test_tie_records_are_checked(tmp_path: Path) -> None:
         head["__metadata__"]["functorkit.ties"] = bad
         text = json.dumps(head).encode()
         path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n :])
-        with pytest.raises(fk.StructureError, match="functorkit.ties"):
+        with pytest.raises(fk.StructureError, match=r"functorkit\.ties"):
             fk.load(path)
 
 
