@@ -538,8 +538,9 @@ class ArrayAdapter:
         raise NotImplementedError
 
     def from_stored(self, src: Any, like: Any) -> Any:
-        """A new array of this namespace holding the stored tensor `src` (``src.array()``: NumPy over a
-        copy-on-write memory map), on `like`'s device. Generic: ``asarray`` + ``to_device``."""
+        """A new array of this namespace holding the stored tensor `src` (``src.array()``: a NumPy array
+        read from the file, or a view of its copy-on-write map with ``mmap=True``), on `like`'s
+        device. Generic: ``asarray`` + ``to_device``."""
         y = self.xp.asarray(src.array())
         dev = self.device(like)
         if dev is not None:

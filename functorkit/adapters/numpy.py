@@ -157,5 +157,6 @@ class Adapter(MethodSlices):
         return _little_endian(np.asarray(x))
 
     def from_stored(self, src: Any, like: Any) -> Any:
-        """A view of the copy-on-write memory map (pages are read when touched; writes stay private)."""
+        """The stored array as read (its own memory; with ``fk.load(mmap=True)`` a view of the file's
+        copy-on-write map, read when touched, writes private)."""
         return src.array()

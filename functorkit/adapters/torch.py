@@ -415,7 +415,8 @@ class Adapter(ArrayAdapter):
         return t.numpy()
 
     def from_stored(self, src: Any, like: Any) -> Any:
-        """``torch.from_numpy`` over the copy-on-write memory map (no copy on the CPU; bfloat16 and
+        """``torch.from_numpy`` over the array read (no second copy on the CPU; with ``mmap=True`` over
+        the copy-on-write map of the file; bfloat16 and
         float8 reinterpreted in place with ``Tensor.view(dtype)``), moved to `like`'s device unless
         that is ``cpu`` or ``meta`` (a meta model is a template: the result is on the CPU); an
         ``nn.Parameter`` in `like` gives an ``nn.Parameter`` with its ``requires_grad``."""
