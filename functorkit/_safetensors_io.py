@@ -11,7 +11,7 @@ torch out of the core; the tests check files both ways against the
 ``safetensors`` package.
 
 Reading trusts nothing in the file (SPEC section 13): the header passes the
-rules of the ``safetensors`` package (`_parse_header`) before any tensor
+rules of the ``safetensors`` package (`functorkit._safetensors_header`) before any tensor
 is touched, every refusal is a `StructureError` naming the file and the key,
 shard names of an index are plain names inside its directory, and only
 regular files are opened (with ``O_NONBLOCK``, so a FIFO never blocks).
@@ -38,6 +38,18 @@ from typing import Any
 import numpy as np
 
 from ._errors import StructureError
+from ._safetensors_header import (
+    _MAX_HEADER,
+    _ML_DTYPES,
+    CODE_OF,
+    NAME_OF,
+    TensorInfo,
+    bad_file,
+    loads_json,
+    parse_header,
+    short,
+    stand_in,
+)
 
 __all__ = [
     "CODE_OF",
@@ -56,40 +68,9 @@ __all__ = [
     "stand_in",
 ]
 
-#: dtype name (``describe_dtype`` of a NumPy, torch or JAX dtype) -> safetensors code
-CODE_OF: dict[str, str] = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint64": "U64",
-    "uint32": "U32",
-    "uint16": "U16",
-    "uint8": "U8",
-    "bool": "BOOL",
-}
-NAME_OF: dict[str, str] = {v: k for k, v in CODE_OF.items()}
-_ML_DTYPES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2"})
-#: refuse headers (and shard indexes) larger than this (the reference implementation's limit)
-_MAX_HEADER = 100_000_000
-#: the longest integer a header may hold (offsets and dims fit in 64 bits: 20 digits)
-_MAX_DIGITS = 20
 INDEX = "model.safetensors.index.json"
 #: the metadata key of the ties fk.save records (``{alias: stored key}`` as JSON); always written
 TIES = "functorkit.ties"
-
-
-def stand_in(name: str) -> np.dtype[Any]:
-    """The little-endian NumPy dtype holding dtype `name`'s bytes (an unsigned int for bf16/float8)."""
-    if name in _ML_DTYPES:
-        return np.dtype("<u2" if name == "bfloat16" else "u1")
-    return np.dtype(name).newbyteorder("<") if name != "bool" else np.dtype(bool)
 
 
 def real_dtype(name: str, where: str) -> np.dtype[Any]:
@@ -109,22 +90,6 @@ def real_dtype(name: str, where: str) -> np.dtype[Any]:
     return out
 
 
-class TensorInfo:
-    """One tensor of a file: key, dtype name, shape, where its bytes lie, and the file's identity."""
-
-    __slots__ = ("begin", "end", "ident", "key", "name", "path", "shape")
-
-    def __init__(
-        self, path: str, key: str, name: str, shape: tuple[int, ...], begin: int, end: int, ident: tuple[int, ...]
-    ) -> None:
-        self.path, self.key, self.name, self.shape, self.begin, self.end = path, key, name, shape, begin, end
-        self.ident = ident
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.begin
-
-
 def header_bytes(tensors: list[tuple[str, str, tuple[int, ...], int, int]], metadata: Mapping[str, str]) -> bytes:
     """The length prefix and space-padded JSON header (8-byte aligned data) for `tensors`:
     ``(key, dtype name, shape, begin, end)``, listed in this order."""
@@ -136,19 +101,6 @@ def header_bytes(tensors: list[tuple[str, str, tuple[int, ...], int, int]], meta
     text = json.dumps(head, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     return struct.pack("<Q", len(text)) + text
-
-
-def _bad(path: str, what: str) -> StructureError:
-    return StructureError(
-        f"{path}: not a valid safetensors file: {what}. Expected a file written by fk.save or "
-        "safetensors; fix: write it again (a copy may have been cut short)."
-    )
-
-
-def _short(obj: Any) -> str:
-    """A repr cut to 80 characters (a hostile header may hold anything)."""
-    text = repr(obj) if not isinstance(obj, int) or abs(obj) < 10**_MAX_DIGITS else "<a huge int>"
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 # ----------------------------------------------------------------------------- opening files
@@ -221,123 +173,6 @@ def _read_into(f: Any, buf: Any, offset: int, path: str, key: str) -> None:
         done += n
 
 
-# ----------------------------------------------------------------------------- the header
-
-
-class _Refused(Exception):
-    """A header value refused while the JSON is read (before Python builds it)."""
-
-
-def _json_int(text: str) -> int:
-    if len(text.lstrip("-")) > _MAX_DIGITS:
-        msg = f"an integer of {len(text)} digits"
-        raise _Refused(msg)
-    return int(text)
-
-
-def _json_constant(text: str) -> Any:
-    msg = f"the non-JSON constant {text}"
-    raise _Refused(msg)
-
-
-def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        msg = f"the key {_short(dup)} twice in one object"
-        raise _Refused(msg)
-    return out
-
-
-def loads_json(raw: bytes, path: str, what: str) -> Any:
-    """Strict JSON: UTF-8 without BOM, no duplicate keys, no NaN/Infinity, integers of at most 20
-    digits, bounded nesting; every refusal a `StructureError` naming `path`."""
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raise _bad(path, f"its {what} starts with a byte order mark (UTF-8 JSON has none)")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise _bad(path, f"its {what} is not UTF-8 (byte {e.start}: {e.reason}; UTF-16?)") from None
-    if not text.startswith("{"):
-        raise _bad(path, f"its {what} does not start with '{{' (found {_short(text[:16])})")
-    try:
-        return json.loads(
-            text, object_pairs_hook=_json_object, parse_int=_json_int, parse_constant=_json_constant
-        )
-    except _Refused as e:
-        raise _bad(path, f"its {what} holds {e}") from None
-    except RecursionError:
-        raise _bad(path, f"its {what} is nested too deeply") from None
-    except ValueError as e:  # json.JSONDecodeError, and whatever else json refuses
-        raise _bad(path, f"its {what} is not JSON ({_short(str(e))})") from None
-
-
-def _parse_header(
-    path: str, raw: bytes, data_size: int, data_start: int, ident: tuple[int, ...]
-) -> tuple[dict[str, str], dict[str, TensorInfo]]:
-    """The metadata and the tensors of a header, after every rule of the ``safetensors`` package:
-    known dtypes, shapes of non-negative ints whose byte size is the range, ranges contiguous and
-    non-overlapping from 0 to the end of the file exactly."""
-    head = loads_json(raw, path, "header")
-    meta = head.pop("__metadata__", None)
-    if meta is None:
-        meta = {}
-    elif not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise _bad(path, f"the entry '__metadata__' is not an object of strings ({_short(meta)})")
-    tensors: dict[str, TensorInfo] = {}
-    for key, e in head.items():
-        tensors[key] = _entry(path, key, e, data_size, data_start, ident)
-    pos = 0
-    for t in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
-        if t.begin != data_start + pos:
-            where = "overlaps the tensor before it" if t.begin < data_start + pos else "leaves a hole before it"
-            raise _bad(
-                path,
-                f"the tensor {t.key!r} starts at byte {t.begin - data_start} of the data section, which "
-                f"{where} (the ranges must follow each other without gaps or overlaps, from 0)",
-            )
-        pos = t.end - data_start
-    if pos != data_size:
-        raise _bad(path, f"the data section has {data_size - pos} bytes after the last tensor (trailing bytes)")
-    return meta, tensors
-
-
-def _entry(path: str, key: str, e: Any, data_size: int, data_start: int, ident: tuple[int, ...]) -> TensorInfo:
-    if not isinstance(e, dict):
-        raise _bad(path, f"the entry of {key!r} is not an object ({_short(e)})")
-    code = e.get("dtype")
-    if type(code) is not str or code not in NAME_OF:
-        raise _bad(path, f"the tensor {key!r} has the dtype {_short(code)}; expected one of {sorted(NAME_OF)}")
-    shape, offs = e.get("shape"), e.get("data_offsets")
-    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-        raise _bad(path, f"the shape of {key!r} is not a list of non-negative ints ({_short(shape)})")
-    if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int and o >= 0 for o in offs)):
-        raise _bad(path, f"the data offsets of {key!r} are not two non-negative ints ({_short(offs)})")
-    name = NAME_OF[code]
-    begin, end = offs
-    if end < begin:
-        raise _bad(path, f"the data offsets of {key!r} end before they begin ({begin}, {end})")
-    if end > data_size:
-        msg = (
-            f"{path}: the file is truncated: the tensor {key!r} needs bytes up to {end} of the data "
-            f"section, which has only {data_size}. Fix: write or download the file again."
-        )
-        raise StructureError(msg)
-    count, exact = (0 if 0 in shape else 1), True
-    for d in shape:  # stops as soon as the size passes the range: no huge product is formed
-        count *= d
-        if count > end - begin:
-            exact = False
-            break
-    need = count * stand_in(name).itemsize
-    if need != end - begin:
-        needs = f"{need} bytes" if exact else "more bytes than that"
-        shown = _short(tuple(shape))
-        raise _bad(path, f"{key!r} has {end - begin} bytes, but its shape {shown} of {name} needs {needs}")
-    return TensorInfo(path, key, name, tuple(shape), data_start + begin, data_start + end, ident)
-
-
 # ----------------------------------------------------------------------------- files
 
 
@@ -359,17 +194,17 @@ class SafetensorsFile:
             size = ident[2]
             raw = self._f.read(8)
             if len(raw) < 8:
-                raise _bad(p, f"it has {len(raw)} bytes, fewer than the 8-byte header length")
+                raise bad_file(p, f"it has {len(raw)} bytes, fewer than the 8-byte header length")
             (n,) = struct.unpack("<Q", raw)
             if n > _MAX_HEADER:
-                raise _bad(p, f"the header length {n} exceeds the limit of {_MAX_HEADER} bytes")
+                raise bad_file(p, f"the header length {n} exceeds the limit of {_MAX_HEADER} bytes")
             if n > size - 8:
-                raise _bad(p, f"the header length {n} exceeds the file ({size} bytes)")
+                raise bad_file(p, f"the header length {n} exceeds the file ({size} bytes)")
             text = self._f.read(n)  # n <= the file's size: no allocation beyond what is there
             if len(text) != n:
-                raise _bad(p, "the file was cut short while its header was read")
+                raise bad_file(p, "the file was cut short while its header was read")
             self.data_start = 8 + n
-            self.metadata, self.tensors = _parse_header(p, text, size - self.data_start, self.data_start, ident)
+            self.metadata, self.tensors = parse_header(p, text, size - self.data_start, self.data_start, ident)
         except BaseException:
             self.close()
             raise
@@ -486,7 +321,7 @@ def _plain_name(folder: str, name: Any, index: str) -> str:
     )
     if not ok:
         msg = (
-            f"{index}: the shard name {_short(name)} is not a plain file name; a shard index names files "
+            f"{index}: the shard name {short(name)} is not a plain file name; a shard index names files "
             "inside its own directory (no '/', '..' or absolute paths). Fix: write the checkpoint again "
             "(a hostile or hand-edited index?)."
         )
@@ -507,12 +342,12 @@ def read_index(path: str) -> dict[str, str]:
     checked to be a plain file of the index's directory."""
     with open_regular(path, "shard index") as f:
         if os.fstat(f.fileno()).st_size > _MAX_HEADER:
-            raise _bad(path, f"the index is larger than {_MAX_HEADER} bytes")
+            raise bad_file(path, f"the index is larger than {_MAX_HEADER} bytes")
         raw = f.read(_MAX_HEADER + 1)
     doc = loads_json(raw, path, "index")
     wm = doc.get("weight_map")
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
-        raise _bad(path, "the index has no `weight_map` object of key -> shard file name")
+        raise bad_file(path, "the index has no `weight_map` object of key -> shard file name")
     folder = os.path.dirname(path)
     for name in set(wm.values()):
         _plain_name(folder, name, path)
@@ -639,7 +474,7 @@ class Checkpoint:
             ):
                 msg = (
                     f"{self.where}: the metadata {TIES!r} is not a JSON mapping of alias to stored key "
-                    f"({_short(meta[TIES])}); fix: write the checkpoint again."
+                    f"({short(meta[TIES])}); fix: write the checkpoint again."
                 )
                 raise StructureError(msg)
             return {str(k): v for k, v in ties.items()}
