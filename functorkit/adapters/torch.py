@@ -382,6 +382,101 @@ class Adapter(ArrayAdapter):
         """``torch.lerp`` (one kernel; the generic formula is the same but three operations)."""
         return x.lerp(y, t)
 
+    # ---- arithmetic kernels (SPEC 14: with `out`, written under no_grad, as optimizers do) ------
+
+    def op_add(self, x: Any, y: Any, out: Any = None) -> Any:
+        if out is None:
+            return x + y
+        with torch.no_grad():
+            if out is x:
+                out.add_(y)
+            else:
+                torch.add(x, y, out=out)
+        return out
+
+    def op_sub(self, x: Any, y: Any, out: Any = None) -> Any:
+        if out is None:
+            return x - y
+        with torch.no_grad():
+            if out is x:
+                out.sub_(y)
+            else:
+                torch.sub(x, y, out=out)
+        return out
+
+    def op_scale(self, x: Any, c: Any, out: Any = None) -> Any:
+        if out is None:
+            return x * c
+        with torch.no_grad():
+            if out is x:
+                out.mul_(c)
+            else:
+                torch.mul(x, c, out=out)
+        return out
+
+    def op_div(self, x: Any, c: Any, out: Any = None) -> Any:
+        if out is None:
+            return x / c
+        with torch.no_grad():
+            if out is x:
+                out.div_(c)
+            else:
+                torch.div(x, c, out=out)
+        return out
+
+    def op_lincomb(self, xs: Sequence[Any], cs: Sequence[Any], out: Any = None) -> Any:
+        """``mul`` then ``add_(x, alpha=c)`` per term (``addcmul_`` for a 0-d tensor `c`): one
+        allocation per result, not one per term (bench_arith ``lincomb`` torch rows); out of place
+        where autograd or a tracer forbids writing (``inplace_ok``)."""
+        if out is None:
+            acc = xs[0] * cs[0]
+            inplace = self.inplace_ok((*xs, *(c for c in cs if isinstance(c, torch.Tensor))))
+            for xk, ck in zip(xs[1:], cs[1:], strict=True):
+                acc = self.axpy(acc, xk, ck, inplace)
+            return acc
+        with torch.no_grad():
+            if out is xs[0]:
+                out.mul_(cs[0])
+            else:
+                torch.mul(xs[0], cs[0], out=out)
+            for xk, ck in zip(xs[1:], cs[1:], strict=True):
+                self.axpy(out, xk, ck, True)
+        return out
+
+    def op_mean(self, xs: Sequence[Any], out: Any = None) -> Any:
+        n = len(xs)
+        if out is None:
+            if n == 1:
+                return xs[0] / 1
+            inplace = self.inplace_ok(xs)
+            acc = xs[0] + xs[1]
+            for o in xs[2:]:
+                acc = self.add(acc, o, inplace)
+            return self.div(acc, n, inplace)
+        with torch.no_grad():
+            if n == 1:
+                torch.div(xs[0], 1, out=out)
+                return out
+            if out is xs[0]:
+                out.add_(xs[1])
+            else:
+                torch.add(xs[0], xs[1], out=out)
+            for o in xs[2:]:
+                out.add_(o)
+            out.div_(n)
+        return out
+
+    def op_lerp(self, x: Any, y: Any, t: Any, out: Any = None) -> Any:
+        """``torch.lerp`` (one kernel; `t` a Python number or a 0-d tensor of `x`'s dtype)."""
+        if out is None:
+            return x.lerp(y, t)
+        with torch.no_grad():
+            if out is x:
+                out.lerp_(y, t)
+            else:
+                torch.lerp(x, y, t, out=out)
+        return out
+
     def vdot(self, x: Any, y: Any) -> Any:
         """BLAS ``vdot`` for the dtypes it supports (bench_arith ``dot`` torch rows; ``vecdot``
         multiplies, then sums)."""
