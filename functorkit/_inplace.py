@@ -78,6 +78,10 @@ def _check_overlaps(fname: str, names: Sequence[str], plan: list[list[Any]], lat
     for r, row in enumerate(plan):
         path, xs, o = row[0], row[1], row[2]
         for k, a in enumerate((o, *xs)):
+            if k and a is o:  # the input itself, at its own place: an in-place update
+                if late is not None and k - 1 >= late:
+                    row[4] = True
+                continue
             key = (id(a), r if k else -1)
             if key in seen:
                 continue
@@ -145,8 +149,7 @@ def run_out(
             )
             raise StructureError(msg)
         by_out[id(o)] = path
-        aside = late is not None and any(a is o for a in (x, *ins)[late:])
-        plan.append([path, (x, *ins), o, None, aside])
+        plan.append([path, (x, *ins), o, None, False])
 
     walk((*models, out), visit, build=BUILD_NONE, with_path=True, track=True, names=(*names, "out"))
     _check_overlaps(fname, names, plan, late)

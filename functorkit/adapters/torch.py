@@ -286,6 +286,13 @@ class Adapter(ArrayAdapter):
             return "it is an inference tensor (made under torch.inference_mode)"
         return None
 
+    def overlap_problem(self, x: Any) -> str | None:
+        """A contiguous tensor has no two elements in one place: no layout to compute (bench_arith
+        small-model ``out=`` rows)."""
+        if x.layout is torch.strided and not x.is_nested and x.is_contiguous():
+            return None
+        return super().overlap_problem(x)
+
     def read_problem(self, x: Any) -> str | None:
         """Sparse, nested, mkldnn and quantized tensors are not dense arrays of a numeric dtype."""
         if x.layout is not torch.strided:
