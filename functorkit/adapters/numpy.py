@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -34,7 +34,7 @@ def _narrow_float(dtype: Any) -> Any:
     try:  # ml_dtypes types (kind "V"): floating when finfo knows them
         import ml_dtypes
 
-        ml_dtypes.finfo(dtype)
+        cast(Any, ml_dtypes).finfo(dtype)
     except (ImportError, ValueError, TypeError):
         return None
     return np.dtype(np.float32)
