@@ -124,9 +124,11 @@ def run_out(
     every: bool,
     out: Any,
     late: int | None,
+    batch: Callable[[list[list[Any]]], list[list[Any]]] | None = None,
 ) -> Any:
     """Write ``fn(path, x, others, o)`` into each parameter `o` of `out`, all checks first; return `out`.
-    `late`: the first model index an accumulating kernel reads after writing into `o`."""
+    `late`: the first model index an accumulating kernel reads after writing into `o`.
+    `batch(plan)`: writes the rows it can in one adapter call, returns the others."""
     plan: list[list[Any]] = []  # [path, models' arrays, out array, first row of this out array, aside]
     by_out: dict[int, KeyPath] = {}
     first = names[0]
@@ -153,6 +155,8 @@ def run_out(
 
     walk((*models, out), visit, build=BUILD_NONE, with_path=True, track=True, names=(*names, "out"))
     _check_overlaps(fname, names, plan, late)
+    if batch is not None:
+        plan = batch(plan)
     for path, xs, o, _, aside in plan:
         if aside:  # `o` is a term read after the first write: computed aside, then copied
             r = fn(path, xs[0], list(xs[1:]), None)

