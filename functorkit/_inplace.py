@@ -73,18 +73,18 @@ def _check_overlaps(fname: str, names: Sequence[str], plan: list[list[Any]], lat
     """Refuse any memory overlap between an out array and an input array or another out array,
     except an out array identical to the input at its own row; mark rows whose out array is an input
     the accumulating kernel reads after its first write (`late`): those are computed aside."""
-    outs: dict[int, Any] = {}
+    out_arrays: dict[int, Any] = {}
     ins: dict[int, Any] = {}
     for row in plan:
         o = row[2]
-        outs[id(o)] = o
+        out_arrays[id(o)] = o
         for k, a in enumerate(row[1]):
             if a is o:
                 if late is not None and k >= late:
                     row[4] = True
             else:
                 ins[id(a)] = a
-    if not any(i in ins for i in outs) and separate_allocations([*outs.values(), *ins.values()]):
+    if not any(i in ins for i in out_arrays) and separate_allocations([*out_arrays.values(), *ins.values()]):
         return  # distinct NumPy arrays that own their memory cannot overlap (bench_arith small rows)
     spans: list[tuple[Any, ...]] = []
     seen: set[tuple[int, int]] = set()
