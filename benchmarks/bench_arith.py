@@ -380,8 +380,10 @@ allocate their result on every call (first-touch page faults included).
 On NumPy the kernels are ufuncs with `out=` over blocks of 32 Ki elements (`adapters/numpy.py`), so a
 lincomb reads each input once and writes the result once, with no full-size temporary per term. On
 torch, `fk.lincomb` and `fk.mean` accumulate into the result in place (`Tensor.add_(x, alpha=c)`), and
-`out=` uses `lerp_`/`mul_`/`add_` on `out`'s own tensors under `torch.no_grad()`; `torch._foreach_*`
-({"; ".join(foreach) or "not measured"}) is a private torch API functorkit does not call. `fk.dot` uses
+`out=` uses `lerp_`/`mul_`/`add_` on `out`'s own tensors under `torch.no_grad()`, and an in-place
+`fk.lerp(ema, model, t, out=ema)` one `torch._foreach_lerp_` (feature-detected; `adapters/torch.py`);
+`torch._foreach_*`
+({"; ".join(foreach) or "not measured"}) is otherwise a private torch API functorkit does not call. `fk.dot` uses
 `Tensor.vdot` on torch (BLAS; `linalg.vecdot` multiplies into a temporary first), and `fk.norm` sums
 squares with `vecdot` on NumPy (NumPy's `vector_norm` squares into a temporary).
 
