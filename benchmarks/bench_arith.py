@@ -41,6 +41,9 @@ import numpy as np
 import functorkit as fk
 
 COEFS = (0.5, -0.25, 2.0)
+T_EMA = 0.001
+#: calls per timing of the small-model rows
+SMALL_CALLS = 200
 
 
 def gpt2_shapes(d: int = 768, vocab: int = 50257, ctx: int = 1024, layers: int = 12) -> dict[str, Any]:
@@ -121,6 +124,15 @@ def numpy_contenders(ms: list[Any]) -> dict[str, dict[str, Callable[[], Any]]]:
             "hand loop, BLAS": lambda: math.sqrt(sum(np.vdot(a, a) for a in la)),
         },
     }
+    dst = fk.copy(ms[0])
+    ema = fk.copy(ms[0])
+    le = fk.leaves(ema)
+    out["lincomb"]["fk, out="] = lambda: fk.lincomb(COEFS, ms, out=dst)
+    out["ema step"] = {
+        "fk, out=": lambda: fk.lerp(ema, ms[1], T_EMA, out=ema),
+        "hand loop": lambda: [np.add(e, (m - e) * T_EMA, out=e) for e, m in zip(le, lb, strict=True)],
+        "fk.load_into(fk.lerp)": lambda: fk.load_into(ema, fk.lerp(ema, ms[1], T_EMA)),
+    }
     try:
         import optree
     except ImportError:
@@ -162,6 +174,26 @@ def torch_contenders(ms: list[Any]) -> dict[str, dict[str, Callable[[], Any]]]:
             "torch._foreach": lambda: torch.linalg.vector_norm(torch.stack(torch._foreach_norm(la, 2))),
         },
     }
+    dst = fk.copy(tms[0])
+    dl = fk.leaves(dst)
+
+    def foreach_lincomb_out() -> Any:
+        torch._foreach_copy_(dl, la)
+        torch._foreach_mul_(dl, c1)
+        torch._foreach_add_(dl, lb, alpha=c2)
+        torch._foreach_add_(dl, lc, alpha=c3)
+        return dl
+
+    ema = fk.copy(tms[0])
+    el = fk.leaves(ema)
+    out["lincomb"]["fk, out="] = lambda: fk.lincomb(COEFS, tms, out=dst)
+    out["lincomb"]["torch._foreach, into dst"] = foreach_lincomb_out
+    out["ema step"] = {
+        "fk, out=": lambda: fk.lerp(ema, tms[1], T_EMA, out=ema),
+        "hand loop": lambda: [e.lerp_(m, T_EMA) for e, m in zip(el, lb, strict=True)],
+        "torch._foreach": lambda: torch._foreach_lerp_(el, lb, T_EMA),
+        "fk.load_into(fk.lerp)": lambda: fk.load_into(ema, fk.lerp(ema, tms[1], T_EMA)),
+    }
     try:
         import optree
     except ImportError:
@@ -170,8 +202,84 @@ def torch_contenders(ms: list[Any]) -> dict[str, dict[str, Callable[[], Any]]]:
     return out
 
 
+def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
+    """Per-call cost on small models: the 6-array MLP (NumPy and torch) and a 12-block torch
+    ``nn.Module`` EMA step; each contender runs `SMALL_CALLS` times per timing."""
+    rng = np.random.default_rng(1)
+    shapes = [(64, 32), (64,), (64, 64), (64,), (10, 64), (10,)]
+    mlps = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(3)]
+    c1, c2, c3 = COEFS
+    out: dict[str, dict[str, Callable[[], Any]]] = {}
+
+    def rep(f: Callable[[], Any]) -> Callable[[], Any]:
+        def g() -> Any:
+            for _ in range(SMALL_CALLS):
+                f()
+
+        return g
+
+    npd = fk.copy(mlps[0])
+    out["MLP lincomb, NumPy"] = {
+        "fk": rep(lambda: fk.lincomb(COEFS, mlps)),
+        "fk, out=": rep(lambda: fk.lincomb(COEFS, mlps, out=npd)),
+        "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*mlps, strict=True)]),
+    }
+    try:
+        import torch
+    except ImportError:
+        return out
+    tm = [[torch.from_numpy(x.copy()) for x in m] for m in mlps]
+    td = fk.copy(tm[0])
+    tema = fk.copy(tm[0])
+
+    def foreach_lc() -> Any:
+        acc = torch._foreach_mul(tm[0], c1)
+        torch._foreach_add_(acc, tm[1], alpha=c2)
+        torch._foreach_add_(acc, tm[2], alpha=c3)
+        return acc
+
+    out["MLP lincomb, torch"] = {
+        "fk": rep(lambda: fk.lincomb(COEFS, tm)),
+        "fk, out=": rep(lambda: fk.lincomb(COEFS, tm, out=td)),
+        "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*tm, strict=True)]),
+        "torch._foreach": rep(foreach_lc),
+    }
+    out["MLP EMA step, torch"] = {
+        "fk, out=": rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema)),
+        "hand loop": rep(lambda: [e.lerp_(m, T_EMA) for e, m in zip(tema, tm[1], strict=True)]),
+        "torch._foreach": rep(lambda: torch._foreach_lerp_(tema, tm[1], T_EMA)),
+    }
+    torch.manual_seed(0)
+
+    def block() -> Any:
+        return torch.nn.Sequential(
+            torch.nn.LayerNorm(64), torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)
+        )
+
+    net = torch.nn.Sequential(*[block() for _ in range(12)])
+    ema_net = fk.copy(net)
+    with torch.no_grad():
+        pe, pm = list(ema_net.parameters()), list(net.parameters())
+
+    def hand() -> None:
+        with torch.no_grad():
+            for e, m in zip(pe, pm, strict=True):
+                e.lerp_(m, T_EMA)
+
+    def foreach_ema() -> None:
+        with torch.no_grad():
+            torch._foreach_lerp_(pe, pm, T_EMA)
+
+    out["12-block nn.Module EMA step"] = {
+        "fk, out=": rep(lambda: fk.lerp(ema_net, net, T_EMA, out=ema_net)),
+        "hand loop": rep(hand),
+        "torch._foreach": rep(foreach_ema),
+    }
+    return out
+
+
 # bytes each operation must move, in units of one model's size
-TRAFFIC = {"lincomb": 4, "dot": 2, "norm": 1}
+TRAFFIC = {"lincomb": 4, "dot": 2, "norm": 1, "ema step": 3}
 
 
 @contextlib.contextmanager
@@ -219,19 +327,31 @@ def _run(quick: bool) -> str:
             ref = best["hand loop"]
             if "torch._foreach" in best:
                 fe = best["torch._foreach"]
-                foreach.append(f"{op}: {ref / fe:.1f}x faster than the hand loop, fk {best['fk'] / fe:.2f}x its time")
+                mine = best.get("fk", best.get("fk, out="))
+                foreach.append(f"{op}: {ref / fe:.1f}x faster than the hand loop, fk {mine / fe:.2f}x its time")
             floor = TRAFFIC[op] * model_bytes / bandwidth
             for name, t in best.items():
-                if name == "fk":
+                if name == ("fk" if "fk" in best else "fk, out="):
                     ratios[(backend, op)] = t / ref
                 rows.append(
                     f"| {op} | {backend} | {'**fk**' if name == 'fk' else name} | {t * 1e3:.1f} | "
                     f"{t / ref:.2f} | {t / floor:.1f} |"
                 )
+    small_rows = []
+    for op, contenders in small_contenders().items():
+        best = timed(contenders, rounds)
+        ref = best["hand loop"]
+        fe = best.get("torch._foreach")
+        for name, t in best.items():
+            small_rows.append(
+                f"| {op} | {'**' + name + '**' if name.startswith('fk') else name} | {t / SMALL_CALLS * 1e6:.1f} | "
+                f"{t / ref:.2f} | {'' if fe is None else f'{t / fe:.2f}'} |"
+            )
+    small = "\n".join(small_rows)
     table = "\n".join(rows)
     summary = ", ".join(f"{op} on {b}: {r:.2f}x" for (b, op), r in ratios.items())
     n_arrays = len(fk.leaves(ms[0]))
-    return f"""## Model arithmetic: lincomb, dot, norm
+    return f"""## Model arithmetic: lincomb, dot, norm, EMA steps
 
 Three GPT-2-small-shaped models ({n_arrays} float32 arrays, {n / 1e6:.1f} M values, {model_bytes / 1e6:.0f} MB
 each; {"**quick**: a scaled-down GPT-2, " if quick else ""}nested dicts of NumPy arrays, and of torch CPU tensors
@@ -251,12 +371,30 @@ fk time / hand loop time: {summary} (target: at most 1.5).
 |---|---|---|---:|---:|---:|
 {table}
 
-On torch, `fk.lincomb` and `fk.mean` accumulate into the fresh result in place (`Tensor.add_(x,
-alpha=c)`): one allocation per leaf instead of one per term, which is what beats the hand loop there;
-`torch._foreach_*` gets the same saving ({"; ".join(foreach) or "not measured"}); functorkit does not call
-it, a private torch API with no array API counterpart. `fk.dot` uses `Tensor.vdot` on torch (BLAS;
-`linalg.vecdot` multiplies into a temporary first), and `fk.norm` sums squares with `vecdot` on NumPy
-(NumPy's `vector_norm` squares into a temporary).
+`ema step` is one exponential-moving-average update, `fk.lerp(ema, model, {T_EMA}, out=ema)` (traffic:
+read two models, write one), against the hand loop of in-place updates (`e.lerp_(m, t)`; NumPy
+`np.add(e, (m - e) * t, out=e)`), `torch._foreach_lerp_` and the only way before `out=` (a new model,
+then `fk.load_into`). `fk, out=` rows write into a model allocated once (`fk.copy`); the functional rows
+allocate their result on every call (first-touch page faults included).
+
+On NumPy the kernels are ufuncs with `out=` over blocks of 32 Ki elements (`adapters/numpy.py`), so a
+lincomb reads each input once and writes the result once, with no full-size temporary per term. On
+torch, `fk.lincomb` and `fk.mean` accumulate into the result in place (`Tensor.add_(x, alpha=c)`), and
+`out=` uses `lerp_`/`mul_`/`add_` on `out`'s own tensors under `torch.no_grad()`, and an in-place
+`fk.lerp(ema, model, t, out=ema)` one `torch._foreach_lerp_` (feature-detected; `adapters/torch.py`);
+`torch._foreach_*`
+({"; ".join(foreach) or "not measured"}) is otherwise a private torch API functorkit does not call. `fk.dot` uses
+`Tensor.vdot` on torch (BLAS; `linalg.vecdot` multiplies into a temporary first), and `fk.norm` sums
+squares with `vecdot` on NumPy (NumPy's `vector_norm` squares into a temporary).
+
+Small models, per call ({SMALL_CALLS} calls per timing, best of {rounds} rounds): the 6-array MLP
+(64x32, 64x64, 10x64 and biases, float32) and an EMA step of a 12-block `nn.Module` (each block
+LayerNorm(64), Linear(64, 128), GELU, Linear(128, 64): 48 parameters), against the hand loop
+(`lerp_` under `no_grad` per parameter) and `torch._foreach_*`.
+
+| row | contender | µs per call | / hand loop | / torch._foreach |
+|---|---|---:|---:|---:|
+{small}
 """
 
 

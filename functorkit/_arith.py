@@ -49,6 +49,7 @@ from ._walk import fmap
 from ._xp import (
     device_of,
     is_array,
+    is_inexact_array,
     namespace,
 )
 from .adapters._base import adapter_of
@@ -108,16 +109,16 @@ def _coefficient(c: Any, what: str, fname: str, *, real: bool = False) -> Any:
 
 
 def _check_coefficient(path: KeyPath, x: Any, c: Any, what: str, fname: str) -> None:
-    """A coefficient must not change the parameter's dtype, namespace or device."""
-    if type(c) is complex:
-        if not _is_complex(x):
-            msg = (
-                f"at {path.display}: fk.{fname}: `{what}` is complex ({c!r}) but the parameter is a real "
-                f"{_describe(x)}; a complex coefficient would silently make it complex. Expected a real "
-                "coefficient for real parameters; fix: pass a real number, or make the parameters complex first."
-            )
-            raise PolicyError(msg)
-        return
+    """A coefficient must not change the parameter's dtype, namespace or device (SPEC 12): Python
+    numbers are weak; a 0-d array must be floating (complex only for complex parameters), of the
+    parameters' namespace and device; it is then cast to the parameter's dtype (`weak`)."""
+    if (type(c) is complex or (is_array(c) and _is_complex(c))) and not _is_complex(x):
+        msg = (
+            f"at {path.display}: fk.{fname}: `{what}` is complex ({c!r}) but the parameter is a real "
+            f"{_describe(x)}; a complex coefficient would silently make it complex. Expected a real "
+            "coefficient for real parameters; fix: pass a real number, or make the parameters complex first."
+        )
+        raise PolicyError(msg)
     if not is_array(c):
         return
     xp = namespace(x)
@@ -134,20 +135,44 @@ def _check_coefficient(path: KeyPath, x: Any, c: Any, what: str, fname: str) -> 
             f"{device_of(x)}. Expected the same device; fix: move the coefficient, or pass a Python number."
         )
         raise PolicyError(msg)
-    if xp.result_type(c.dtype, x.dtype) != x.dtype:
+    if not is_inexact_array(c):
         msg = (
-            f"at {path.display}: fk.{fname}: `{what}` has dtype {_dtype_name(c.dtype)}, which would promote "
-            f"the parameter ({_describe(x)}) to {_dtype_name(xp.result_type(c.dtype, x.dtype))}. Expected a "
-            "coefficient that keeps the parameter's dtype; fix: cast the coefficient to the parameters' "
-            "dtype, or pass a Python number (weakly typed)."
+            f"at {path.display}: fk.{fname}: `{what}` is a 0-d array of dtype {_dtype_name(c.dtype)}, not a "
+            f"floating one, for the parameter {_describe(x)}. Expected a 0-d array of the parameter's kind "
+            "(floating; complex for complex parameters), which is cast to the parameter's dtype; fix: pass "
+            "a Python number (int(c) or float(c)), or cast the coefficient to a floating dtype."
         )
         raise PolicyError(msg)
+
+
+class _Weak:
+    """One coefficient as each parameter gets it: checked (`_check_coefficient`) and cast by the
+    adapter's ``weak`` (SPEC 12), once per parameter type, dtype and (for 0-d arrays) device."""
+
+    __slots__ = ("array", "c", "fname", "known", "what")
+
+    def __init__(self, c: Any, what: str, fname: str) -> None:
+        self.c, self.what, self.fname = c, what, fname
+        self.array = is_array(c)
+        self.known: dict[Any, Any] = {}
+
+    def get(self, path: KeyPath, x: Any) -> Any:
+        ad = adapter_of(x)
+        key = (type(x), x.dtype, ad.device(x)) if self.array else (type(x), x.dtype)
+        hit = self.known.get(key, _NONE)
+        if hit is _NONE:
+            _check_coefficient(path, x, self.c, self.what, self.fname)
+            hit = self.known[key] = ad.weak(self.c, x.dtype)
+        return hit
+
+
+_NONE = object()
 
 
 # --------------------------------------------------------------------------- elementwise arithmetic
 
 
-def add(a: T, b: T, /, *, trainable_only: bool = True) -> T:
+def add(a: T, b: T, /, *, trainable_only: bool = True, out: T | None = None) -> T:
     """The model ``a + b``: parameters added, constants taken from `a`.
 
     Parameters
@@ -159,21 +184,33 @@ def add(a: T, b: T, /, *, trainable_only: bool = True) -> T:
     trainable_only
         True (default): parameters only, as described above. False: every
         floating or complex array (buffers, frozen parameters) too.
+    out
+        None (default): a new model. Else a model of `a`'s structure whose
+        parameters are writable arrays of the result's shapes, dtypes and
+        devices: the result is written into them (the same values as without
+        `out`, bit for bit; torch: under ``no_grad``) and `out` is returned;
+        its constants are left alone. `out` may be `a` or `b` itself (an
+        in-place update); any other memory overlap with an input is a
+        `StructureError`. Every check is made before the first write.
 
     Returns
     -------
     model : Any
-        A new model of `a`'s node types: parameters are ``a + b``; every other
-        leaf comes from `a` (arrays copied, anything else shared). Inputs are
-        never mutated; no result array shares memory with an input.
+        A new model of `a`'s node types (or `out`): parameters are ``a + b``,
+        of `a`'s dtypes; every other leaf comes from `a` (arrays copied,
+        anything else shared). Inputs are never mutated (unless passed as
+        `out`); no result array shares memory with an input.
 
     Raises
     ------
     StructureError
-        The models differ in structure or in a parameter's shape (the message
-        names the path).
+        The models (or `out`) differ in structure or in a parameter's shape
+        (the message names the path); `out` overlaps an input.
     PolicyError
         A parameter's dtype, namespace or device differs between the models.
+    TypeError
+        `out`'s arrays cannot be written (JAX, Dask, read-only NumPy): use
+        the functional form.
 
     Examples
     --------
@@ -181,14 +218,21 @@ def add(a: T, b: T, /, *, trainable_only: bool = True) -> T:
     >>> import functorkit as fk
     >>> fk.add({"w": np.array([1.0, 2.0]), "n": 3}, {"w": np.array([10.0, 20.0]), "n": 4})
     {'w': array([11., 22.]), 'n': 3}
+    >>> a = {"w": np.array([1.0, 2.0])}
+    >>> fk.add(a, a, out=a) is a, a["w"]
+    (True, array([2., 4.]))
     """
-    return _map_params("add", ("a", "b"), (a, b), lambda p, x, o: x + o[0], trainable_only, operator.add)
+
+    def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
+        return adapter_of(x).op_add(x, others[0], o)
+
+    return _map_params("add", ("a", "b"), (a, b), fn, trainable_only, operator.add, out=out)
 
 
-def sub(a: T, b: T, /, *, trainable_only: bool = True) -> T:
+def sub(a: T, b: T, /, *, trainable_only: bool = True, out: T | None = None) -> T:
     """The model ``a - b``: parameters subtracted, constants taken from `a`.
 
-    See `add` for the rules.
+    See `add` for the rules (and `out`).
 
     Examples
     --------
@@ -197,31 +241,38 @@ def sub(a: T, b: T, /, *, trainable_only: bool = True) -> T:
     >>> fk.sub({"w": np.array([1.0, 2.0])}, {"w": np.array([10.0, 20.0])})
     {'w': array([ -9., -18.])}
     """
-    return _map_params("sub", ("a", "b"), (a, b), lambda p, x, o: x - o[0], trainable_only, operator.sub)
+
+    def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
+        return adapter_of(x).op_sub(x, others[0], o)
+
+    return _map_params("sub", ("a", "b"), (a, b), fn, trainable_only, operator.sub, out=out)
 
 
-def scale(c: Any, a: T, /, *, trainable_only: bool = True) -> T:
+def scale(c: Any, a: T, /, *, trainable_only: bool = True, out: T | None = None) -> T:
     """The model ``c * a``: every parameter multiplied by the number `c`.
 
     Parameters
     ----------
     c
         A Python int/float/complex (NumPy scalars are treated as Python
-        numbers), which never changes a parameter's dtype (array API scalar
-        rules: float32 parameters stay float32), or a 0-d array of the
-        parameters' namespace and device whose dtype does not promote them.
-        A complex `c` on real parameters raises `PolicyError`.
+        numbers), which never changes a parameter's dtype (weak, as in the
+        array API: float32 parameters stay float32, bfloat16 stay bfloat16),
+        or a floating 0-d array of the parameters' namespace and device,
+        cast to each parameter's dtype. A complex `c` on real parameters
+        raises `PolicyError`.
     a
         The model.
     trainable_only
         True (default): parameters only, as described above. False: every
         floating or complex array (buffers, frozen parameters) too.
+    out
+        As for `add` (``fk.scale(c, a, out=a)`` scales `a` in place).
 
     Returns
     -------
     model : Any
-        A new model; constants come from `a` (arrays copied). ``scale(1, a)``
-        is a copy of `a`'s parameters, never `a`'s own arrays.
+        A new model (or `out`); constants come from `a` (arrays copied).
+        ``scale(1, a)`` is a copy of `a`'s parameters, never `a`'s own arrays.
 
     Examples
     --------
@@ -231,42 +282,47 @@ def scale(c: Any, a: T, /, *, trainable_only: bool = True) -> T:
     >>> out["w"], out["w"].dtype
     (array([0.5, 2. ], dtype=float32), dtype('float32'))
     """
-    c = _coefficient(c, "c", "scale")
+    w = _Weak(_coefficient(c, "c", "scale"), "c", "scale")
+    get = w.get
 
-    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
-        _check_coefficient(path, x, c, "c", "scale")
-        return x * c
+    def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
+        return adapter_of(x).op_scale(x, get(path, x), o)
 
-    return _map_params("scale", ("a",), (a,), fn, trainable_only)
+    return _map_params("scale", ("a",), (a,), fn, trainable_only, check=get, out=out)
 
 
-def lincomb(coefficients: Sequence[Any], models: Sequence[T], /, *, trainable_only: bool = True) -> T:
+def lincomb(
+    coefficients: Sequence[Any], models: Sequence[T], /, *, trainable_only: bool = True, out: T | None = None
+) -> T:
     """The model ``sum(c * m for c, m in zip(coefficients, models))``; constants from ``models[0]``.
 
     Parameters
     ----------
     coefficients
         One number per model: Python numbers, NumPy scalars or 0-d arrays, as
-        for `scale` (none may change a parameter's dtype).
+        for `scale` (none changes a parameter's dtype).
     models
         At least one model; all of the same structure, their parameters
         agreeing in shape, dtype, namespace and device.
     trainable_only
         True (default): parameters only, as described above. False: every
         floating or complex array (buffers, frozen parameters) too.
+    out
+        As for `add`; `out` may be one of `models`.
 
     Returns
     -------
     model : Any
-        A new model of ``models[0]``'s node types. Each parameter is computed in
-        one pass over that leaf of every model (on torch, accumulated in place
-        into the fresh result). Ties survive.
+        A new model of ``models[0]``'s node types (or `out`). Each parameter is
+        computed in one pass over that leaf of every model (NumPy: in blocks
+        that stay in cache; torch: accumulated in place into the result).
+        Ties survive.
 
     Raises
     ------
     ValueError
         `coefficients` and `models` differ in length, or are empty.
-    StructureError, PolicyError
+    StructureError, PolicyError, TypeError
         As for `add`; also when a coefficient would change a dtype.
 
     Examples
@@ -285,29 +341,27 @@ def lincomb(coefficients: Sequence[Any], models: Sequence[T], /, *, trainable_on
             f"{len(coefs)} coefficients and {len(mods)} models."
         )
         raise ValueError(msg)
-    coefs = [_coefficient(c, f"coefficients[{i}]", "lincomb") for i, c in enumerate(coefs)]
+    ws = [
+        _Weak(_coefficient(c, f"coefficients[{i}]", "lincomb"), f"coefficients[{i}]", "lincomb")
+        for i, c in enumerate(coefs)
+    ]
     names = tuple(f"models[{i}]" for i in range(len(mods)))
-    arrays_c = [c for c in coefs if is_array(c)]
 
-    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
-        for i, c in enumerate(coefs):
-            _check_coefficient(path, x, c, f"coefficients[{i}]", "lincomb")
-        xs = (x, *others)
-        ad = adapter_of(x)
-        inplace = ad.inplace_ok((*xs, *arrays_c))
-        acc = x * coefs[0]
-        for xk, ck in zip(xs[1:], coefs[1:], strict=True):
-            acc = ad.axpy(acc, xk, ck, inplace)
-        return acc
+    def check(path: KeyPath, x: Any) -> None:
+        for w in ws:
+            w.get(path, x)
 
-    return _map_params("lincomb", names, mods, fn, trainable_only)
+    def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
+        return adapter_of(x).op_lincomb((x, *others), [w.get(path, x) for w in ws], o)
+
+    return _map_params("lincomb", names, mods, fn, trainable_only, check=check, out=out, late=1)
 
 
-def mean(models: Sequence[T], /, *, trainable_only: bool = True) -> T:
+def mean(models: Sequence[T], /, *, trainable_only: bool = True, out: T | None = None) -> T:
     """The average model ``(m1 + ... + mn) / n``; constants from ``models[0]``.
 
     The parameters are summed, then divided by ``n`` (a Python int, so the
-    dtype is kept). See `lincomb` for the rules. With
+    dtype is kept). See `lincomb` for the rules (and `out`). With
     ``trainable_only=False`` buffers (batch-norm running statistics) are
     averaged too, as a model soup does; integer buffers come from
     ``models[0]``.
@@ -323,41 +377,36 @@ def mean(models: Sequence[T], /, *, trainable_only: bool = True) -> T:
     if not mods:
         msg = "fk.mean: expected at least one model, got none."
         raise ValueError(msg)
-    n = len(mods)
-    names = tuple(f"models[{i}]" for i in range(n))
+    names = tuple(f"models[{i}]" for i in range(len(mods)))
 
-    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
-        if not others:
-            return x / 1
-        ad = adapter_of(x)
-        inplace = ad.inplace_ok((x, *others))
-        acc = x + others[0]
-        for o in others[1:]:
-            acc = ad.add(acc, o, inplace)
-        return ad.div(acc, n, inplace)
+    def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
+        return adapter_of(x).op_mean((x, *others), o)
 
-    return _map_params("mean", names, mods, fn, trainable_only)
+    return _map_params("mean", names, mods, fn, trainable_only, out=out, late=2)
 
 
-def lerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True) -> T:
+def lerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True, out: T | None = None) -> T:
     """Linear interpolation ``a + t * (b - a)`` between two models; constants from `a`.
 
     Computed as torch does (``torch.lerp``): ``a + t * (b - a)`` for
     ``t < 0.5`` and ``b - (1 - t) * (b - a)`` otherwise, so ``t = 0`` gives
     exactly `a`'s values and ``t = 1`` exactly `b`'s (as new arrays). ``t``
-    outside ``[0, 1]`` extrapolates.
+    outside ``[0, 1]`` extrapolates. ``fk.lerp(ema, model, 0.001, out=ema)``
+    is an exponential-moving-average step, in place.
 
     Parameters
     ----------
     a, b
         Models of the same structure (see `add`).
     t
-        A real Python number (or NumPy scalar), or a real 0-d array of the
-        parameters' namespace and device whose dtype does not promote them
-        (then ``a + t * (b - a)`` is used).
+        A real Python number (or NumPy scalar), or a real floating 0-d array
+        of the parameters' namespace and device, cast to each parameter's
+        dtype (then ``a + t * (b - a)``; torch: ``torch.lerp``).
     trainable_only
         True (default): parameters only, as described above. False: every
         floating or complex array (buffers, frozen parameters) too.
+    out
+        As for `add`; `out` may be `a` or `b`.
 
     Examples
     --------
@@ -365,18 +414,29 @@ def lerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True) -> T:
     >>> import functorkit as fk
     >>> fk.lerp({"w": np.array([0.0, 10.0])}, {"w": np.array([1.0, 20.0])}, 0.25)
     {'w': array([ 0.25, 12.5 ])}
+    >>> ema, model = {"w": np.array([0.0])}, {"w": np.array([1.0])}
+    >>> fk.lerp(ema, model, 0.5, out=ema)["w"], ema["w"]
+    (array([0.5]), array([0.5]))
     """
-    t = _coefficient(t, "t", "lerp", real=True)
-    python_t = not is_array(t)
+    w = _Weak(_coefficient(t, "t", "lerp", real=True), "t", "lerp")
+    get = w.get
 
-    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
-        _check_coefficient(path, x, t, "t", "lerp")
-        y = others[0]
-        if python_t:
-            return adapter_of(x).lerp(x, y, t)
-        return x + (y - x) * t
+    def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
+        return adapter_of(x).op_lerp(x, others[0], get(path, x), o)
 
-    return _map_params("lerp", ("a", "b"), (a, b), fn, trainable_only)
+    def batch(plan: list[list[Any]]) -> list[list[Any]]:
+        """In-place rows (`out` is `a`) of one adapter with a Python `t`: one ``lerp_many_``."""
+        tt = w.c
+        if type(tt) is not float and type(tt) is not int:
+            return plan
+        inplace = [r for r in plan if r[2] is r[1][0]]
+        if len(inplace) < 2 or len({type(adapter_of(r[2])) for r in inplace}) != 1:
+            return plan
+        if not adapter_of(inplace[0][2]).lerp_many_([r[2] for r in inplace], [r[1][1] for r in inplace], tt):
+            return plan
+        return [r for r in plan if r[2] is not r[1][0]]
+
+    return _map_params("lerp", ("a", "b"), (a, b), fn, trainable_only, check=get, out=out, batch=batch)
 
 
 # --------------------------------------------------------------------------- copy

@@ -245,13 +245,26 @@ def _map_params(
     fname: str,
     names: Sequence[str],
     models: Sequence[T],
-    fn: Callable[[KeyPath, Any, list[Any]], Any],
+    fn: Callable[[KeyPath, Any, list[Any], Any], Any],
     trainable_only: bool = True,
     op: Callable[..., Any] | None = None,
+    *,
+    check: Callable[[KeyPath, Any], None] | None = None,
+    out: Any = None,
+    late: int | None = None,
+    batch: Callable[[list[list[Any]]], list[list[Any]]] | None = None,
 ) -> T:
-    """Rebuild the first model with ``fn(path, x, others)`` at every operand; constants copied.
-    `op` (``op(x, *others)``, the same values as `fn`, needing no path) allows the column path."""
+    """Rebuild the first model with ``fn(path, x, others, None)`` at every operand; constants copied.
+    `op` (``op(x, *others)``, the same values as `fn`, needing no path) allows the column path.
+    `check(path, x)`: the checks `fn` makes besides the models' (coefficients), run first.
+    With `out`: ``fn(path, x, others, o)`` writes into `out`'s arrays, every check first (``_inplace``);
+    `late`: the first model whose array an accumulating `fn` reads after writing into `o`;
+    `batch(plan)`: writes the plan's rows it can in one adapter call and returns the others."""
     every = not _check_trainable_only(trainable_only, fname)
+    if out is not None:
+        from ._inplace import run_out
+
+        return cast(T, run_out(fname, names, models, fn, check, every, out, late, batch))
     cols = _columns(models, names, every) if op is not None else None
     if cols is not None and op is not None:
         td, leaves, idx, others = cols
@@ -267,7 +280,9 @@ def _map_params(
         if (trainable or every) and is_inexact_array(x):
             if others:
                 _check_same(fname, names, path, x, others)
-            return _as_array(fn(path, x, others))
+            if check is not None:
+                check(path, x)
+            return _as_array(fn(path, x, others, None))
         return copy_array(x)
 
     return cast(T, _run(fname, names, models, visit, BUILD_SAME))

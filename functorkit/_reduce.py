@@ -19,7 +19,7 @@ import numpy as np
 from ._keypath import KeyPath
 from ._lockstep import _as_array, _describe, _map_params, _real_dtype, _reduce_params
 from ._typing import Tree as T
-from ._xp import namespace
+from ._xp import is_complex, namespace
 from .adapters._base import adapter_of
 
 __all__ = ["dot", "filter_normalize", "norm", "normalize"]
@@ -95,10 +95,25 @@ def dot(a: T, b: T, /, *, trainable_only: bool = True) -> Any:
     >>> float(fk.dot(a, a))
     14.0
     """
-    xp, parts = _reduce_params("dot", ("a", "b"), (a, b), _leaf_dot, trainable_only)
-    if len(parts) == 1:
-        return _as_array(parts[0])
-    return _as_array(xp.sum(xp.stack(parts)))
+    dts: list[Any] = []
+
+    def leaf(xp: Any, x: Any, others: list[Any]) -> Any:
+        if not dts:
+            dts.append(x.dtype)
+        return _leaf_dot(xp, x, others)
+
+    xp, parts = _reduce_params("dot", ("a", "b"), (a, b), leaf, trainable_only)
+    r = parts[0] if len(parts) == 1 else xp.sum(xp.stack(parts))
+    return _as_array(_narrow_back(xp, adapter_of(parts[0]), r, dts[0]))
+
+
+def _narrow_back(xp: Any, ad: Any, r: Any, dtype: Any) -> Any:
+    """The 0-d result `r` of parameters of a narrow `dtype` (float16, bfloat16, float8), accumulated
+    in float32 (``accumulate_dtype``), rounded once to `dtype` (SPEC 12: dtypes are kept)."""
+    if ad.accumulate_dtype(dtype) is None:
+        return r
+    r = _as_array(r)
+    return r if r.dtype == dtype else xp.astype(r, dtype)
 
 
 def norm(a: Any, /, *, ord: float = 2, trainable_only: bool = True) -> Any:
@@ -227,12 +242,26 @@ def _numel(x: Any) -> int:
     return n
 
 
-def _norm(a: Any, o: float, fname: str, trainable_only: bool = True) -> Any:
+def _norm(a: Any, o: float, fname: str, trainable_only: bool = True, keep: bool = True) -> Any:
+    """The norm; narrow dtypes accumulated in float32 and (`keep`) rounded once to their dtype."""
+    r, dt = _norm_acc(a, o, fname, trainable_only)
+    if not keep:
+        return r
+    return _as_array(_narrow_back(namespace(r), adapter_of(r), r, dt))
+
+
+def _norm_acc(a: Any, o: float, fname: str, trainable_only: bool) -> tuple[Any, Any]:
     power = o not in (0.0, 1.0, math.inf, -math.inf)  # summed as |x|**o, then one root
+    dts: list[Any] = []
 
     def leaf(xp: Any, x: Any, others: list[Any]) -> Any:
         if o == 2:
             return x  # reduced below, many small arrays at once
+        if not dts:
+            dts.append(_real_dtype(xp, x.dtype) if is_complex(x) else x.dtype)
+        acc = adapter_of(x).accumulate_dtype(x.dtype)
+        if acc is not None:
+            x = xp.astype(x, acc)
         if power:
             return xp.sum(xp.abs(x) ** o)
         return _vector_norm(xp, x, ord=o)
@@ -242,15 +271,16 @@ def _norm(a: Any, o: float, fname: str, trainable_only: bool = True) -> Any:
         ad = adapter_of(parts[0])
         sq = _sums_of_squares(ad, parts)
         total = sq[0] if len(sq) == 1 else xp.sum(xp.stack(sq))
-        return _as_array(_root(xp, ad, total, 2.0))
+        return _as_array(_root(xp, ad, total, 2.0)), parts[0].dtype
+    dt = dts[0]
     if len(parts) == 1 and not power:
-        return _as_array(parts[0])
+        return _as_array(parts[0]), dt
     stacked = xp.stack(parts)
     if power:
-        return _as_array(_root(xp, adapter_of(parts[0]), xp.sum(stacked), o))
+        return _as_array(_root(xp, adapter_of(parts[0]), xp.sum(stacked), o)), dt
     if o == 0:
-        return _as_array(xp.sum(stacked))
-    return _as_array(_vector_norm(xp, stacked, ord=o))
+        return _as_array(xp.sum(stacked)), dt
+    return _as_array(_vector_norm(xp, stacked, ord=o)), dt
 
 
 def _root(xp: Any, ad: Any, total: Any, o: float) -> Any:
@@ -282,18 +312,18 @@ def normalize(a: T, /, *, ord: float = 2, trainable_only: bool = True) -> T:
     {'w': array([0.6, 0.8])}
     """
     o = _check_ord(ord, "normalize")
-    n = _norm(a, o, "normalize", trainable_only)
+    n = _norm(a, o, "normalize", trainable_only, keep=False)  # narrow dtypes: the float32 norm
     xn = namespace(n)
     n = xn.where(n == 0, xn.ones_like(n), n)
     casts: dict[Any, Any] = {}
 
-    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
-        xp = namespace(x)
-        target = _real_dtype(xp, x.dtype)
+    def fn(path: KeyPath, x: Any, others: list[Any], out: Any) -> Any:
+        ad = adapter_of(x)
+        target = _real_dtype(ad.xp, x.dtype) if is_complex(x) else x.dtype
         k = casts.get(target)
         if k is None:
-            k = casts[target] = n if n.dtype == target else xp.astype(n, target)
-        return x / k
+            k = casts[target] = ad.weak(n, target)  # the kernels' compute dtype, else the parameter's
+        return ad.op_div(x, k, out)
 
     return _map_params("normalize", ("a",), (a,), fn, trainable_only)
 
@@ -374,7 +404,15 @@ def filter_normalize(
         safe = xp.where(dn == 0, xp.ones_like(dn), dn)
         return d * (rn / safe)
 
-    def fn(path: KeyPath, d: Any, others: list[Any]) -> Any:
+    def fn(path: KeyPath, d: Any, others: list[Any], out: Any) -> Any:
+        ad = adapter_of(d)
+        cd = ad.compute_dtype(d.dtype)
+        if cd is None:
+            return _filter(path, d, others)
+        xp = ad.xp  # narrow dtypes: computed in float32, rounded once (SPEC 12)
+        return xp.astype(_filter(path, xp.astype(d, cd), [xp.astype(others[0], cd)]), d.dtype)
+
+    def _filter(path: KeyPath, d: Any, others: list[Any]) -> Any:
         xp = namespace(d)
         nd = d.ndim
         if nd >= 2:

@@ -178,16 +178,16 @@ def test_numpy_overrides_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ".reshape((2, 2))" in lines[1]
     assert "RESHAPE" not in glb  # the method form, not the generic namespace function
     assert "DEV" not in ad.check_source(np.ndarray, 6, np.float64, "cpu", glb)
-    calls: list[bool] = []
-    real = npad.Adapter.axpy
+    calls: list[int] = []
+    real = npad.Adapter._blocked
 
-    def spy(self: Any, acc: Any, x: Any, c: Any, inplace: bool) -> Any:
-        calls.append(inplace)
-        return real(self, acc, x, c, inplace)
+    def spy(self: Any, kern: Any, xs: Any, out: Any) -> Any:
+        calls.append(len(xs))
+        return real(self, kern, xs, out)
 
-    monkeypatch.setattr(npad.Adapter, "axpy", spy)
+    monkeypatch.setattr(npad.Adapter, "_blocked", spy)
     fk.lincomb([1.0, 2.0], [{"w": np.ones(2)}, {"w": np.ones(2)}])
-    assert calls == [True]  # lincomb accumulates in place on NumPy
+    assert calls == [2]  # lincomb runs the ufunc kernel (with out=) on NumPy
 
 
 def test_numpy_load_skips_layouts_of_contiguous_and_separate_arrays(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -215,8 +215,12 @@ def test_zero_d_array_coefficients(xp: Any) -> None:
     assert values(out)["tie_a"].dtype == np.float32
     out = fk.lincomb([xp.asarray(1.0, dtype=xp.float32), c], [m32, m32])
     np.testing.assert_allclose(values(out)["part.w"], 1.5 * values(m32)["part.w"], rtol=1e-6)
-    with pytest.raises(fk.PolicyError, match=r"layers\[0\]\.weight.*float64"):
-        fk.scale(xp.asarray(0.5, dtype=xp.float64), m32)
+    # SPEC 12: a 0-d array of the parameter's kind is weak too: cast to the parameter's dtype
+    out = fk.scale(xp.asarray(0.5, dtype=xp.float64), m32)
+    assert values(out)["tie_a"].dtype == np.float32
+    np.testing.assert_allclose(values(out)["tie_a"], 0.5 * values(m32)["tie_a"], rtol=1e-6)
+    with pytest.raises(fk.PolicyError, match=r"layers\[0\]\.weight.*int64.*not a floating"):
+        fk.scale(xp.asarray(2, dtype=xp.int64), m32)
     with pytest.raises(ValueError, match="0-d"):
         fk.scale(xp.asarray([0.5, 1.0], dtype=xp.float32), m32)
 

@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 import array_api_compat
 import numpy as np
 
+from ._kernels import Kernels
+
 __all__ = [
     "FAMILIES",
     "KNOWN_NAMESPACES",
@@ -240,7 +242,7 @@ def _size(shape: Sequence[int]) -> int:
 # ------------------------------------------------------------------ the protocol
 
 
-class ArrayAdapter:
+class ArrayAdapter(Kernels):
     """Array operations functorkit needs, written with the array API only (the generic adapter).
 
     A family adapter subclasses this and overrides what is faster or
@@ -262,6 +264,7 @@ class ArrayAdapter:
     def __init__(self, xp: Any) -> None:
         self.xp = xp
         self._complex: dict[Any, bool] = {}
+        self._acc: dict[Any, Any] = {}
 
     def __repr__(self) -> str:
         return f"<functorkit {self.family} adapter for {getattr(self.xp, '__name__', self.xp)}>"
@@ -479,7 +482,7 @@ class ArrayAdapter:
         v = self.host_view(x)
         return None if v is None else tuple(v.strides)
 
-    # ---- arithmetic --------------------------------------------------------------
+    # ---- arithmetic (the accumulation helpers of earlier rounds) ------------------
 
     def inplace_ok(self, arrays: Sequence[Any]) -> bool:
         """Whether a fresh result may be accumulated into in place (`axpy` with ``inplace``)."""
@@ -506,12 +509,19 @@ class ArrayAdapter:
     def vdot(self, x: Any, y: Any) -> Any:
         """``sum(conj(x) * y)`` over all elements, a 0-d array."""
         xp = self.xp
-        return xp.vecdot(xp.reshape(x, (-1,)), xp.reshape(y, (-1,)))
+        xf, yf = xp.reshape(x, (-1,)), xp.reshape(y, (-1,))
+        acc = self.accumulate_dtype(x.dtype)
+        if acc is not None:  # float16/bfloat16/float8: accumulated in float32
+            xf, yf = xp.astype(xf, acc), xp.astype(yf, acc)
+        return xp.vecdot(xf, yf)
 
     def sum_squares(self, x: Any) -> Any:
         """``sum(|x|**2)``, a real 0-d array (``fk.norm``: squares summed first, one square root)."""
         xp = self.xp
         xf = xp.reshape(x, (-1,))
+        acc = self.accumulate_dtype(x.dtype)
+        if acc is not None:  # float16/bfloat16/float8: accumulated in float32
+            xf = xp.astype(xf, acc)
         s = xp.vecdot(xf, xf)
         return xp.real(s) if self._is_complex(x.dtype) else s
 

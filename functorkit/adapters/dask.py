@@ -13,6 +13,17 @@ class Adapter(MethodSlices):
     family = "dask"
     mutable = False
 
+    def compute_dtype(self, dtype: Any) -> Any:
+        """float32 for the floating dtypes narrower than 32 bits (float16, ml_dtypes bfloat16 and
+        float8_*), as NumPy's adapter (each chunk is a NumPy array): rounded once per element."""
+        from .numpy import _narrow_float
+
+        return _narrow_float(dtype)
+
+    def accumulate_dtype(self, dtype: Any) -> Any:
+        """float32 for the narrow floating dtypes, as `compute_dtype`."""
+        return self.compute_dtype(dtype)
+
     def device(self, x: Any) -> Any:
         """Always ``"cpu"`` (array_api_compat's answer, without the call)."""
         return "cpu"

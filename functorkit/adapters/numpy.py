@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -17,10 +17,45 @@ _SMALL = 1 << 16  # elements: below this, fill concatenates
 _MANY = 256
 
 
+#: elements per block of the arithmetic kernels: 32 Ki elements (128 KiB of float32), so a block
+#: of each input, the result and the scratch buffer stay in a core's L2 cache
+BLOCK = 1 << 15
+_NO = object()
+
+
+def _narrow_float(dtype: Any) -> Any:
+    """float32 for a real floating NumPy or ml_dtypes dtype narrower than 32 bits, else None."""
+    dtype = np.dtype(dtype)
+    kind = dtype.kind
+    if dtype.itemsize >= 4 or kind in "iubcSUMmO":
+        return None
+    if kind == "f":
+        return np.dtype(np.float32)
+    try:  # ml_dtypes types (kind "V"): floating when finfo knows them
+        import ml_dtypes
+
+        cast(Any, ml_dtypes).finfo(dtype)
+    except (ImportError, ValueError, TypeError):
+        return None
+    return np.dtype(np.float32)
+
+
+def _k_add(ins: list[Any], o: Any, tmp: Any) -> None:
+    np.add(ins[0], ins[1], out=o)
+
+
+def _k_sub(ins: list[Any], o: Any, tmp: Any) -> None:
+    np.subtract(ins[0], ins[1], out=o)
+
+
 class Adapter(MethodSlices):
     family = "numpy"
     autodiff = False
     one_device = True  # host memory only
+
+    def __init__(self, xp: Any) -> None:
+        super().__init__(xp)
+        self._cd: dict[Any, Any] = {}
 
     def device(self, x: Any) -> Any:
         """Always ``"cpu"``, without asking array_api_compat (bench_flat ``re(p)`` rows: per-call cost)."""
@@ -137,20 +172,147 @@ class Adapter(MethodSlices):
         return tuple(x.strides)
 
     def inplace_ok(self, arrays: Sequence[Any]) -> bool:
-        """Fresh NumPy results are always writeable (bench_arith ``lincomb``/``mean`` rows)."""
+        """Fresh NumPy results are always writeable."""
         return True
 
-    def axpy(self, acc: Any, x: Any, c: Any, inplace: bool) -> Any:
-        if inplace and isinstance(acc, np.ndarray):
-            acc += x * c
-            return acc
-        return acc + x * c
+    # ---- arithmetic kernels: ufuncs with ``out=``, in cache-sized blocks -------------------------
 
-    def add(self, acc: Any, x: Any, inplace: bool) -> Any:
-        if inplace and isinstance(acc, np.ndarray):
-            acc += x
-            return acc
-        return acc + x
+    def compute_dtype(self, dtype: Any) -> Any:
+        """float32 for the floating dtypes narrower than 32 bits (float16, ml_dtypes bfloat16 and
+        float8_*): NumPy gives Python floats and ml_dtypes scalars no weak type for ml_dtypes arrays
+        (``bfloat16 * 0.5`` is float32), and ml_dtypes' own loops convert each element per operation
+        (3x slower than one float32 pass, measured); each result element is rounded once."""
+        hit = self._cd.get(dtype, _NO)
+        if hit is _NO:
+            hit = self._cd[dtype] = _narrow_float(dtype)
+        return hit
+
+    def accumulate_dtype(self, dtype: Any) -> Any:
+        """float32 for the narrow floating dtypes, as `compute_dtype`."""
+        return self.compute_dtype(dtype)
+
+    def _blocked(self, kern: Callable[..., None], xs: Sequence[Any], out: Any) -> Any:
+        """Run ``kern(ins, o, tmp)`` (ufuncs writing the result into `o`, `tmp` a scratch buffer)
+        over blocks of `BLOCK` elements: each block of the inputs is read once from memory and the
+        result written once, with no full-size temporary (bench_arith ``lincomb`` NumPy rows).
+        Narrow dtypes: each block cast to float32 first, the result rounded once into `out`."""
+        x0 = xs[0]
+        dt = x0.dtype
+        cd = self.compute_dtype(dt)
+        if out is None:
+            if type(x0) is not np.ndarray:
+                return None
+            out = np.empty_like(x0)
+        n = x0.size
+        flat = n > BLOCK and out.flags.c_contiguous and all(x.flags.c_contiguous for x in xs)
+        if not flat:  # one block: the whole arrays (any layout)
+            if cd is None:
+                kern(xs, out, np.empty(x0.shape, dt))
+            else:
+                ins = [x.astype(cd) for x in xs]
+                o = np.empty(x0.shape, cd)
+                kern(ins, o, np.empty(x0.shape, cd))
+                np.copyto(out, o, casting="unsafe")
+            return out
+        fx = [x.reshape(-1) for x in xs]
+        fo = out.reshape(-1)
+        work = dt if cd is None else cd
+        tmp = np.empty(BLOCK, work)
+        if cd is None:
+            for s in range(0, n, BLOCK):
+                e = min(s + BLOCK, n)
+                kern([f[s:e] for f in fx], fo[s:e], tmp[: e - s])
+            return out
+        bufs = [np.empty(BLOCK, cd) for _ in fx]
+        acc = np.empty(BLOCK, cd)
+        for s in range(0, n, BLOCK):
+            e = min(s + BLOCK, n)
+            m = e - s
+            ins = [b[:m] for b in bufs]
+            for b, f in zip(ins, fx, strict=True):
+                np.copyto(b, f[s:e], casting="unsafe")
+            kern(ins, acc[:m], tmp[:m])
+            np.copyto(fo[s:e], acc[:m], casting="unsafe")
+        return out
+
+    def _kernel(self, kern: Callable[..., None], xs: Sequence[Any], out: Any, generic: Callable[[], Any]) -> Any:
+        if type(xs[0]) is np.ndarray and (out is None or type(out) is np.ndarray):
+            r = self._blocked(kern, xs, out)
+            if r is not None:
+                return r
+        return generic()  # ndarray subclasses: the operators (which keep the subclass)
+
+    def op_add(self, x: Any, y: Any, out: Any = None) -> Any:
+        return self._kernel(_k_add, (x, y), out, lambda: super(Adapter, self).op_add(x, y, out))
+
+    def op_sub(self, x: Any, y: Any, out: Any = None) -> Any:
+        return self._kernel(_k_sub, (x, y), out, lambda: super(Adapter, self).op_sub(x, y, out))
+
+    def op_scale(self, x: Any, c: Any, out: Any = None) -> Any:
+        def kern(ins: list[Any], o: Any, tmp: Any) -> None:
+            np.multiply(ins[0], c, out=o)
+
+        return self._kernel(kern, (x,), out, lambda: super(Adapter, self).op_scale(x, c, out))
+
+    def op_div(self, x: Any, c: Any, out: Any = None) -> Any:
+        def kern(ins: list[Any], o: Any, tmp: Any) -> None:
+            np.divide(ins[0], c, out=o)
+
+        return self._kernel(kern, (x,), out, lambda: super(Adapter, self).op_div(x, c, out))
+
+    def op_lincomb(self, xs: Sequence[Any], cs: Sequence[Any], out: Any = None) -> Any:
+        def kern(ins: list[Any], o: Any, tmp: Any) -> None:
+            np.multiply(ins[0], cs[0], out=o)
+            for y, c in zip(ins[1:], cs[1:], strict=True):
+                np.multiply(y, c, out=tmp)
+                np.add(o, tmp, out=o)
+
+        return self._kernel(kern, xs, out, lambda: super(Adapter, self).op_lincomb(xs, cs, out))
+
+    def op_mean(self, xs: Sequence[Any], out: Any = None) -> Any:
+        n = len(xs)
+
+        def kern(ins: list[Any], o: Any, tmp: Any) -> None:
+            if n > 1:
+                np.add(ins[0], ins[1], out=o)
+                for y in ins[2:]:
+                    np.add(o, y, out=o)
+                np.divide(o, n, out=o)
+            else:
+                np.divide(ins[0], 1, out=o)
+
+        return self._kernel(kern, xs, out, lambda: super(Adapter, self).op_mean(xs, out))
+
+    def op_lerp(self, x: Any, y: Any, t: Any, out: Any = None) -> Any:
+        number = type(t) is float or type(t) is int
+        high = number and t >= 0.5
+
+        def kern(ins: list[Any], o: Any, tmp: Any) -> None:
+            a, b = ins
+            np.subtract(b, a, out=tmp)
+            if high:
+                np.multiply(tmp, 1 - t, out=tmp)
+                np.subtract(b, tmp, out=o)
+            else:
+                np.multiply(tmp, t, out=tmp)
+                np.add(a, tmp, out=o)
+
+        return self._kernel(kern, (x, y), out, lambda: super(Adapter, self).op_lerp(x, y, t, out))
+
+    def sum_squares(self, x: Any) -> Any:
+        """``vecdot`` in float32 for narrow dtypes (ml_dtypes arrays have no ``vecdot`` loop)."""
+        acc = self.accumulate_dtype(x.dtype)
+        if acc is None:
+            return super().sum_squares(x)
+        xf = x.reshape(-1).astype(acc)
+        return np.dot(xf, xf)
+
+    def vdot(self, x: Any, y: Any) -> Any:
+        """``np.dot`` in float32 for narrow dtypes (see `sum_squares`)."""
+        acc = self.accumulate_dtype(x.dtype)
+        if acc is None:
+            return super().vdot(x, y)
+        return np.dot(x.reshape(-1).astype(acc), y.reshape(-1).astype(acc))
 
     def to_host(self, x: Any) -> np.ndarray[Any, Any]:
         """The array itself where it is contiguous and little-endian (no copy)."""

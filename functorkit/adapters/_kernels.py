@@ -1,0 +1,154 @@
+"""The arithmetic kernels of the array adapters (fk.add ... fk.lerp, fk.normalize; SPEC 12 and 14).
+
+`Kernels` is a base of `functorkit.adapters._base.ArrayAdapter`: the generic kernels, written
+with the array API only; family adapters override them where their library is faster (NumPy:
+ufuncs with ``out=`` in cache-sized blocks; torch: in-place methods under ``no_grad``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["Kernels"]
+
+_PY_NUMBERS = (int, float, complex)
+_NO = object()
+
+
+def _add(a: Any, b: Any) -> Any:
+    return a + b
+
+
+def _sub(a: Any, b: Any) -> Any:
+    return a - b
+
+
+def _lerp(x: Any, y: Any, t: Any) -> Any:
+    if type(t) is float or type(t) is int:
+        if t < 0.5:
+            return x + (y - x) * t
+        return y - (y - x) * (1 - t)
+    return x + (y - x) * t
+
+
+def _itemsize(xp: Any, dtype: Any) -> int:
+    """Bytes per element of `dtype` (``finfo(dtype).bits // 8``; NumPy dtypes know it directly)."""
+    size = getattr(dtype, "itemsize", None)
+    if type(size) is int:
+        return size
+    return int(xp.finfo(dtype).bits) // 8
+
+
+class Kernels:
+    """The arithmetic kernels (a base of ``ArrayAdapter``, which sets `xp`, `_acc` and `write`)."""
+
+    xp: Any
+    _acc: dict[Any, Any]
+
+    def write(self, dst: Any, src: Any) -> None:
+        """Copy `src` into `dst` in place (``ArrayAdapter.write``)."""
+        dst[...] = src
+
+    # ---- arithmetic kernels (fk.add ... fk.lerp, fk.normalize; SPEC 12 and 14) ---------------
+    #
+    # Every kernel computes one parameter of a result from the arrays `xs` (one per model, all of
+    # one type, shape, dtype and device, checked by the caller) and coefficients made by `weak`.
+    # With ``out=None`` it returns a fresh array; with `out` (a writable array of the result's
+    # shape, dtype and device, checked by the caller) it writes the result there and returns `out`:
+    # the same values bit for bit. `out` may be the very array of an input (an in-place update);
+    # the caller passes the accumulating kernels (`op_lincomb`, `op_mean`) no `out` that is a later
+    # term (it computes those aside, then copies), and no other overlap at all.
+
+    def compute_dtype(self, dtype: Any) -> Any:
+        """The dtype the elementwise kernels compute parameters of `dtype` in, when not `dtype`
+        itself; None: `dtype` itself (the library's own kernels, which compute half types in
+        float32 internally and round each operation's result)."""
+        return None
+
+    def accumulate_dtype(self, dtype: Any) -> Any:
+        """The dtype ``fk.dot``/``fk.norm`` accumulate parameters of `dtype` in: float32 for real
+        floating dtypes narrower than 32 bits (float16, bfloat16, float8: a sum of a million squares
+        overflows float16 and loses every digit in float8), None (`dtype` itself) otherwise."""
+        known = self._acc
+        hit = known.get(dtype, _NO)
+        if hit is _NO:
+            xp = self.xp
+            narrow = bool(xp.isdtype(dtype, "real floating")) and _itemsize(xp, dtype) < 4
+            hit = known[dtype] = xp.float32 if narrow else None
+        return hit
+
+    def weak(self, c: Any, dtype: Any) -> Any:
+        """Coefficient `c` (a Python number, or a 0-d array of this namespace and the parameter's
+        device whose kind the caller checked) as the kernels use it for parameters of `dtype`: a
+        Python number as it is (weak: the array API scalar rule keeps the array's dtype); a 0-d
+        array cast to the dtype the kernels compute in (`compute_dtype`, else `dtype`)."""
+        if type(c) in _PY_NUMBERS:
+            return c
+        target = self.compute_dtype(dtype)
+        if target is None:
+            target = dtype
+        return c if c.dtype == target else self.xp.astype(c, target)
+
+    def _elementwise(self, f: Callable[..., Any], xs: Sequence[Any], out: Any) -> Any:
+        """``f(*xs)`` in the compute dtype, rounded once to the parameters' dtype; into `out`."""
+        dt = xs[0].dtype
+        cd = self.compute_dtype(dt)
+        if cd is None:
+            r = f(*xs)
+        else:
+            xp = self.xp
+            r = xp.astype(f(*(xp.astype(x, cd) for x in xs)), dt)
+        if out is None:
+            return r
+        self.write(out, r)
+        return out
+
+    def op_add(self, x: Any, y: Any, out: Any = None) -> Any:
+        """``x + y``."""
+        return self._elementwise(_add, (x, y), out)
+
+    def op_sub(self, x: Any, y: Any, out: Any = None) -> Any:
+        """``x - y``."""
+        return self._elementwise(_sub, (x, y), out)
+
+    def op_scale(self, x: Any, c: Any, out: Any = None) -> Any:
+        """``x * c``."""
+        return self._elementwise(lambda a: a * c, (x,), out)
+
+    def op_div(self, x: Any, c: Any, out: Any = None) -> Any:
+        """``x / c``."""
+        return self._elementwise(lambda a: a / c, (x,), out)
+
+    def op_lincomb(self, xs: Sequence[Any], cs: Sequence[Any], out: Any = None) -> Any:
+        """``xs[0] * cs[0] + xs[1] * cs[1] + ...``, accumulated left to right."""
+
+        def f(*ys: Any) -> Any:
+            acc = ys[0] * cs[0]
+            for y, c in zip(ys[1:], cs[1:], strict=True):
+                acc = acc + y * c
+            return acc
+
+        return self._elementwise(f, xs, out)
+
+    def op_mean(self, xs: Sequence[Any], out: Any = None) -> Any:
+        """``(xs[0] + xs[1] + ...) / len(xs)``, summed left to right."""
+        n = len(xs)
+
+        def f(*ys: Any) -> Any:
+            acc = ys[0] + ys[1] if n > 1 else ys[0]
+            for y in ys[2:]:
+                acc = acc + y
+            return acc / n
+
+        return self._elementwise(f, xs, out)
+
+    def lerp_many_(self, xs: list[Any], ys: list[Any], t: float) -> bool:
+        """``x <- lerp(x, y, t)`` in place for every pair, in one call where the library has one
+        (the same values as `op_lerp` with ``out=x``); False: not done, the caller goes row by row."""
+        return False
+
+    def op_lerp(self, x: Any, y: Any, t: Any, out: Any = None) -> Any:
+        """``x + t * (y - x)``; for a Python number `t` torch's formula, exact at both ends
+        (``y - (1 - t) * (y - x)`` for ``t >= 0.5``)."""
+        return self._elementwise(lambda a, b: _lerp(a, b, t), (x, y), out)

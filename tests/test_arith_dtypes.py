@@ -1,0 +1,208 @@
+"""SPEC 12, "Arithmetic keeps dtypes": every arithmetic result's parameters have the first model's
+dtypes, for every function, backend and dtype (ml_dtypes bfloat16/float8 on NumPy and Dask too);
+coefficients are weak; complex into real and integer 0-d coefficients are refused."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import functorkit as fk
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+
+def _np(dt: Any) -> Callable[[np.ndarray], Any]:
+    return lambda v: v.astype(dt)
+
+
+def _dask(dt: Any) -> Callable[[np.ndarray], Any]:
+    da = pytest.importorskip("dask.array")
+    return lambda v: da.from_array(v.astype(dt), chunks=3)
+
+
+def _torch(name: str) -> Callable[[np.ndarray], Any]:
+    torch = pytest.importorskip("torch")
+    return lambda v: torch.from_numpy(v).to(getattr(torch, name))
+
+
+def _jax(name: str) -> Callable[[np.ndarray], Any]:
+    jnp = pytest.importorskip("jax.numpy")
+    return lambda v: jnp.asarray(v, dtype=getattr(jnp, name))
+
+
+def _strict(name: str) -> Callable[[np.ndarray], Any]:
+    xp = pytest.importorskip("array_api_strict")
+    return lambda v: xp.asarray(v, dtype=getattr(xp, name))
+
+
+_NP_DTYPES = ["float16", "bfloat16", "float8_e4m3fn", "float32", "float64", "complex64"]
+
+
+def _np_dtype(name: str) -> Any:
+    return np.dtype(getattr(ml_dtypes, name, None) or getattr(np, name))
+
+
+CASES = (
+    [(f"numpy-{d}", "numpy", d) for d in _NP_DTYPES]
+    + [(f"dask-{d}", "dask", d) for d in _NP_DTYPES]
+    + [(f"torch-{d}", "torch", d) for d in ("float16", "bfloat16", "float32", "float64")]
+    + [(f"jax-{d}", "jax", d) for d in ("float16", "bfloat16", "float32")]
+    + [(f"strict-{d}", "strict", d) for d in ("float32", "float64")]
+)
+
+
+def _maker(backend: str, name: str) -> Callable[[np.ndarray], Any]:
+    if backend == "numpy":
+        return _np(_np_dtype(name))
+    if backend == "dask":
+        return _dask(_np_dtype(name))
+    if backend == "torch":
+        return _torch(name)
+    if backend == "jax":
+        return _jax(name)
+    return _strict(name)
+
+
+def _dtype_name(x: Any) -> str:
+    return str(x.dtype).rpartition(".")[2]
+
+
+def _host(x: Any) -> np.ndarray:
+    if hasattr(x, "compute"):
+        x = x.compute()
+    if type(x).__module__.startswith("torch"):
+        return x.detach().float().numpy().astype(np.float64) if not x.is_complex() else x.numpy()
+    if type(x).__module__.startswith("array_api_strict"):
+        x = np.asarray(x._array)
+    a = np.asarray(x)
+    return a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
+
+
+def _values(seed: int, complex_: bool) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    w = rng.uniform(0.5, 2.0, (4, 3))
+    b = rng.uniform(0.5, 2.0, (3,))
+    if complex_:
+        w = w + 1j * rng.uniform(0.5, 2.0, (4, 3))
+    return {"w": w, "b": b}
+
+
+FUNCS: dict[str, Callable[[list[Any]], Any]] = {
+    "add": lambda m: fk.add(m[0], m[1]),
+    "sub": lambda m: fk.sub(m[0], m[1]),
+    "scale": lambda m: fk.scale(0.3, m[0]),
+    "scale_np_scalar": lambda m: fk.scale(np.float64(0.3), m[0]),
+    "lincomb": lambda m: fk.lincomb([0.5, 0.3, 0.2], m),
+    "mean": lambda m: fk.mean(m),
+    "lerp_low": lambda m: fk.lerp(m[0], m[1], 0.25),
+    "lerp_high": lambda m: fk.lerp(m[0], m[1], 0.75),
+    "normalize": lambda m: fk.normalize(m[0]),
+    "filter_normalize": lambda m: fk.filter_normalize(m[0], m[1]),
+}
+
+
+def _reference(fname: str, v: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The float64 (complex128) value of each function, computed by hand."""
+    a, b, c = v
+    if fname == "add":
+        return {k: a[k] + b[k] for k in a}
+    if fname == "sub":
+        return {k: a[k] - b[k] for k in a}
+    if fname.startswith("scale"):
+        return {k: 0.3 * a[k] for k in a}
+    if fname == "lincomb":
+        return {k: 0.5 * a[k] + 0.3 * b[k] + 0.2 * c[k] for k in a}
+    if fname == "mean":
+        return {k: (a[k] + b[k] + c[k]) / 3 for k in a}
+    if fname.startswith("lerp"):
+        t = 0.25 if fname == "lerp_low" else 0.75
+        return {k: a[k] + t * (b[k] - a[k]) for k in a}
+    if fname == "normalize":
+        n = math.sqrt(sum(float(np.sum(np.abs(x) ** 2)) for x in a.values()))
+        return {k: a[k] / n for k in a}
+    rn = np.linalg.norm(b["w"], axis=1, keepdims=True)
+    dn = np.linalg.norm(a["w"], axis=1, keepdims=True)
+    return {"w": a["w"] * rn / dn, "b": np.zeros_like(a["b"])}
+
+
+def _tolerance(name: str) -> float:
+    return {"float8_e4m3fn": 0.13, "bfloat16": 0.02, "float16": 2e-3, "float32": 1e-5}.get(name, 1e-6)
+
+
+@pytest.mark.parametrize("fname", list(FUNCS))
+@pytest.mark.parametrize(("backend", "name"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_every_function_keeps_the_dtype(fname: str, backend: str, name: str) -> None:
+    make = _maker(backend, name)
+    complex_ = name.startswith("complex")
+    vals = [_values(s, complex_) for s in range(3)]
+    # the values the dtype holds: the reference starts from them, so only the rounding is measured
+    models = [{k: make(x) for k, x in v.items()} for v in vals]
+    held = [{k: _host(x) for k, x in m.items()} for m in models]
+    out = FUNCS[fname](models)
+    ref = _reference(fname, held)
+    for k in ("w", "b"):
+        assert _dtype_name(out[k]) == _dtype_name(models[0][k]), (fname, k)
+        assert type(out[k]) is type(models[0][k])
+        got = _host(out[k])
+        np.testing.assert_allclose(got, ref[k], rtol=_tolerance(name), atol=_tolerance(name))
+
+
+@pytest.mark.parametrize(("backend", "name"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_dot_and_norm_keep_the_dtype_and_accumulate_in_float32(backend: str, name: str) -> None:
+    """Decision (docs/arithmetic.md): a 0-d array of the parameters' (real) dtype, accumulated in
+    float32 for float16/bfloat16/float8 and rounded once (a float8 running sum of 4096 squares of
+    0.25 would stall far below 256)."""
+    make = _maker(backend, name)
+    v = np.full((64, 64), 0.25)
+    m = {"w": make(v)}
+    n = fk.norm(m)
+    d = fk.dot(m, m)
+    real = {"complex64": "float32"}.get(name, name)
+    assert _dtype_name(n) == real
+    assert _dtype_name(d) == _dtype_name(m["w"])
+    assert float(_host(n)) == pytest.approx(16.0, rel=_tolerance(name))
+    assert complex(_host(d)).real == pytest.approx(256.0, rel=_tolerance(name))
+
+
+def test_bf16_lincomb_then_add_no_longer_raises() -> None:
+    bf = [{"w": np.ones(3, ml_dtypes.bfloat16)} for _ in range(3)]
+    merged = fk.lincomb([0.5, 0.3, 0.2], bf)
+    assert merged["w"].dtype == ml_dtypes.bfloat16
+    out = fk.add(merged, bf[0])
+    assert out["w"].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(out["w"].astype(np.float32), np.full(3, 2.0, np.float32))
+
+
+def test_narrow_numpy_dtypes_are_rounded_once_from_float32() -> None:
+    """The rounding rule of docs/arithmetic.md: float32 compute, one rounding per element."""
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(1000).astype(ml_dtypes.bfloat16) for _ in range(3)]
+    cs = [0.1, 0.7, -0.3]
+    got = fk.lincomb(cs, [{"w": x} for x in xs])["w"]
+    f = [x.astype(np.float32) for x in xs]
+    want = (f[0] * np.float32(cs[0]) + f[1] * np.float32(cs[1]) + f[2] * np.float32(cs[2])).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_coefficient_rules() -> None:
+    torch = pytest.importorskip("torch")
+    m = {"w": np.ones(2, ml_dtypes.bfloat16)}
+    # a float 0-d array of another width is weak: cast to the parameter's dtype
+    assert fk.scale(np.asarray(0.5, np.float64), m)["w"].dtype == ml_dtypes.bfloat16
+    assert fk.lerp(m, m, np.asarray(0.5, np.float32))["w"].dtype == ml_dtypes.bfloat16
+    t = {"w": torch.ones(2, dtype=torch.bfloat16)}
+    assert fk.scale(torch.tensor(0.5, dtype=torch.float64), t)["w"].dtype == torch.bfloat16
+    with pytest.raises(fk.PolicyError, match=r"at w: .*int64.*not a floating"):
+        fk.scale(np.asarray(2), m)
+    with pytest.raises(fk.PolicyError, match=r"at w: .*complex"):
+        fk.scale(np.asarray(1j, np.complex64), m)
+    with pytest.raises(fk.PolicyError, match=r"at w: .*complex"):
+        fk.lincomb([1.0, 2j], [t, t])
+    # a real coefficient into a complex parameter is fine
+    c = {"w": np.ones(2, np.complex64)}
+    assert fk.scale(np.asarray(0.5, np.float64), c)["w"].dtype == np.complex64
