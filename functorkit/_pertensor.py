@@ -109,7 +109,8 @@ class Schedule:
     def get(self, path: KeyPath) -> float:
         if self.value is not None:
             return self.value
-        s, d = str(path), path.dotted
+        kp = path if isinstance(path, KeyPath) else path.path  # the walk's lazy path (_walk._PathAt)
+        s, d = str(kp), kp.dotted
         for pat, v in self.items:
             if fnmatch.fnmatchcase(s, pat) or fnmatch.fnmatchcase(d, pat):
                 return v
