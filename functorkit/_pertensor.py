@@ -177,6 +177,9 @@ def kth_largest(xp: Any, a: Any, k: int) -> Any:
     candidates, of the smaller side: the `k` largest or the ``n - k + 1`` smallest). Other
     namespaces (array-api-strict) sort.
     """
+    topk = getattr(xp, "topk", None)
+    if topk is not None and getattr(xp, "kthvalue", None) is None and a.ndim > 1:
+        a = a.rechunk({i: -1 for i in range(1, a.ndim)})  # Dask: rows whole, so the reshape is free
     flat = xp.reshape(a, (-1,))
     n = int(flat.shape[0])
     j = n - k  # 0-based position in ascending order
@@ -186,7 +189,6 @@ def kth_largest(xp: Any, a: Any, k: int) -> Any:
     kth = getattr(xp, "kthvalue", None)
     if kth is not None:
         return kth(flat, j + 1).values
-    topk = getattr(xp, "topk", None)
     if topk is not None:
         if k <= n - k + 1:
             return xp.min(topk(flat, k))
@@ -225,29 +227,26 @@ def _fmix(xp: Any, h: Any) -> Any:
 
 def mask_keys(seed: int, position: int, path: KeyPath) -> tuple[int, int]:
     """Two 32-bit keys from (seed, model position, path): BLAKE2b of their text, so the same on
-    every machine, process and Python version (no ``hash()`` randomisation)."""
-    text = f"functorkit.dare\0{seed}\0{position}\0{path}".encode()
+    every machine, process and Python version (no ``hash()`` randomisation). The path enters as
+    its state-dict key (``path.dotted``: ``model.layers.0.mlp.weight``), so a module in memory,
+    its state dict and its checkpoint opened with ``fk.open`` draw the same masks."""
+    kp = path if isinstance(path, KeyPath) else path.path  # the walk's lazy path (_walk._PathAt)
+    text = f"functorkit.dare\0{seed}\0{position}\0{kp.dotted}".encode()
     d = hashlib.blake2b(text, digest_size=8).digest()
     return _i32(int.from_bytes(d[:4], "little")), _i32(int.from_bytes(d[4:], "little"))
 
 
-def flat_index(xp: Any, x: Any) -> Any:
-    """The row-major flat index of every element of `x`, an int32 array of `x`'s shape (a 0-d
-    `x` gives shape ``(1,)``), built from one ``arange`` per axis (on Dask chunked like `x`)."""
-    shape = tuple(int(d) for d in x.shape) or (1,)
-    lazy = adapter_of(x).family == "dask"
-    chunks = getattr(x, "chunks", None) if x.ndim else None
+def flat_index(xp: Any, shape: tuple[int, ...], block: tuple[int, ...], starts: tuple[int, ...], device: Any) -> Any:
+    """The row-major flat indices (in an array of `shape`) of the block of shape `block` that starts
+    at `starts`: an int32 array of shape `block`, one ``arange`` per axis, broadcast and summed."""
     idx = None
     stride = 1
     for ax in range(len(shape) - 1, -1, -1):
-        kw: dict[str, Any] = {}
-        if lazy and chunks is not None:
-            kw["chunks"] = (chunks[ax],)
-        r = xp.arange(shape[ax], dtype=xp.int32, device=adapter_of(x).device(x), **kw)
+        r = xp.arange(starts[ax], starts[ax] + block[ax], dtype=xp.int32, device=device)
         if stride != 1:
             r = r * stride
         bshape = [1] * len(shape)
-        bshape[ax] = shape[ax]
+        bshape[ax] = block[ax]
         r = xp.reshape(r, tuple(bshape))
         idx = r if idx is None else idx + r
         stride *= shape[ax]
@@ -255,11 +254,34 @@ def flat_index(xp: Any, x: Any) -> Any:
     return idx
 
 
+def _bits(xp: Any, idx: Any, keys: tuple[int, int], thr: int) -> Any:
+    k0, k1 = keys
+    h = idx * _i32(_GOLDEN) + k0
+    h = _fmix(xp, h)
+    h = _fmix(xp, xp.bitwise_xor(h, k1))
+    return _lsr(xp, h, 32 - MASK_BITS) < thr
+
+
+def _keep_block(shape: tuple[int, ...], keys: tuple[int, int], thr: int, block: Any, block_info: Any = None) -> Any:
+    """One Dask block of the mask (``map_blocks``; a module-level function, so it pickles to
+    worker processes): the block's flat indices from its location in the whole array."""
+    from ._xp import namespace
+
+    loc = block_info[0]["array-location"]
+    xp = namespace(block)
+    starts = tuple(int(a) for a, _ in loc)
+    bshape = tuple(int(b - a) for a, b in loc)
+    return _bits(xp, flat_index(xp, shape, bshape, starts, None), keys, thr)
+
+
 def keep_mask(xp: Any, x: Any, density: float, keys: tuple[int, int], path: KeyPath) -> Any:
     """DARE's Bernoulli(`density`) mask for `x`: a boolean array of `x`'s shape (``(1,)`` for a
     0-d `x`). Element ``i`` is kept when 24 bits of ``fmix(fmix(i * golden + k0) ^ k1)`` are below
     ``round(density * 2**24)``: a counter-based generator, so each element's draw depends only on
-    the keys and its flat index (not on the order, the chunking, the processes or the backend)."""
+    the keys and its flat index (not on the order, the chunking, the processes or the backend).
+    On Dask each block computes its own part (``map_blocks`` with the block's offsets)."""
+    import functools
+
     n = math.prod(int(d) for d in x.shape)
     if n >= 2**31:
         msg = (
@@ -267,9 +289,12 @@ def keep_mask(xp: Any, x: Any, density: float, keys: tuple[int, int], path: KeyP
             "element index. Fix: split the tensor (e.g. reshape to rows and merge per row)."
         )
         raise ValueError(msg)
-    k0, k1 = keys
-    h = flat_index(xp, x) * _i32(_GOLDEN) + k0
-    h = _fmix(xp, h)
-    h = _fmix(xp, xp.bitwise_xor(h, k1))
-    u = _lsr(xp, h, 32 - MASK_BITS)
-    return u < round(density * 2**MASK_BITS)
+    thr = round(density * 2**MASK_BITS)
+    shape = tuple(int(d) for d in x.shape) or (1,)
+    if not x.shape:
+        x = xp.reshape(x, (1,))
+    if adapter_of(x).family == "dask":
+        fn = functools.partial(_keep_block, shape, keys, thr)
+        return x.map_blocks(fn, dtype=bool, meta=np.empty((0,) * len(shape), dtype=bool))
+    dev = adapter_of(x).device(x)
+    return _bits(xp, flat_index(xp, shape, shape, (0,) * len(shape), dev), keys, thr)

@@ -82,7 +82,7 @@ def ref_mask(seed: int, i: int, path: str, n: int, density: float) -> np.ndarray
     """The documented generator, element by element on Python ints."""
     import hashlib
 
-    d = hashlib.blake2b(f"functorkit.dare\0{seed}\0{i}\0{path}".encode(), digest_size=8).digest()
+    d = hashlib.blake2b(f"functorkit.dare\0{seed}\0{i}\0{path}".encode(), digest_size=8).digest()  # path: the dotted key
     k0, k1 = int.from_bytes(d[:4], "little"), int.from_bytes(d[4:], "little")
     thr = round(density * 2**24)
     out = np.zeros(n, dtype=bool)
