@@ -130,3 +130,22 @@ def test_merges_on_opened_checkpoints_are_lazy_and_stream(tmp_path: Any) -> None
         back = fk.load(tmp_path / f"{name}.safetensors")
         for k in eager:
             np.testing.assert_allclose(fk.KeyPath.parse(k).get(back), eager[k], rtol=1e-6, atol=1e-6, err_msg=(name, k))
+
+
+def test_save_computes_each_tensor_graph_once(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reduction inside a tensor's graph (a merge's norm) runs once per block, not once per batch."""
+    import functorkit._checkpoint as ck
+
+    monkeypatch.setattr(ck, "BATCH_BYTES", 256)  # many batches per tensor before the change
+    calls: list[int] = []
+
+    def counted(b: np.ndarray) -> np.ndarray:
+        calls.append(1)
+        return b
+
+    raw = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
+    x = da.from_array(raw, chunks=(8, 8)).map_blocks(counted, dtype=np.float32, meta=np.empty((0, 0), np.float32))
+    y = x / da.sqrt(da.sum(x * x))  # every output block needs every input block
+    fk.save(tmp_path / "y.safetensors", {"y": y, "z": da.from_array(raw[:2], chunks=1)})
+    assert len(calls) == 8  # one per input block
+    np.testing.assert_allclose(fk.load(tmp_path / "y.safetensors")["y"], raw / np.linalg.norm(raw), rtol=1e-6)
