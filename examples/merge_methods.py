@@ -58,7 +58,11 @@ def write_checkpoints(folder: Path, size: str) -> list[Path]:
     rng = np.random.default_rng(1)
     paths = []
     for i, name in enumerate(["base", "ft1", "ft2"]):
-        model = base if i == 0 else {k: v + np.float32(1e-3 * i) * rng.standard_normal(v.shape, dtype=np.float32) for k, v in base.items()}
+        model = (
+            base
+            if i == 0
+            else {k: v + np.float32(1e-3 * i) * rng.standard_normal(v.shape, dtype=np.float32) for k, v in base.items()}
+        )
         paths.append(folder / name)
         fk.save(paths[-1], model, shard_size="10KB" if size == "tiny" else "5MB")  # sharded + index
     return paths
@@ -158,8 +162,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name, merge in MERGES.items():
             merged = merge(mods[0], mods[1:])  # a new Llama module
             on_disk = fk.state_dict(fk.load(folder / name))
-            diff = max(float((v.detach() - torch.from_numpy(np.asarray(on_disk[k]))).abs().max())
-                       for k, v in merged.state_dict().items())
+            diff = max(
+                float((v.detach() - torch.from_numpy(np.asarray(on_disk[k]))).abs().max())
+                for k, v in merged.state_dict().items()
+            )
             result["max_diff_torch"][name] = diff
         say("torch modules vs the files, largest difference:", result["max_diff_torch"])
 
@@ -172,7 +178,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name, merge in MERGES.items():
             merged = merge(jms[0], jms[1:])
             on_disk = fk.load(folder / name)
-            diff = max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(fk.leaves(merged), fk.leaves(on_disk), strict=True))
+            diff = max(
+                float(np.abs(np.asarray(a) - b).max())
+                for a, b in zip(fk.leaves(merged), fk.leaves(on_disk), strict=True)
+            )
             result["max_diff_jax"][name] = diff
         say("JAX model vs the files, largest difference:", result["max_diff_jax"])
     return result

@@ -122,7 +122,7 @@ def slerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True) -> T:
         c1 = xp.where(parallel, _scalar(xp, tt, v0), xp.sin(tt * theta) / s)
         return cast_back(xp, c0 * v0 + c1 * v1, x)
 
-    return cast(T, _map_params("slerp", ("a", "b"), (a, b), fn, trainable_only))
+    return _map_params("slerp", ("a", "b"), (a, b), fn, trainable_only)
 
 
 # --------------------------------------------------------------------------- task vectors
@@ -191,7 +191,9 @@ def _mix(
     return cast(T, _map_params(fname, _names(len(mods)), (base, *mods), fn, trainable_only))
 
 
-def task_arithmetic(base: T, models: Sequence[T], weights: Any, /, *, scale: Any = 1.0, trainable_only: bool = True) -> T:
+def task_arithmetic(
+    base: T, models: Sequence[T], weights: Any, /, *, scale: Any = 1.0, trainable_only: bool = True
+) -> T:
     """Task arithmetic: ``base + scale * sum(w_i * (m_i - base))``, tensor by tensor.
 
     mergekit's ``task_arithmetic`` (its ``lambda`` is `scale`; no normalisation, its default).
@@ -381,7 +383,9 @@ def dare(
         msg = f"fk.dare: `rescale` must be True (L1), 'inverse' (1/density) or False, got {rescale!r:.60}."
         raise ValueError(msg)
     _check_bool(sign_consensus, "sign_consensus", "dare")
-    return _mix("dare", base, mods, weights, 1.0, _bernoulli(dens, seed, rescale), sign_consensus, False, trainable_only)
+    return _mix(
+        "dare", base, mods, weights, 1.0, _bernoulli(dens, seed, rescale), sign_consensus, False, trainable_only
+    )
 
 
 # --------------------------------------------------------------------------- model stock
@@ -444,4 +448,3 @@ def model_stock(base: T, models: Sequence[T], /, *, trainable_only: bool = True)
         return cast_back(xp, t * avg + (1 - t) * b, x)
 
     return cast(T, _map_params("model_stock", _names(n), (base, *mods), fn, trainable_only))
-

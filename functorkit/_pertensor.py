@@ -64,7 +64,7 @@ def check_real(fname: str, path: KeyPath, x: Any) -> None:
 
 
 def _real_number(v: Any, what: str, fname: str) -> float:
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or hasattr(v, "shape") and v.shape:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or (hasattr(v, "shape") and v.shape):
         msg = (
             f"fk.{fname}: `{what}` must be a real number or a dict from path globs to real numbers, got "
             f"{type(v).__name__} ({v!r:.80}). Fix: pass e.g. 0.5 or {{'*.mlp.*': 0.7, '*': 0.5}}."
@@ -102,8 +102,9 @@ class Schedule:
         else:
             self.value = _real_number(spec, what, fname)
         if check is not None:
-            for name, v in ([(what, self.value)] if self.value is not None else
-                            [(f"{what}[{k!r}]", v) for k, v in self.items]):
+            for name, v in (
+                [(what, self.value)] if self.value is not None else [(f"{what}[{k!r}]", v) for k, v in self.items]
+            ):
                 check(name, v)
 
     def get(self, path: KeyPath) -> float:

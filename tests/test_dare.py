@@ -34,7 +34,8 @@ def _np(out: dict[str, Any]) -> dict[str, np.ndarray]:
 def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
     assert a.keys() == b.keys()
     for k in a:
-        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert a[k].dtype == b[k].dtype, k
+        assert a[k].shape == b[k].shape, k
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
@@ -53,7 +54,10 @@ def test_masks_depend_on_seed_position_and_path() -> None:
     a = _np(_dare(base, [ms[0], ms[0]]))
     b = _np(_dare(base, [ms[0], ms[0]], seed=12))
     assert not np.array_equal(a["emb"], b["emb"])
-    single = [_np(_dare(base, [ms[0]]))["emb"], _np(fk.dare(base, [ms[0], ms[0]], [0.0, 1.0], density=0.4, seed=11, rescale=False))["emb"]]
+    single = [
+        _np(_dare(base, [ms[0]]))["emb"],
+        _np(fk.dare(base, [ms[0], ms[0]], [0.0, 1.0], density=0.4, seed=11, rescale=False))["emb"],
+    ]
     assert not np.array_equal(single[0], single[1])  # position 0 and position 1 draw differently
     kept = (a["emb"] != 0).mean()
     assert 0.2 < kept < 0.6
@@ -105,7 +109,8 @@ def test_ties_threshold_is_chunked_topk_on_dask() -> None:
     lazy = lambda d: {k: da.from_array(v, chunks=4 if v.ndim else ()) for k, v in d.items()}  # noqa: E731
     out = fk.ties(lazy(base), [lazy(m) for m in ms], 1.0, density=0.3)
     names = {str(k[0] if isinstance(k, tuple) else k).split("-")[0] for k in dict(out["emb"].__dask_graph__())}
-    assert any("topk" in n for n in names) and not any("sort" in n for n in names), names
+    assert any("topk" in n for n in names), names
+    assert not any("sort" in n for n in names), names
     _same(_np(fk.ties(base, ms, 1.0, density=0.3)), _np(out))
     dense = fk.ties(lazy(base), [lazy(m) for m in ms], 1.0, density=0.9)  # the smaller side: n - k + 1 smallest
     _same(_np(fk.ties(base, ms, 1.0, density=0.9)), _np(dense))

@@ -21,7 +21,8 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "merge_methods.p
 
 def _load_example() -> Any:
     spec = importlib.util.spec_from_file_location("merge_methods_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
