@@ -26,6 +26,9 @@ from ._merge import model_stock as model_stock
 from ._merge import slerp as slerp
 from ._merge import task_arithmetic as task_arithmetic
 from ._merge import ties as ties
+from ._pertensor import tensor_dots as tensor_dots
+from ._pertensor import tensor_norms as tensor_norms
+from ._pertensor import tensor_thresholds as tensor_thresholds
 from ._record import flatten as flatten
 from ._record import unflatten as unflatten
 from ._reduce import dot as dot
@@ -104,6 +107,9 @@ __all__ = [
     "sub",
     "summary",
     "task_arithmetic",
+    "tensor_dots",
+    "tensor_norms",
+    "tensor_thresholds",
     "ties",
     "unflatten",
     "unstack",

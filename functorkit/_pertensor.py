@@ -20,7 +20,7 @@ import numpy as np
 from ._errors import StructureError
 from ._keypath import KeyPath
 from ._lockstep import _describe
-from ._xp import is_complex
+from ._xp import is_complex, namespace
 from .adapters._base import adapter_of
 
 #: the tolerances of mergekit's formulas (named where they are used)
@@ -299,3 +299,84 @@ def keep_mask(xp: Any, x: Any, density: float, keys: tuple[int, int], path: KeyP
         return x.map_blocks(fn, dtype=bool, meta=np.empty((0,) * len(shape), dtype=bool))
     dev = adapter_of(x).device(x)
     return _bits(xp, flat_index(xp, shape, shape, (0,) * len(shape), dev), keys, thr)
+
+
+# --------------------------------------------------------------------------- public per-tensor reductions
+
+
+def tensor_norms(model: Any, /, *, trainable_only: bool = True) -> Any:
+    """Each parameter's Euclidean norm, as a tree of 0-d arrays of `model`'s structure.
+
+    The per-tensor counterpart of `fk.norm` (which reduces over the whole model): at every
+    parameter, ``sqrt(sum(x * x))``, a 0-d array of the parameter's namespace and device
+    (lazy on Dask: no value is computed or moved to the host). Floats narrower than 32 bits
+    are reduced in float32 and the 0-d result stays float32 (a bfloat16 norm would keep 8
+    bits). Every other leaf comes from `model`, as in the arithmetic (arrays copied).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> fk.tensor_norms({"w": np.array([3.0, 4.0]), "b": np.array([1.0])})
+    {'w': array(5.), 'b': array(1.)}
+    """
+    from ._lockstep import _map_params
+
+    def fn(path: Any, x: Any, others: list[Any]) -> Any:
+        check_real("tensor_norms", path, x)
+        xp = namespace(x)
+        return norm(xp, work(xp, x))
+
+    return _map_params("tensor_norms", ("model",), (model,), fn, trainable_only)
+
+
+def tensor_dots(a: Any, b: Any, /, *, trainable_only: bool = True) -> Any:
+    """Each parameter pair's inner product ``sum(x * y)``, as a tree of 0-d arrays of `a`'s structure.
+
+    The per-tensor counterpart of `fk.dot`, with `fk.add`'s structure, shape, dtype and
+    device checks; the dtypes of `tensor_norms`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> fk.tensor_dots({"w": np.array([1.0, 2.0])}, {"w": np.array([3.0, 4.0])})
+    {'w': array(11.)}
+    """
+    from ._lockstep import _map_params
+
+    def fn(path: Any, x: Any, others: list[Any]) -> Any:
+        check_real("tensor_dots", path, x)
+        xp = namespace(x)
+        return vdot(xp, work(xp, x), work(xp, others[0]))
+
+    return _map_params("tensor_dots", ("a", "b"), (a, b), fn, trainable_only)
+
+
+def tensor_thresholds(model: Any, density: Any, /, *, trainable_only: bool = True) -> Any:
+    """Each parameter's top-k magnitude threshold, as a tree of 0-d arrays: TIES's trim point.
+
+    At every parameter ``x`` of ``n`` elements, the ``k``-th largest of ``abs(x)`` with
+    ``k = max(1, floor(density * n))``: ``abs(x) >= threshold`` selects the elements
+    `fk.ties` keeps. Found by a selection (``partition``/``kthvalue``/Dask's chunked
+    ``topk``), not a sort, where the namespace has one. `density` is a number in ``(0, 1]`` or
+    a dict from path globs to numbers (as in `fk.ties`). Dtypes as in `tensor_norms`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> fk.tensor_thresholds({"w": np.array([0.5, -3.0, 2.0, 1.0])}, 0.5)
+    {'w': array(2.)}
+    """
+    from ._lockstep import _map_params
+
+    dens = Schedule(density, "density", "tensor_thresholds", check_density)
+
+    def fn(path: Any, x: Any, others: list[Any]) -> Any:
+        check_real("tensor_thresholds", path, x)
+        xp = namespace(x)
+        a = xp.abs(work(xp, x))
+        return kth_largest(xp, a, count_kept(math.prod(int(d) for d in x.shape), dens.get(path)))
+
+    return _map_params("tensor_thresholds", ("model",), (model,), fn, trainable_only)

@@ -376,3 +376,29 @@ def test_inputs_not_mutated(backend: Backend, xp: Any) -> None:
     for m, b in zip((base, m1, m2), before, strict=True):
         for k in SHAPES:
             np.testing.assert_array_equal(to_numpy(m[k]), b[k])
+
+
+# --------------------------------------------------------------------------- per-tensor reductions
+
+
+def test_per_tensor_reductions(xp: Any) -> None:
+    a, b = _np_models(2, seed=6)
+    A, B = _f64([a, b])
+    xa, xb = _on(xp, [a, b])
+    norms, dots, thr = fk.tensor_norms(xa), fk.tensor_dots(xa, xb), fk.tensor_thresholds(xa, {"a": 0.3, "*": 0.5})
+    for k in SHAPES:
+        assert tuple(norms[k].shape) == ()
+        np.testing.assert_allclose(float(to_numpy(norms[k])), np.linalg.norm(A[k]), rtol=1e-5)
+        np.testing.assert_allclose(float(to_numpy(dots[k])), float(np.sum(A[k] * B[k])), rtol=1e-5, atol=1e-6)
+        n = max(A[k].size, 1)
+        kk = max(1, math.floor((0.3 if k == "a" else 0.5) * n))
+        assert float(to_numpy(thr[k])) == float(np.sort(np.abs(a[k]).reshape(-1))[::-1][kk - 1])
+
+
+def test_per_tensor_reductions_bfloat16_reduce_in_float32() -> None:
+    import ml_dtypes
+
+    x = {"w": (np.arange(1, 301, dtype=np.float32) / 7).astype(ml_dtypes.bfloat16)}
+    n = fk.tensor_norms(x)["w"]
+    assert n.dtype == np.float32
+    np.testing.assert_allclose(float(n), np.linalg.norm(x["w"].astype(np.float64)), rtol=1e-6)
