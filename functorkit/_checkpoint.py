@@ -123,8 +123,9 @@ def save(
     keys for modules: ``0.weight``). A tied array is stored once and the tie
     recorded in the metadata (``"functorkit.ties"``), so `load`
     restores it. Non-array leaves (Python numbers, strings) are not stored.
-    Lazy (Dask) arrays are computed block by block and written in place,
-    so memory stays near one block (`BATCH_BYTES`), on whatever Dask
+    Lazy (Dask) arrays are computed a batch of whole tensors at a time (each
+    tensor's graph once) and written in place, so memory stays near one batch
+    (`BATCH_BYTES`, or the largest tensor), on whatever Dask
     scheduler is active (``dask.distributed`` included). The file (or
     directory) appears only when complete: on any error nothing is left.
 
