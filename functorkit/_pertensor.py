@@ -294,7 +294,7 @@ def keep_mask(xp: Any, x: Any, density: float, keys: tuple[int, int], path: KeyP
     shape = tuple(int(d) for d in x.shape) or (1,)
     if not x.shape:
         x = xp.reshape(x, (1,))
-    if adapter_of(x).family == "dask":
+    if not adapter_of(x).mutable and hasattr(x, "map_blocks") and hasattr(x, "chunks"):  # a chunked lazy array
         fn = functools.partial(_keep_block, shape, keys, thr)
         return x.map_blocks(fn, dtype=bool, meta=np.empty((0,) * len(shape), dtype=bool))
     dev = adapter_of(x).device(x)

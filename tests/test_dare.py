@@ -80,6 +80,8 @@ def test_same_masks_whatever_the_chunking(chunks: int) -> None:
 
     out = _dare(lazy(base), [lazy(m) for m in ms])
     assert all(isinstance(v, da.Array) for v in out.values())  # lazy until computed
+    layers = {str(k[0] if isinstance(k, tuple) else k) for k in dict(out["emb"].__dask_graph__())}
+    assert any("keep_block" in n for n in layers)  # each block draws its own mask (map_blocks)
     _same(ref, _np(out))
 
 
