@@ -105,7 +105,7 @@ class Schedule:
             for name, v in (
                 [(what, self.value)] if self.value is not None else [(f"{what}[{k!r}]", v) for k, v in self.items]
             ):
-                check(name, v)
+                check(fname, name, v)
 
     def get(self, path: KeyPath) -> float:
         if self.value is not None:
@@ -139,9 +139,9 @@ def per_model(spec: Any, n: int, what: str, fname: str, check: Any = None) -> li
     return [one] * n
 
 
-def check_density(name: str, v: float) -> None:
+def check_density(fname: str, name: str, v: float) -> None:
     if not 0.0 < v <= 1.0:
-        msg = f"`{name}` must be a fraction in (0, 1] (the share of each delta kept), got {v}."
+        msg = f"fk.{fname}: `{name}` must be a fraction in (0, 1] (the share of each delta kept), got {v}."
         raise ValueError(msg)
 
 
