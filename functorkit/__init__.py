@@ -21,6 +21,14 @@ from ._errors import StructureError as StructureError
 from ._flat import Restructure as Restructure
 from ._keypath import KeyPath as KeyPath
 from ._load import load_into as load_into
+from ._merge import dare as dare
+from ._merge import model_stock as model_stock
+from ._merge import slerp as slerp
+from ._merge import task_arithmetic as task_arithmetic
+from ._merge import ties as ties
+from ._pertensor import tensor_dots as tensor_dots
+from ._pertensor import tensor_norms as tensor_norms
+from ._pertensor import tensor_thresholds as tensor_thresholds
 from ._record import flatten as flatten
 from ._record import unflatten as unflatten
 from ._reduce import dot as dot
@@ -66,6 +74,7 @@ __all__ = [
     "add",
     "combine",
     "copy",
+    "dare",
     "destructure",
     "dot",
     "filter_normalize",
@@ -81,6 +90,7 @@ __all__ = [
     "load_into",
     "load_state_dict",
     "mean",
+    "model_stock",
     "norm",
     "normalize",
     "open",
@@ -91,10 +101,16 @@ __all__ = [
     "replace",
     "save",
     "scale",
+    "slerp",
     "stack",
     "state_dict",
     "sub",
     "summary",
+    "task_arithmetic",
+    "tensor_dots",
+    "tensor_norms",
+    "tensor_thresholds",
+    "ties",
     "unflatten",
     "unstack",
 ]

@@ -124,8 +124,9 @@ def save(
     keys for modules: ``0.weight``). A tied array is stored once and the tie
     recorded in the metadata (``"functorkit.ties"``), so `load`
     restores it. Non-array leaves (Python numbers, strings) are not stored.
-    Lazy (Dask) arrays are computed block by block and written in place,
-    so memory stays near one block (`BATCH_BYTES`), on whatever Dask
+    Lazy (Dask) arrays are computed a batch of whole tensors at a time (each
+    tensor's graph once) and written in place, so memory stays near one batch
+    (`BATCH_BYTES`, or the largest tensor), on whatever Dask
     scheduler is active (``dask.distributed`` included). The file (or
     directory) appears only when complete: on any error, ``KeyboardInterrupt``
     included, the path holds the old checkpoint or the new one, whole, and
@@ -243,8 +244,10 @@ def _write_file(file: str, items: list[_Item], meta: dict[str, str]) -> None:
     """One safetensors file: the header (tensors in walk order), then the data, widest dtypes
     first so that every tensor is aligned in the file (safetensors allows no gaps).
 
-    Lazy pieces are computed a batch at a time; one writer thread writes a batch while the
-    next is computed (at most two batches in memory)."""
+    Lazy pieces are computed a batch at a time, a batch being whole tensors (about
+    `BATCH_BYTES`, or one larger tensor): every tensor's graph is computed once, so a reduction
+    inside it (a merge's norm or threshold) is not recomputed per block. One writer thread
+    writes a batch while the next is computed (at most two batches in memory)."""
     order = sorted(items, key=lambda it: -it.itemsize)
     offsets: dict[str, tuple[int, int]] = {}
     pos = 0
@@ -264,13 +267,13 @@ def _write_file(file: str, items: list[_Item], meta: dict[str, str]) -> None:
                 batch, batch_bytes = [], 0
                 writer.write([(it, _to_host(it), it.nbytes)])
                 continue
-            for b in blocks:
+            for b in blocks:  # a tensor's blocks are computed together: its graph runs once
                 nbytes = math.prod(int(d) for d in b.shape) * it.itemsize
                 batch.append((it, b, nbytes))
                 batch_bytes += nbytes
-                if batch_bytes >= BATCH_BYTES:
-                    writer.compute_and_write(batch)
-                    batch, batch_bytes = [], 0
+            if batch_bytes >= BATCH_BYTES:
+                writer.compute_and_write(batch)
+                batch, batch_bytes = [], 0
         writer.compute_and_write(batch)
         writer.wait()
         if f.tell() != len(head) + pos:

@@ -1422,6 +1422,108 @@ PLAIN_CASES: list[Bad] = [
     ),
 ]
 
+# the merge methods (docs/merging.md)
+
+
+def _shorter(c: Ctx) -> dict[str, Any]:
+    return {"layers": [{"w": c.arr(1.0), "b": c.arr(0.0, 0.0)}]}
+
+
+CASES += [
+    Bad(
+        "slerp-unmatched-glob",
+        "slerp",
+        "`t` a dict of globs that no glob of matches a path",
+        lambda c: fk.slerp(c.model(), c.model(), {"enc*": 0.5}),
+        fk.StructureError,
+        "the path, the globs, the path's two forms; add a catch-all `'*'`",
+        path="layers[0].w",
+        names=("`t`", "enc"),
+    ),
+    Bad(
+        "task_arithmetic-weights-count",
+        "task_arithmetic",
+        "`weights` a list of the wrong length",
+        lambda c: fk.task_arithmetic(c.model(), [c.model(), c.model()], [1.0]),
+        ValueError,
+        "one entry per model, both counts",
+        names=("`weights`",),
+    ),
+    Bad(
+        "ties-density-zero",
+        "ties",
+        "`density` 0",
+        lambda c: fk.ties(c.model(), [c.model()], 1.0, density=0.0),
+        ValueError,
+        "`density` must be a fraction in (0, 1]",
+        names=("`density`",),
+    ),
+    Bad(
+        "ties-mismatched-shape",
+        "ties",
+        "a model with a parameter of another shape",
+        lambda c: fk.ties(c.model(), [_shorter(c)], 1.0, density=0.5),
+        fk.StructureError,
+        "the path, both shapes, which model differs",
+        path="layers[0].w",
+        names=(r"models\[0\]",),
+    ),
+    Bad(
+        "dare-seed-float",
+        "dare",
+        "`seed` a float",
+        lambda c: fk.dare(c.model(), [c.model()], 1.0, density=0.5, seed=1.5),
+        TypeError,
+        "`seed` must be a Python int",
+        names=("`seed`",),
+    ),
+    Bad(
+        "dare-rescale-unknown",
+        "dare",
+        "`rescale` an unknown rule",
+        lambda c: fk.dare(c.model(), [c.model()], 1.0, density=0.5, seed=0, rescale="l2"),
+        ValueError,
+        "`rescale` must be True, 'inverse' or False",
+        names=("`rescale`",),
+    ),
+    Bad(
+        "model_stock-one-model",
+        "model_stock",
+        "one model besides the base",
+        lambda c: fk.model_stock(c.model(), [c.model()]),
+        ValueError,
+        "at least 2 models besides the base",
+    ),
+    Bad(
+        "tensor_norms-trainable_only-not-bool",
+        "tensor_norms",
+        "`trainable_only` a str",
+        lambda c: fk.tensor_norms(c.model(), trainable_only="yes"),
+        TypeError,
+        "`trainable_only` must be True or False",
+        names=("`trainable_only`",),
+    ),
+    Bad(
+        "tensor_dots-mismatched-structure",
+        "tensor_dots",
+        "`b` of another structure",
+        lambda c: fk.tensor_dots(c.model(), {"layers": []}),
+        fk.StructureError,
+        "the path, both sides",
+        path="layers",
+    ),
+    Bad(
+        "tensor_thresholds-density-above-one",
+        "tensor_thresholds",
+        "`density` 2",
+        lambda c: fk.tensor_thresholds(c.model(), 2.0),
+        ValueError,
+        "`density` must be a fraction in (0, 1]",
+        names=("`density`",),
+    ),
+]
+
+
 # the tree tools (docs/tools.md)
 
 

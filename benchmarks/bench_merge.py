@@ -1,0 +1,170 @@
+"""Merge methods out of core: fk.open x 3 -> linear / task arithmetic / slerp / TIES / DARE /
+model stock -> fk.save, against the read+write floor, float32 and bfloat16.
+
+Workload: three Llama-shaped checkpoints (hidden 1024, intermediate 2816, vocabulary 8000, ``n``
+layers: about ``--mb`` megabytes of float32 each; the full run: 200 MB, quick: 30 MB), written
+by the benchmark as sharded safetensors (a quarter of a checkpoint per shard), and their bfloat16
+versions. Each merge runs in a fresh process (``fk.save(out, merge(fk.open(a), [fk.open(b),
+fk.open(c)]))``, sharded like the inputs): wall time, and peak RSS (``VmHWM``) against one
+checkpoint's size. The floor is reading the three checkpoints' files once plus writing one
+checkpoint's bytes, in the same run (files in the page cache: memory-speed I/O).
+
+    python benchmarks/bench_merge.py --mb 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import functorkit as fk
+
+ROOT = Path(__file__).resolve().parent.parent
+MIB = 2**20
+HIDDEN, INTER, VOCAB = 1024, 2816, 8000
+
+METHODS = {
+    "linear (`fk.mean`)": "fk.mean([b, *ms])",
+    "task arithmetic": "fk.task_arithmetic(b, ms, [0.5, 0.5])",
+    "slerp": "fk.slerp(b, ms[0], 0.5)",
+    "TIES (density 0.5)": "fk.ties(b, ms, [0.5, 0.5], density=0.5)",
+    "DARE (density 0.5, L1 rescale)": "fk.dare(b, ms, [0.5, 0.5], density=0.5, seed=0)",
+    "DARE-TIES": "fk.dare(b, ms, [0.5, 0.5], density=0.5, seed=0, sign_consensus=True)",
+    "model stock": "fk.model_stock(b, ms)",
+}
+
+_CHILD = """
+import json, resource, sys, time
+import dask.array, functorkit as fk
+
+def peak_kb():
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+base_kb = peak_kb()
+paths, out, shard, expr = sys.argv[1:4], sys.argv[4], int(sys.argv[5]), sys.argv[6]
+t0 = time.perf_counter()
+b, *ms = [fk.open(p) for p in paths]
+fk.save(out, eval(expr), shard_size=shard)
+print(json.dumps({"wall": time.perf_counter() - t0, "base_kb": base_kb, "peak_kb": peak_kb()}))
+"""
+
+
+def _model(mb: int, seed: int, bf16: bool) -> dict[str, np.ndarray]:
+    import ml_dtypes
+
+    rng = np.random.default_rng(seed)
+    layer_mb = (4 * HIDDEN * HIDDEN + 3 * HIDDEN * INTER) * 4 / 1e6
+    n = max(1, round((mb - 2 * VOCAB * HIDDEN * 4 / 1e6) / layer_mb))
+    dt = ml_dtypes.bfloat16 if bf16 else np.float32
+
+    def normal(*shape: int) -> np.ndarray:
+        return (0.02 * rng.standard_normal(shape, dtype=np.float32)).astype(dt)
+
+    sd = {"model.embed_tokens.weight": normal(VOCAB, HIDDEN)}
+    for i in range(n):
+        p = f"model.layers.{i}."
+        for k in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            sd[p + f"self_attn.{k}.weight"] = normal(HIDDEN, HIDDEN)
+        sd[p + "mlp.gate_proj.weight"] = normal(INTER, HIDDEN)
+        sd[p + "mlp.up_proj.weight"] = normal(INTER, HIDDEN)
+        sd[p + "mlp.down_proj.weight"] = normal(HIDDEN, INTER)
+        sd[p + "input_layernorm.weight"] = np.ones(HIDDEN, dt)
+    sd["model.norm.weight"] = np.ones(HIDDEN, dt)
+    sd["lm_head.weight"] = normal(VOCAB, HIDDEN)
+    return sd
+
+
+def _child(*args: str) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True, env=env, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _floor(folders: list[Path], out: Path, nbytes: int) -> float:
+    buf = bytearray(64 * MIB)
+    view = memoryview(buf)
+    t0 = time.perf_counter()
+    for folder in folders:
+        for f in sorted(folder.iterdir()):
+            with open(f, "rb", buffering=0) as fh:
+                while fh.readinto(buf):
+                    pass
+    with open(out, "wb", buffering=0) as fh:
+        left = nbytes
+        while left > 0:
+            left -= fh.write(view[: min(left, len(buf))])
+    return time.perf_counter() - t0
+
+
+def measure(mb: int) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
+    for bf16 in (False, True):
+        with tempfile.TemporaryDirectory() as tmp:
+            t = Path(tmp)
+            folders = []
+            for k in range(3):
+                m = _model(mb, k, bf16)
+                size = sum(v.nbytes for v in m.values())
+                folders.append(t / f"ckpt{k}")
+                fk.save(folders[-1], m, shard_size=size // 4)
+                del m
+            floor = min(_floor(folders, t / "floor.bin", size) for _ in range(2))
+            rows = {}
+            for name, expr in METHODS.items():
+                rows[name] = _child(*map(str, folders), str(t / "merged"), str(size // 4), expr)
+            out["bfloat16" if bf16 else "float32"] = {"size": size, "floor": floor, "rows": rows}
+    return out
+
+
+def section(r: dict[str, dict[str, object]], quick: bool) -> str:
+    lines = []
+    sizes = []
+    for dtype, res in r.items():
+        size, floor, rows = res["size"], res["floor"], res["rows"]
+        assert isinstance(size, int)
+        assert isinstance(floor, float)
+        assert isinstance(rows, dict)
+        sizes.append(f"{size / 1e6:.0f} MB in {dtype}")
+        lines.append(f"| {dtype}: floor (read 3 + write 1) | {floor:.2f} s | 1.0x | | |")
+        for name, row in rows.items():
+            peak = row["peak_kb"] * 1024
+            lines.append(
+                f"| {dtype}: {name} | {row['wall']:.2f} s | {row['wall'] / floor:.1f}x | {peak / 1e6:.0f} MB "
+                f"| {peak / size:.0%} ({(peak - row['base_kb'] * 1024) / size:.0%} above imports) |"
+            )
+    body = "\n".join(lines)
+    return f"""## Merge methods out of core (fk.open, fk.ties/dare/slerp/..., fk.save)
+
+Three Llama-shaped checkpoints of {", ".join(sizes)} (sharded safetensors, written by the
+benchmark{"; quick run" if quick else ""}); each merge in a fresh process, `fk.save` of the lazy
+merge of `fk.open`ed models. Floor: reading the three checkpoints once plus writing one (page
+cache). RSS: peak (`VmHWM`) against one checkpoint.
+
+| merge | wall time | vs floor | peak RSS | vs one checkpoint |
+|---|---|---|---|---|
+{body}
+"""
+
+
+def run(quick: bool) -> str:
+    return section(measure(30 if quick else 200), quick)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=int, default=200, help="size of each float32 checkpoint in MB (default 200)")
+    print(section(measure(ap.parse_args().mb), False))

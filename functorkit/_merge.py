@@ -1,0 +1,450 @@
+"""Model merging: slerp, task arithmetic, TIES, DARE and model stock (mergekit's formulas).
+
+Each method is a per-tensor function of the aligned parameters, run by the arithmetic's
+lock-step engine (`_lockstep._map_params`): the structure, shape, dtype, namespace and device
+checks and their messages, ties merged once, constants from the first model (the base), unknown
+holders refused. Per tensor, the arithmetic is done in a working dtype (float32 for floats
+narrower than 32 bits, see `_pertensor.work`) and the result cast once to the first model's
+dtype. Reductions (norms, dots, thresholds) are 0-d arrays of the tensor's namespace: on Dask
+(`fk.open` models) every result is lazy and `fk.save` streams it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+from ._keypath import KeyPath
+from ._lockstep import _map_params, _model_list
+from ._pertensor import (
+    DOT_THRESHOLD,
+    EPS_NORM,
+    EPS_RESCALE,
+    EPS_STOCK,
+    Schedule,
+    cast_back,
+    check_density,
+    check_real,
+    count_kept,
+    keep_mask,
+    kth_largest,
+    mask_keys,
+    per_model,
+    sq_norm,
+    vdot,
+    work,
+)
+from ._typing import Tree as T
+from ._xp import namespace
+from .adapters._base import adapter_of
+
+__all__ = ["dare", "model_stock", "slerp", "task_arithmetic", "ties"]
+
+
+def _zero(xp: Any, like: Any) -> Any:
+    return xp.zeros_like(like)
+
+
+def _scalar(xp: Any, v: float, like: Any) -> Any:
+    """A 0-d array of `like`'s dtype and device (``where`` on 0-d reductions takes no Python numbers)."""
+    return xp.asarray(v, dtype=like.dtype, device=adapter_of(like).device(like))
+
+
+def _models(models: Any, fname: str, least: int = 1) -> list[Any]:
+    mods = _model_list(models, fname)
+    if len(mods) < least:
+        msg = (
+            f"fk.{fname}: expected at least {least} model{'s' if least > 1 else ''} besides the base, got "
+            f"{len(mods)}. Fix: pass fk.{fname}(base, [m1{', m2' if least > 1 else ''}, ...], ...)."
+        )
+        raise ValueError(msg)
+    return mods
+
+
+def _names(n: int) -> tuple[str, ...]:
+    return ("base", *(f"models[{i}]" for i in range(n)))
+
+
+# --------------------------------------------------------------------------- slerp
+
+
+def slerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True) -> T:
+    """Spherical linear interpolation between two models, tensor by tensor (mergekit's ``slerp``).
+
+    For each parameter pair ``(x, y)`` (flattened), with ``c = <x, y> / (|x| |y|)``
+    (a norm not above ``1e-8`` counts as 1) and ``theta = arccos(c)``::
+
+        slerp = sin((1 - t) theta) / sin(theta) * x + sin(t theta) / sin(theta) * y
+        lerp  = (1 - t) * x + t * y          used where |c| > 0.9995 (nearly parallel)
+
+    Parameters
+    ----------
+    a, b
+        Models of the same structure (as for `fk.add`); `a` gives the constants.
+    t
+        The interpolation parameter (``0`` gives `a`, ``1`` gives `b`): a real number, or a
+        dict from path globs to numbers for per-layer schedules (first match wins; a glob
+        matches ``str(path)`` or the dotted state-dict key; a path that no glob matches
+        raises `StructureError`).
+    trainable_only
+        True (default): parameters only; False: every floating array (buffers too).
+
+    Returns
+    -------
+    model : Any
+        A new model of `a`'s node types; each parameter has `a`'s dtype (computed in
+        float32 for narrower floats, then cast once). Lazy on Dask models.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> a, b = {"w": np.array([1.0, 0.0])}, {"w": np.array([0.0, 1.0])}
+    >>> fk.slerp(a, b, 0.5)["w"].round(4)
+    array([0.7071, 0.7071])
+    """
+    ts = Schedule(t, "t", "slerp")
+
+    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
+        check_real("slerp", path, x)
+        xp = namespace(x)
+        tt = ts.get(path)
+        v0, v1 = work(xp, x), work(xp, others[0])
+        n0, n1 = xp.sqrt(sq_norm(xp, v0)), xp.sqrt(sq_norm(xp, v1))
+        one = _scalar(xp, 1.0, v0)
+        d0 = xp.where(n0 > EPS_NORM, n0, one)
+        d1 = xp.where(n1 > EPS_NORM, n1, one)
+        c = vdot(xp, v0, v1) / (d0 * d1)
+        parallel = xp.abs(c) > DOT_THRESHOLD
+        theta = xp.acos(xp.clip(c, -1.0, 1.0))
+        s = xp.where(parallel, one, xp.sin(theta))
+        c0 = xp.where(parallel, _scalar(xp, 1.0 - tt, v0), xp.sin((1.0 - tt) * theta) / s)
+        c1 = xp.where(parallel, _scalar(xp, tt, v0), xp.sin(tt * theta) / s)
+        return cast_back(xp, c0 * v0 + c1 * v1, x)
+
+    return _map_params("slerp", ("a", "b"), (a, b), fn, trainable_only)
+
+
+# --------------------------------------------------------------------------- task vectors
+
+
+def _mix(
+    fname: str,
+    base: T,
+    models: Any,
+    weights: Any,
+    scale: Any,
+    sparsify: Any,
+    consensus: bool,
+    normalize: bool,
+    trainable_only: bool,
+) -> T:
+    """``base + scale * mix(w_i * sparsify_i(m_i - base))`` per tensor (mergekit's generalized
+    task arithmetic): `sparsify(xp, path, i, delta)` gives the kept delta of model `i`."""
+    mods = _models(models, fname)
+    ws = per_model(weights, len(mods), "weights", fname)
+    sc = Schedule(scale, "scale", fname)
+
+    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
+        check_real(fname, path, x)
+        xp = namespace(x)
+        b = work(xp, x)
+        wd = []
+        wv = []
+        for i, o in enumerate(others):
+            d = work(xp, o) - b
+            if sparsify is not None:
+                d = sparsify(xp, path, i, d)
+            w = ws[i].get(path)
+            wv.append(w)
+            wd.append(d * w)
+        if consensus:
+            total = wd[0]
+            for d in wd[1:]:
+                total = total + d
+            plus = total >= 0  # mergekit: the majority sign is + where the weighted sum is >= 0
+            mixed = None
+            div = None
+            for d, w in zip(wd, wv, strict=True):
+                agree = xp.where(plus, d > 0, d < 0)  # sign(d) == majority (a zero delta never agrees)
+                kept = xp.where(agree, d, _zero(xp, d))
+                mixed = kept if mixed is None else mixed + kept
+                if normalize:
+                    wm = xp.where(agree, _scalar(xp, w, d), _zero(xp, d))
+                    div = wm if div is None else div + wm
+            assert mixed is not None
+            if normalize:
+                assert div is not None
+                mixed = mixed / xp.where(div == 0, _scalar(xp, 1.0, div), div)
+        else:
+            mixed = wd[0]
+            for d in wd[1:]:
+                mixed = mixed + d
+            if normalize:
+                s = sum(wv)
+                mixed = mixed / (1.0 if abs(s) < 1e-8 else s)
+        lam = sc.get(path)
+        if lam != 1.0:
+            mixed = mixed * lam
+        return cast_back(xp, b + mixed, x)
+
+    return cast(T, _map_params(fname, _names(len(mods)), (base, *mods), fn, trainable_only))
+
+
+def task_arithmetic(
+    base: T, models: Sequence[T], weights: Any, /, *, scale: Any = 1.0, trainable_only: bool = True
+) -> T:
+    """Task arithmetic: ``base + scale * sum(w_i * (m_i - base))``, tensor by tensor.
+
+    mergekit's ``task_arithmetic`` (its ``lambda`` is `scale`; no normalisation, its default).
+
+    Parameters
+    ----------
+    base
+        The model the task vectors are taken from; it gives the constants.
+    models
+        The fine-tuned models, each of `base`'s structure.
+    weights
+        One weight per model (a list), or one weight for every model; each a real number
+        or a dict from path globs to numbers (first match wins; a glob matches ``str(path)``
+        or the dotted state-dict key; an unmatched path raises `StructureError`).
+    scale
+        The factor of the summed task vectors: a number or a dict of path globs.
+    trainable_only
+        True (default): parameters only; False: every floating array (buffers too).
+
+    Returns
+    -------
+    model : Any
+        A new model of `base`'s node types and dtypes (computed in float32 for narrower
+        floats, cast once). Lazy on Dask models.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> base = {"w": np.array([1.0, 1.0])}
+    >>> ms = [{"w": np.array([2.0, 1.0])}, {"w": np.array([1.0, 3.0])}]
+    >>> fk.task_arithmetic(base, ms, [1.0, 0.5])
+    {'w': array([2., 2.])}
+    """
+    return _mix("task_arithmetic", base, models, weights, scale, None, False, False, trainable_only)
+
+
+def _magnitude(densities: list[Schedule]) -> Any:
+    def sparsify(xp: Any, path: KeyPath, i: int, d: Any) -> Any:
+        dens = densities[i].get(path)
+        if dens >= 1.0:
+            return d
+        n = 1
+        for s in d.shape:
+            n *= int(s)
+        a = xp.abs(d)
+        thr = kth_largest(xp, a, count_kept(n, dens))
+        return xp.where(a >= thr, d, _zero(xp, d))
+
+    return sparsify
+
+
+def ties(
+    base: T,
+    models: Sequence[T],
+    weights: Any,
+    /,
+    *,
+    density: Any,
+    normalize: bool = True,
+    trainable_only: bool = True,
+) -> T:
+    """TIES merging: trim each task vector, elect a sign per element, average the agreeing ones.
+
+    Per tensor (mergekit's ``ties``): ``d_i = m_i - base`` keeps its
+    ``max(1, floor(density * n))`` largest magnitudes (every element whose magnitude equals
+    the threshold, the k-th largest, is kept too: more than k survive only on exact ties);
+    ``e_i = w_i * d_i``; the elected sign is ``+`` where ``sum(e_i) >= 0``, else ``-``;
+    ``merged = base + sum(e_i [sign(e_i) = elected]) / sum(w_i [sign(e_i) = elected])`` (the
+    division only with `normalize`; a zero divisor counts as 1).
+
+    Parameters
+    ----------
+    base, models, weights
+        As for `task_arithmetic`.
+    density
+        The share of each task vector kept, in ``(0, 1]``: a number, a dict of path globs,
+        or a list of those (one per model).
+    normalize
+        Divide by the summed weights of the agreeing models (default True, mergekit's).
+    trainable_only
+        True (default): parameters only; False: every floating array (buffers too).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> base = {"w": np.zeros(3)}
+    >>> ms = [{"w": np.array([1.0, -2.0, 0.1])}, {"w": np.array([3.0, 1.0, -0.2])}]
+    >>> fk.ties(base, ms, [1.0, 1.0], density=0.67)
+    {'w': array([ 2., -2.,  0.])}
+    """
+    mods = _models(models, "ties")
+    dens = per_model(density, len(mods), "density", "ties", check_density)
+    _check_bool(normalize, "normalize", "ties")
+    return _mix("ties", base, mods, weights, 1.0, _magnitude(dens), True, normalize, trainable_only)
+
+
+def _check_bool(v: Any, name: str, fname: str) -> None:
+    if type(v) is not bool:
+        msg = f"fk.{fname}: `{name}` must be True or False, got {type(v).__name__} ({v!r})."
+        raise TypeError(msg)
+
+
+def _bernoulli(densities: list[Schedule], seed: int, rescale: Any) -> Any:
+    def sparsify(xp: Any, path: KeyPath, i: int, d: Any) -> Any:
+        dens = densities[i].get(path)
+        if dens >= 1.0:
+            return d
+        keep = keep_mask(xp, d, dens, mask_keys(seed, i, path), path)
+        if keep.shape != d.shape:
+            keep = xp.reshape(keep, d.shape)
+        kept = xp.where(keep, d, _zero(xp, d))
+        if rescale is True:  # mergekit: the kept delta's L1 norm made the original's
+            before = xp.sum(xp.abs(d))
+            after = xp.sum(xp.abs(kept))
+            ok = (before >= EPS_RESCALE) & (after >= EPS_RESCALE)
+            one = _scalar(xp, 1.0, before)
+            f = xp.where(ok, before / xp.where(ok, after, one), one)
+            return kept * f
+        if rescale == "inverse":  # the DARE paper's 1 / density
+            return kept * (1.0 / dens)
+        return kept
+
+    return sparsify
+
+
+def dare(
+    base: T,
+    models: Sequence[T],
+    weights: Any,
+    /,
+    *,
+    density: Any,
+    seed: int,
+    rescale: Any = True,
+    sign_consensus: bool = False,
+    trainable_only: bool = True,
+) -> T:
+    """DARE: drop a random share of each task vector's elements, rescale the rest, add them up.
+
+    Per tensor (mergekit's ``dare_linear``; ``dare_ties`` with `sign_consensus`):
+    ``d_i = mask_i * (m_i - base)`` with ``mask_i ~ Bernoulli(density)``, rescaled so that
+    ``|d_i|_1`` equals ``|m_i - base|_1`` (`rescale` True; skipped when either is below
+    ``1e-7``), by ``1 / density`` (``"inverse"``, the paper's rule) or not at all (False);
+    ``merged = base + sum(w_i d_i)`` (with `sign_consensus`, only the ``w_i d_i`` whose sign
+    agrees with the sign of ``sum(w_i d_i)``, as in `ties`, without normalisation).
+
+    The masks come from a counter-based generator: element ``j`` of the tensor at ``path`` of
+    ``models[i]`` is kept when a 32-bit hash of ``(seed, i, str(path), j)`` falls below
+    ``density``. They are the same whatever the order the tensors are computed in, the Dask
+    chunking, the number of processes or the backend (integer array operations on int32
+    words, bit for bit). Reordering `models` changes the masks (the position is part of the key).
+
+    Parameters
+    ----------
+    base, models, weights
+        As for `task_arithmetic`.
+    density
+        The keep probability, in ``(0, 1]``: a number, a dict of path globs, or a list of
+        those (one per model). A density of 1 keeps the whole delta.
+    seed
+        A Python int: the generator's key.
+    rescale
+        True (L1, mergekit's), ``"inverse"`` (1/density) or False.
+    sign_consensus
+        Keep only the contributions that agree with the elected sign (DARE-TIES).
+    trainable_only
+        True (default): parameters only; False: every floating array (buffers too).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> base = {"w": np.zeros(6)}
+    >>> ms = [{"w": np.ones(6)}, {"w": np.full(6, 2.0)}]
+    >>> out = fk.dare(base, ms, [0.5, 0.5], density=0.5, seed=0, rescale="inverse")
+    >>> sorted(set(out["w"].tolist())) <= [0.0, 1.0, 2.0, 3.0]
+    True
+    """
+    mods = _models(models, "dare")
+    dens = per_model(density, len(mods), "density", "dare", check_density)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        msg = f"fk.dare: `seed` must be a Python int, got {type(seed).__name__} ({seed!r:.60})."
+        raise TypeError(msg)
+    if not (rescale is True or rescale is False or rescale == "inverse"):
+        msg = f"fk.dare: `rescale` must be True (L1), 'inverse' (1/density) or False, got {rescale!r:.60}."
+        raise ValueError(msg)
+    _check_bool(sign_consensus, "sign_consensus", "dare")
+    return _mix(
+        "dare", base, mods, weights, 1.0, _bernoulli(dens, seed, rescale), sign_consensus, False, trainable_only
+    )
+
+
+# --------------------------------------------------------------------------- model stock
+
+
+def model_stock(base: T, models: Sequence[T], /, *, trainable_only: bool = True) -> T:
+    """Model stock: interpolate between the base and the models' average by their agreement.
+
+    Per tensor (mergekit's ``model_stock``, ``filter_wise=False``): with ``o_i = m_i - base``
+    flattened, ``c`` the mean over pairs ``i < j`` of
+    ``clip(<o_i, o_j> / max(|o_i| |o_j|, 1e-6), -1, 1)`` and ``N = len(models)``,
+    ``t = N c / (1 + (N - 1) c)`` (0 where the
+    denominator is 0, which mergekit leaves as inf/NaN) and ``merged = t * mean(m_i) + (1 - t) * base``.
+
+    Parameters
+    ----------
+    base
+        The pre-trained model (the anchor); it gives the constants.
+    models
+        At least two fine-tuned models of `base`'s structure.
+    trainable_only
+        True (default): parameters only; False: every floating array (buffers too).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> base = {"w": np.zeros(2)}
+    >>> ms = [{"w": np.array([1.0, 0.0])}, {"w": np.array([0.0, 1.0])}]
+    >>> fk.model_stock(base, ms)  # orthogonal task vectors: t = 0, the base
+    {'w': array([0., 0.])}
+    """
+    mods = _models(models, "model_stock", least=2)
+    n = len(mods)
+
+    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
+        check_real("model_stock", path, x)
+        xp = namespace(x)
+        b = work(xp, x)
+        ws = [work(xp, o) for o in others]
+        offs = [w - b for w in ws]
+        norms = [xp.sqrt(sq_norm(xp, o)) for o in offs]
+        cos = None
+        pairs = 0
+        for i in range(n):
+            for j in range(i + 1, n):
+                den = xp.maximum(norms[i] * norms[j], _scalar(xp, EPS_STOCK, norms[i]))
+                cij = xp.clip(vdot(xp, offs[i], offs[j]) / den, -1.0, 1.0)
+                cos = cij if cos is None else cos + cij
+                pairs += 1
+        assert cos is not None
+        cos = cos / pairs
+        den = 1 + (n - 1) * cos
+        zero = den == 0  # c = -1/(N-1) exactly (e.g. two opposite 1-element deltas): t = 0, the base
+        t = xp.where(zero, _scalar(xp, 0.0, den), (n * cos) / xp.where(zero, _scalar(xp, 1.0, den), den))
+        avg = ws[0]
+        for w in ws[1:]:
+            avg = avg + w
+        avg = avg / n
+        return cast_back(xp, t * avg + (1 - t) * b, x)
+
+    return cast(T, _map_params("model_stock", _names(n), (base, *mods), fn, trainable_only))

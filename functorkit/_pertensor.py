@@ -1,0 +1,382 @@
+"""Per-tensor building blocks of the merge methods (``_merge.py``): working dtypes, per-path
+schedules (path globs), per-tensor reductions, top-k thresholds and DARE's counter-based masks.
+
+Everything here acts on one array through its array API namespace (no backend is imported):
+the same code builds an eager result on NumPy/torch/JAX and a lazy graph on Dask. Reductions
+give 0-d arrays of the tensor's namespace and device; nothing moves to the host.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._errors import StructureError
+from ._keypath import KeyPath
+from ._lockstep import _describe
+from ._xp import is_complex, namespace
+from .adapters._base import adapter_of
+
+#: the tolerances of mergekit's formulas (named where they are used)
+EPS_NORM = 1e-8  # slerp: a tensor is normalised only when its norm exceeds this
+DOT_THRESHOLD = 0.9995  # slerp: |cos| above this is treated as parallel (lerp)
+EPS_RESCALE = 1e-7  # DARE L1 rescale: skipped when either L1 norm is below this
+EPS_STOCK = 1e-6  # model stock: the product of norms is clamped to at least this
+
+
+# --------------------------------------------------------------------------- working dtype
+
+
+def work(xp: Any, x: Any) -> Any:
+    """`x` in its working dtype: floats narrower than 32 bits (float16, bfloat16, float8) are
+    computed in float32 (as mergekit computes slerp, and far faster than NumPy's element-wise
+    ml_dtypes loops); float32/float64 as they are. The result is cast back once (`cast_back`)."""
+    size = getattr(x.dtype, "itemsize", 4)
+    if size < 4:
+        return xp.astype(x, xp.float32)
+    return x
+
+
+def cast_back(xp: Any, r: Any, like: Any) -> Any:
+    """`r` in `like`'s dtype (one cast at the end of a merge; none when the dtype is already right)."""
+    if r.dtype == like.dtype:
+        return r
+    return xp.astype(r, like.dtype)
+
+
+def check_real(fname: str, path: KeyPath, x: Any) -> None:
+    if is_complex(x):
+        msg = (
+            f"at {path.display}: fk.{fname}: the parameter is a {_describe(x)}; the merge methods are "
+            "defined for real floating parameters only. Fix: merge real and imaginary parts separately, "
+            "or pass trainable_only=True / a model without complex parameters."
+        )
+        raise TypeError(msg)
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+def _real_number(v: Any, what: str, fname: str) -> float:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or (hasattr(v, "shape") and v.shape):
+        msg = (
+            f"fk.{fname}: `{what}` must be a real number or a dict from path globs to real numbers, got "
+            f"{type(v).__name__} ({v!r:.80}). Fix: pass e.g. 0.5 or {{'*.mlp.*': 0.7, '*': 0.5}}."
+        )
+        raise TypeError(msg)
+    out = float(v)
+    if math.isnan(out):
+        msg = f"fk.{fname}: `{what}` must not be NaN."
+        raise ValueError(msg)
+    return out
+
+
+class Schedule:
+    """A scalar, or a dict from path globs to scalars: ``get(path)`` gives the first matching value.
+
+    A glob matches ``str(path)`` (``model.layers[0].mlp.weight``) or the path's dotted
+    state-dict form (``model.layers.0.mlp.weight``), with `fnmatch.fnmatchcase`.
+    """
+
+    __slots__ = ("fname", "items", "value", "what")
+
+    def __init__(self, spec: Any, what: str, fname: str, check: Any = None) -> None:
+        self.what, self.fname = what, fname
+        self.value: float | None = None
+        self.items: list[tuple[str, float]] = []
+        if isinstance(spec, Mapping):
+            if not spec:
+                msg = f"fk.{fname}: `{what}` is an empty dict; expected path globs to numbers, e.g. {{'*': 0.5}}."
+                raise ValueError(msg)
+            for k, v in spec.items():
+                if not isinstance(k, str):
+                    msg = f"fk.{fname}: the keys of `{what}` must be path globs (str), got {k!r}."
+                    raise TypeError(msg)
+                self.items.append((k, _real_number(v, f"{what}[{k!r}]", fname)))
+        else:
+            self.value = _real_number(spec, what, fname)
+        if check is not None:
+            for name, v in (
+                [(what, self.value)] if self.value is not None else [(f"{what}[{k!r}]", v) for k, v in self.items]
+            ):
+                check(fname, name, v)
+
+    def get(self, path: KeyPath) -> float:
+        if self.value is not None:
+            return self.value
+        kp = path if isinstance(path, KeyPath) else path.path  # the walk's lazy path (_walk._PathAt)
+        s, d = str(kp), kp.dotted
+        for pat, v in self.items:
+            if fnmatch.fnmatchcase(s, pat) or fnmatch.fnmatchcase(d, pat):
+                return v
+        globs = ", ".join(repr(k) for k, _ in self.items)
+        msg = (
+            f"at {path.display}: fk.{self.fname}: no glob of `{self.what}` ({globs}) matches "
+            f"{s!r} (dotted: {d!r}). Expected every parameter's path to match one glob (first match "
+            f"wins); fix: add a catch-all entry last, e.g. {{..., '*': value}}."
+        )
+        raise StructureError(msg)
+
+
+def per_model(spec: Any, n: int, what: str, fname: str, check: Any = None) -> list[Schedule]:
+    """One `Schedule` per model: `spec` is one scalar/dict for every model, or a list of them."""
+    if isinstance(spec, Sequence) and not isinstance(spec, (str, bytes)):
+        specs = list(spec)
+        if len(specs) != n:
+            msg = (
+                f"fk.{fname}: `{what}` has {len(specs)} entries but there are {n} models. Expected one "
+                f"entry per model, or one number (or dict of globs) for all; fix: pass {n} entries."
+            )
+            raise ValueError(msg)
+        return [Schedule(s, f"{what}[{i}]", fname, check) for i, s in enumerate(specs)]
+    one = Schedule(spec, what, fname, check)
+    return [one] * n
+
+
+def check_density(fname: str, name: str, v: float) -> None:
+    if not 0.0 < v <= 1.0:
+        msg = f"fk.{fname}: `{name}` must be a fraction in (0, 1] (the share of each delta kept), got {v}."
+        raise ValueError(msg)
+
+
+# --------------------------------------------------------------------------- reductions
+
+
+def total(xp: Any, x: Any) -> Any:
+    """The sum of every element of `x`: a 0-d array (lazy on Dask)."""
+    return xp.sum(x)
+
+
+def sq_norm(xp: Any, x: Any) -> Any:
+    return xp.sum(x * x)
+
+
+def vdot(xp: Any, x: Any, y: Any) -> Any:
+    return xp.sum(x * y)
+
+
+def norm(xp: Any, x: Any) -> Any:
+    return xp.sqrt(xp.sum(x * x))
+
+
+def count_kept(n: int, density: float) -> int:
+    """TIES's rule: the ``max(1, floor(density * n))`` largest magnitudes of a tensor are kept."""
+    return max(1, math.floor(density * n))
+
+
+def kth_largest(xp: Any, a: Any, k: int) -> Any:
+    """The `k`-th largest value of `a` (any shape; ``1 <= k <= a.size``), a 0-d array.
+
+    A selection, not a sort, where the namespace has one: ``partition`` (NumPy, JAX),
+    ``kthvalue`` (torch), ``topk`` (Dask: chunk-wise selections, then one over the chunks'
+    candidates, of the smaller side: the `k` largest or the ``n - k + 1`` smallest). Other
+    namespaces (array-api-strict) sort.
+    """
+    topk = getattr(xp, "topk", None)
+    if topk is not None and getattr(xp, "kthvalue", None) is None and a.ndim > 1:
+        a = a.rechunk({i: -1 for i in range(1, a.ndim)})  # Dask: rows whole, so the reshape is free
+    flat = xp.reshape(a, (-1,))
+    n = int(flat.shape[0])
+    j = n - k  # 0-based position in ascending order
+    part = getattr(xp, "partition", None)
+    if part is not None:
+        return part(flat, j)[j]
+    kth = getattr(xp, "kthvalue", None)
+    if kth is not None:
+        return kth(flat, j + 1).values
+    if topk is not None:
+        if k <= n - k + 1:
+            return xp.min(topk(flat, k))
+        return xp.max(topk(flat, -(n - k + 1)))
+    return xp.sort(flat)[j]
+
+
+# --------------------------------------------------------------------------- DARE's random masks
+
+_M32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B1
+_C1, _C2 = 0x85EBCA6B, 0xC2B2AE35
+#: the masks compare 24 uniform bits with round(density * 2**24)
+MASK_BITS = 24
+
+
+def _i32(v: int) -> int:
+    """The signed 32-bit integer with the bits of `v` (so that it fits an int32 array's weak scalar)."""
+    v &= _M32
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _lsr(xp: Any, h: Any, s: int) -> Any:
+    """Logical right shift of int32 `h` (arithmetic shift, then the sign bits masked off)."""
+    return xp.bitwise_and(xp.bitwise_right_shift(h, s), (1 << (32 - s)) - 1)
+
+
+def _fmix(xp: Any, h: Any) -> Any:
+    """MurmurHash3's 32-bit finaliser on int32 words (multiplication wraps modulo 2**32)."""
+    h = xp.bitwise_xor(h, _lsr(xp, h, 16))
+    h = h * _i32(_C1)
+    h = xp.bitwise_xor(h, _lsr(xp, h, 13))
+    h = h * _i32(_C2)
+    return xp.bitwise_xor(h, _lsr(xp, h, 16))
+
+
+def mask_keys(seed: int, position: int, path: KeyPath) -> tuple[int, int]:
+    """Two 32-bit keys from (seed, model position, path): BLAKE2b of their text, so the same on
+    every machine, process and Python version (no ``hash()`` randomisation). The path enters as
+    its state-dict key (``path.dotted``: ``model.layers.0.mlp.weight``), so a module in memory,
+    its state dict and its checkpoint opened with ``fk.open`` draw the same masks."""
+    kp = path if isinstance(path, KeyPath) else path.path  # the walk's lazy path (_walk._PathAt)
+    text = f"functorkit.dare\0{seed}\0{position}\0{kp.dotted}".encode()
+    d = hashlib.blake2b(text, digest_size=8).digest()
+    return _i32(int.from_bytes(d[:4], "little")), _i32(int.from_bytes(d[4:], "little"))
+
+
+def flat_index(xp: Any, shape: tuple[int, ...], block: tuple[int, ...], starts: tuple[int, ...], device: Any) -> Any:
+    """The row-major flat indices (in an array of `shape`) of the block of shape `block` that starts
+    at `starts`: an int32 array of shape `block`, one ``arange`` per axis, broadcast and summed."""
+    idx = None
+    stride = 1
+    for ax in range(len(shape) - 1, -1, -1):
+        r = xp.arange(starts[ax], starts[ax] + block[ax], dtype=xp.int32, device=device)
+        if stride != 1:
+            r = r * stride
+        bshape = [1] * len(shape)
+        bshape[ax] = block[ax]
+        r = xp.reshape(r, tuple(bshape))
+        idx = r if idx is None else idx + r
+        stride *= shape[ax]
+    assert idx is not None
+    return idx
+
+
+def _bits(xp: Any, idx: Any, keys: tuple[int, int], thr: int) -> Any:
+    k0, k1 = keys
+    h = idx * _i32(_GOLDEN) + k0
+    h = _fmix(xp, h)
+    h = _fmix(xp, xp.bitwise_xor(h, k1))
+    return _lsr(xp, h, 32 - MASK_BITS) < thr
+
+
+def _keep_block(shape: tuple[int, ...], keys: tuple[int, int], thr: int, block: Any, block_info: Any = None) -> Any:
+    """One Dask block of the mask (``map_blocks``; a module-level function, so it pickles to
+    worker processes): the block's flat indices from its location in the whole array."""
+    from ._xp import namespace
+
+    loc = block_info[0]["array-location"]
+    xp = namespace(block)
+    starts = tuple(int(a) for a, _ in loc)
+    bshape = tuple(int(b - a) for a, b in loc)
+    return _bits(xp, flat_index(xp, shape, bshape, starts, None), keys, thr)
+
+
+def keep_mask(xp: Any, x: Any, density: float, keys: tuple[int, int], path: KeyPath) -> Any:
+    """DARE's Bernoulli(`density`) mask for `x`: a boolean array of `x`'s shape (``(1,)`` for a
+    0-d `x`). Element ``i`` is kept when 24 bits of ``fmix(fmix(i * golden + k0) ^ k1)`` are below
+    ``round(density * 2**24)``: a counter-based generator, so each element's draw depends only on
+    the keys and its flat index (not on the order, the chunking, the processes or the backend).
+    On Dask each block computes its own part (``map_blocks`` with the block's offsets)."""
+    import functools
+
+    n = math.prod(int(d) for d in x.shape)
+    if n >= 2**31:
+        msg = (
+            f"at {path.display}: fk.dare: the tensor has {n} elements; DARE's counter is a 31-bit "
+            "element index. Fix: split the tensor (e.g. reshape to rows and merge per row)."
+        )
+        raise ValueError(msg)
+    thr = round(density * 2**MASK_BITS)
+    shape = tuple(int(d) for d in x.shape) or (1,)
+    if not x.shape:
+        x = xp.reshape(x, (1,))
+    if not adapter_of(x).mutable and hasattr(x, "map_blocks") and hasattr(x, "chunks"):  # a chunked lazy array
+        fn = functools.partial(_keep_block, shape, keys, thr)
+        return x.map_blocks(fn, dtype=bool, meta=np.empty((0,) * len(shape), dtype=bool))
+    dev = adapter_of(x).device(x)
+    return _bits(xp, flat_index(xp, shape, shape, (0,) * len(shape), dev), keys, thr)
+
+
+# --------------------------------------------------------------------------- public per-tensor reductions
+
+
+def tensor_norms(model: Any, /, *, trainable_only: bool = True) -> Any:
+    """Each parameter's Euclidean norm, as a tree of 0-d arrays of `model`'s structure.
+
+    The per-tensor counterpart of `fk.norm` (which reduces over the whole model): at every
+    parameter, ``sqrt(sum(x * x))``, a 0-d array of the parameter's namespace and device
+    (lazy on Dask: no value is computed or moved to the host). Floats narrower than 32 bits
+    are reduced in float32 and the 0-d result stays float32 (a bfloat16 norm would keep 8
+    bits). Every other leaf comes from `model`, as in the arithmetic (arrays copied).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> fk.tensor_norms({"w": np.array([3.0, 4.0]), "b": np.array([1.0])})
+    {'w': array(5.), 'b': array(1.)}
+    """
+    from ._lockstep import _map_params
+
+    def fn(path: Any, x: Any, others: list[Any]) -> Any:
+        check_real("tensor_norms", path, x)
+        xp = namespace(x)
+        return norm(xp, work(xp, x))
+
+    return _map_params("tensor_norms", ("model",), (model,), fn, trainable_only)
+
+
+def tensor_dots(a: Any, b: Any, /, *, trainable_only: bool = True) -> Any:
+    """Each parameter pair's inner product ``sum(x * y)``, as a tree of 0-d arrays of `a`'s structure.
+
+    The per-tensor counterpart of `fk.dot`, with `fk.add`'s structure, shape, dtype and
+    device checks; the dtypes of `tensor_norms`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> fk.tensor_dots({"w": np.array([1.0, 2.0])}, {"w": np.array([3.0, 4.0])})
+    {'w': array(11.)}
+    """
+    from ._lockstep import _map_params
+
+    def fn(path: Any, x: Any, others: list[Any]) -> Any:
+        check_real("tensor_dots", path, x)
+        xp = namespace(x)
+        return vdot(xp, work(xp, x), work(xp, others[0]))
+
+    return _map_params("tensor_dots", ("a", "b"), (a, b), fn, trainable_only)
+
+
+def tensor_thresholds(model: Any, density: Any, /, *, trainable_only: bool = True) -> Any:
+    """Each parameter's top-k magnitude threshold, as a tree of 0-d arrays: TIES's trim point.
+
+    At every parameter ``x`` of ``n`` elements, the ``k``-th largest of ``abs(x)`` with
+    ``k = max(1, floor(density * n))``: ``abs(x) >= threshold`` selects the elements
+    `fk.ties` keeps. Found by a selection (``partition``/``kthvalue``/Dask's chunked
+    ``topk``), not a sort, where the namespace has one. `density` is a number in ``(0, 1]`` or
+    a dict from path globs to numbers (as in `fk.ties`). Dtypes as in `tensor_norms`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> fk.tensor_thresholds({"w": np.array([0.5, -3.0, 2.0, 1.0])}, 0.5)
+    {'w': array(2.)}
+    """
+    from ._lockstep import _map_params
+
+    dens = Schedule(density, "density", "tensor_thresholds", check_density)
+
+    def fn(path: Any, x: Any, others: list[Any]) -> Any:
+        check_real("tensor_thresholds", path, x)
+        xp = namespace(x)
+        a = xp.abs(work(xp, x))
+        return kth_largest(xp, a, count_kept(math.prod(int(d) for d in x.shape), dens.get(path)))
+
+    return _map_params("tensor_thresholds", ("model",), (model,), fn, trainable_only)

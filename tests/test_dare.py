@@ -1,0 +1,158 @@
+"""DARE's masks are the same whatever the tensor order, the Dask chunking, the processes or the
+backend; TIES's threshold is a selection (Dask: chunk-wise top-k); merges stay lazy on Dask."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import functorkit as fk
+from tests.conftest import Backend, namespace_for, to_numpy
+
+da = pytest.importorskip("dask.array")
+
+
+def _models(seed: int = 0) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    rng = np.random.default_rng(seed)
+    shapes = {"emb": (37, 11), "layers.0.w": (8, 9, 3), "bias": (13,), "s": ()}
+    base = {k: np.zeros(s, dtype=np.float32) for k, s in shapes.items()}
+    ms = [{k: np.asarray(rng.standard_normal(s) + 0.5, dtype=np.float32) for k, s in shapes.items()} for _ in range(2)]
+    return base, ms
+
+
+def _dare(base: Any, ms: Any, **kw: Any) -> Any:
+    # rescale=False, base 0, weight 1: each element is exactly m_i or 0, so equality is bit for bit
+    return fk.dare(base, ms, 1.0, density=kw.pop("density", 0.4), seed=kw.pop("seed", 11), rescale=False, **kw)
+
+
+def _np(out: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {k: to_numpy(v) for k, v in out.items()}
+
+
+def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype, k
+        assert a[k].shape == b[k].shape, k
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_same_masks_whatever_the_tensor_order() -> None:
+    base, ms = _models()
+    ref = _np(_dare(base, ms))
+    rev = lambda d: dict(reversed(list(d.items())))  # noqa: E731
+    _same(ref, _np(_dare(rev(base), [rev(m) for m in ms])))
+    # a model holding one tensor of the others gets that tensor's masks
+    one = _np(_dare({"bias": base["bias"]}, [{"bias": m["bias"]} for m in ms]))
+    np.testing.assert_array_equal(one["bias"], ref["bias"])
+
+
+def test_masks_depend_on_seed_position_and_path() -> None:
+    base, ms = _models()
+    a = _np(_dare(base, [ms[0], ms[0]]))
+    b = _np(_dare(base, [ms[0], ms[0]], seed=12))
+    assert not np.array_equal(a["emb"], b["emb"])
+    single = [
+        _np(_dare(base, [ms[0]]))["emb"],
+        _np(fk.dare(base, [ms[0], ms[0]], [0.0, 1.0], density=0.4, seed=11, rescale=False))["emb"],
+    ]
+    assert not np.array_equal(single[0], single[1])  # position 0 and position 1 draw differently
+    kept = (a["emb"] != 0).mean()
+    assert 0.2 < kept < 0.6
+
+
+def test_keep_rate_is_the_density() -> None:
+    base = {"w": np.zeros(200_000, dtype=np.float32)}
+    out = fk.dare(base, [{"w": np.ones(200_000, dtype=np.float32)}], 1.0, density=0.3, seed=5, rescale=False)
+    rate = float(np.mean(out["w"] != 0))
+    assert abs(rate - 0.3) < 0.005  # 200k Bernoulli(0.3) draws: sd 0.001
+
+
+@pytest.mark.parametrize("chunks", [1, 3, 7, -1])
+def test_same_masks_whatever_the_chunking(chunks: int) -> None:
+    base, ms = _models()
+    ref = _np(_dare(base, ms))
+
+    def lazy(d: dict[str, np.ndarray]) -> dict[str, Any]:
+        return {k: da.from_array(v, chunks=chunks if v.ndim else ()) for k, v in d.items()}
+
+    out = _dare(lazy(base), [lazy(m) for m in ms])
+    assert all(isinstance(v, da.Array) for v in out.values())  # lazy until computed
+    layers = {str(k[0] if isinstance(k, tuple) else k) for k in dict(out["emb"].__dask_graph__())}
+    assert any("keep_block" in n for n in layers)  # each block draws its own mask (map_blocks)
+    _same(ref, _np(out))
+
+
+def test_same_masks_with_processes() -> None:
+    import dask
+
+    base, ms = _models()
+    ref = _np(_dare(base, ms))
+    lazy = lambda d: {k: da.from_array(v, chunks=5 if v.ndim else ()) for k, v in d.items()}  # noqa: E731
+    out = _dare(lazy(base), [lazy(m) for m in ms])
+    with dask.config.set(scheduler="processes", num_workers=2):
+        got = dict(zip(out, dask.compute(*out.values()), strict=True))
+    _same(ref, {k: np.asarray(v) for k, v in got.items()})
+
+
+@pytest.mark.parametrize("b", [Backend.TORCH, Backend.JAX, Backend.ARRAY_API_STRICT, Backend.DASK])
+def test_same_masks_on_every_backend(b: Backend) -> None:
+    xp = namespace_for(b)
+    base, ms = _models()
+    ref = _np(_dare(base, ms))
+    conv = lambda d: {k: xp.asarray(v) for k, v in d.items()}  # noqa: E731
+    _same(ref, _np(_dare(conv(base), [conv(m) for m in ms])))
+
+
+def test_ties_threshold_is_chunked_topk_on_dask() -> None:
+    base, ms = _models()
+    lazy = lambda d: {k: da.from_array(v, chunks=4 if v.ndim else ()) for k, v in d.items()}  # noqa: E731
+    out = fk.ties(lazy(base), [lazy(m) for m in ms], 1.0, density=0.3)
+    names = {str(k[0] if isinstance(k, tuple) else k).split("-")[0] for k in dict(out["emb"].__dask_graph__())}
+    assert any("topk" in n for n in names), names
+    assert not any("sort" in n for n in names), names
+    _same(_np(fk.ties(base, ms, 1.0, density=0.3)), _np(out))
+    dense = fk.ties(lazy(base), [lazy(m) for m in ms], 1.0, density=0.9)  # the smaller side: n - k + 1 smallest
+    _same(_np(fk.ties(base, ms, 1.0, density=0.9)), _np(dense))
+
+
+def test_merges_on_opened_checkpoints_are_lazy_and_stream(tmp_path: Any) -> None:
+    base, ms = _models()
+    paths = []
+    for i, m in enumerate([base, *ms]):
+        p = tmp_path / f"m{i}.safetensors"
+        fk.save(p, m)
+        paths.append(p)
+    b, *rest = (fk.open(p) for p in paths)
+    for name, out, eager in [
+        ("ties", fk.ties(b, rest, 0.5, density=0.5), fk.ties(base, ms, 0.5, density=0.5)),
+        ("dare", fk.dare(b, rest, 0.5, density=0.5, seed=3), fk.dare(base, ms, 0.5, density=0.5, seed=3)),
+        ("slerp", fk.slerp(b, rest[0], 0.3), fk.slerp(base, ms[0], 0.3)),
+        ("stock", fk.model_stock(b, rest), fk.model_stock(base, ms)),
+    ]:
+        assert all(isinstance(v, da.Array) for v in fk.leaves(out)), name
+        fk.save(tmp_path / f"{name}.safetensors", out)
+        back = fk.load(tmp_path / f"{name}.safetensors")
+        for k in eager:
+            np.testing.assert_allclose(fk.KeyPath.parse(k).get(back), eager[k], rtol=1e-6, atol=1e-6, err_msg=(name, k))
+
+
+def test_save_computes_each_tensor_graph_once(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reduction inside a tensor's graph (a merge's norm) runs once per block, not once per batch."""
+    import functorkit._checkpoint as ck
+
+    monkeypatch.setattr(ck, "BATCH_BYTES", 256)  # many batches per tensor before the change
+    calls: list[int] = []
+
+    def counted(b: np.ndarray) -> np.ndarray:
+        calls.append(1)
+        return b
+
+    raw = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
+    x = da.from_array(raw, chunks=(8, 8)).map_blocks(counted, dtype=np.float32, meta=np.empty((0, 0), np.float32))
+    y = x / da.sqrt(da.sum(x * x))  # every output block needs every input block
+    fk.save(tmp_path / "y.safetensors", {"y": y, "z": da.from_array(raw[:2], chunks=1)})
+    assert len(calls) == 8  # one per input block
+    np.testing.assert_allclose(fk.load(tmp_path / "y.safetensors")["y"], raw / np.linalg.norm(raw), rtol=1e-6)
