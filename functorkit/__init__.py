@@ -15,6 +15,9 @@ from ._arith import sub as sub
 from ._checkpoint import load as load
 from ._checkpoint import open as open
 from ._checkpoint import save as save
+from ._compare import all_finite as all_finite
+from ._compare import allclose as allclose
+from ._compare import assert_allclose as assert_allclose
 from ._destructure import destructure as destructure
 from ._errors import PolicyError as PolicyError
 from ._errors import StructureError as StructureError
@@ -64,6 +67,9 @@ __all__ = [
     "Transpose",
     "TreeDef",
     "add",
+    "all_finite",
+    "allclose",
+    "assert_allclose",
     "combine",
     "copy",
     "destructure",
