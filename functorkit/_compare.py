@@ -80,6 +80,7 @@ def _structure_difference(ta: TreeDef, tb: TreeDef, b: Any) -> str:
     if ta.trainable != tb.trainable:
         for path, fa, fb in zip(ta.paths, ta.trainable, tb.trainable, strict=True):
             if fa != fb:
+
                 def word(f: bool) -> str:
                     return "trainable" if f else "frozen"
 
@@ -155,8 +156,10 @@ def _differences(xp: Any, x: Any, y: Any, close: Any) -> tuple[int, float, float
     n = int(np.count_nonzero(bad))
     if n == 0:
         return 0, 0.0, 0.0
-    return n, float(np.nanmax(d)) if not np.all(np.isnan(d)) else math.nan, (
-        float(np.nanmax(r)) if not np.all(np.isnan(r)) else math.nan
+    return (
+        n,
+        float(np.nanmax(d)) if not np.all(np.isnan(d)) else math.nan,
+        (float(np.nanmax(r)) if not np.all(np.isnan(r)) else math.nan),
     )
 
 

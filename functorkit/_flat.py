@@ -27,6 +27,7 @@ from typing import Any, Generic, cast
 from ._codegen import CODEGEN_MAX, build_source, compile_source, entry_of_error
 from ._explain import ExplainRow, Explanation, explain_rows
 from ._holders import unknown_holders
+from ._keypath import KeyPath
 from ._policy import (
     POLICIES,
     Decision,

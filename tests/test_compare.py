@@ -18,7 +18,12 @@ def _f(xp: Any, v: Any) -> Any:
 
 
 def _model(xp: Any, w: Any = (1.0, 2.0, 3.0)) -> dict[str, Any]:
-    return {"w": _f(xp, [list(w), [4.0, 5.0, 6.0]]), "b": _f(xp, [0.5]), "n": xp.asarray([3, 4], dtype=xp.int64), "act": "tanh"}
+    return {
+        "w": _f(xp, [list(w), [4.0, 5.0, 6.0]]),
+        "b": _f(xp, [0.5]),
+        "n": xp.asarray([3, 4], dtype=xp.int64),
+        "act": "tanh",
+    }
 
 
 def _message(a: Any, b: Any, **kw: Any) -> str:
@@ -205,7 +210,8 @@ def test_modules_and_trainable_flags() -> None:
 def test_all_finite(xp: Any, backend: Backend) -> None:
     m = _model(xp)
     out = fk.all_finite(m)
-    assert out.shape == () and bool(out) is True
+    assert out.shape == ()
+    assert bool(out) is True
     assert fk.leaves({"r": out})[0] is out
     if backend is not Backend.NUMPY_READONLY:
         assert type(out) is type(m["w"])
@@ -227,7 +233,10 @@ def test_all_finite_looks_at_parameters_unless_told() -> None:
 
 def test_all_finite_without_parameters_is_a_numpy_true() -> None:
     out = fk.all_finite({"step": 3, "n": np.arange(3)})
-    assert type(out) is np.ndarray and out.shape == () and out.dtype == np.bool_ and bool(out)
+    assert type(out) is np.ndarray
+    assert out.shape == ()
+    assert out.dtype == np.bool_
+    assert bool(out)
 
 
 def test_all_finite_refuses_mixed_namespaces() -> None:

@@ -33,7 +33,9 @@ def test_offsets_match_paths_shapes_and_slices_of_flat(xp: Any) -> None:
     assert rows[-1][2] == len(re)
     f = to_numpy(flat)
     for path, start, stop, shape in rows:
-        assert type(start) is int and type(stop) is int and type(shape) is tuple
+        assert type(start) is int
+        assert type(stop) is int
+        assert type(shape) is tuple
         assert all(type(d) is int for d in shape)
         leaf = path.get(model)
         np.testing.assert_array_equal(f[start:stop].reshape(shape), to_numpy(leaf))
