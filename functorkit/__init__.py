@@ -12,6 +12,7 @@ from ._arith import lincomb as lincomb
 from ._arith import mean as mean
 from ._arith import scale as scale
 from ._arith import sub as sub
+from ._broadcast import broadcast_prefix as broadcast_prefix
 from ._checkpoint import load as load
 from ._checkpoint import open as open
 from ._checkpoint import save as save
@@ -70,6 +71,7 @@ __all__ = [
     "all_finite",
     "allclose",
     "assert_allclose",
+    "broadcast_prefix",
     "combine",
     "copy",
     "destructure",
