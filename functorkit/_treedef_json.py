@@ -216,8 +216,8 @@ def from_json(text: Any, *, classes: Any = None) -> Any:
         doc = json.loads(text)
     except RecursionError:
         raise _bad("the document nests too deeply.") from None
-    except ValueError as e:  # json.JSONDecodeError, an integer too long to convert, bad UTF-8
-        raise _bad(f"not a JSON document ({e}).") from None
+    except ValueError as err:  # json.JSONDecodeError, an integer too long to convert, bad UTF-8
+        raise _bad(f"not a JSON document ({err}).") from None
     if type(doc) is not dict or doc.get("format") != FORMAT:
         raise _bad(f'not a TreeDef document (expected a JSON object with "format": "{FORMAT}").')
     if doc.get("version") != VERSION:
