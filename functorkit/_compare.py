@@ -434,7 +434,8 @@ def _leaf_finite(xp: Any, x: Any, others: list[Any]) -> Any:
 
 
 def _finite(x: Any) -> Any:
-    return namespace(x).all(namespace(x).isfinite(x))
+    xp = namespace(x)
+    return xp.all(xp.isfinite(x))
 
 
 def all_finite(model: Any, /, *, trainable_only: bool = True) -> Any:
