@@ -306,7 +306,8 @@ _EXPORTED: dict[str, int] = {name: 0 for name, _ in EXPORT_TO}
 
 def _claimed(cls: type) -> bool:
     """True for a class a backend family adapter owns (torch: tensors and modules), asked through the
-    adapter of each library already imported (loaded then: an import statement, traceable)."""
+    adapter of each library already imported (loaded then: an import statement, traceable); only
+    asked while a tracer runs."""
     for modname, adapter in _ADAPTERS:
         if sys.modules.get(modname) is not None and load_family(adapter).claims(cls):
             return True
@@ -320,7 +321,7 @@ def _bridged(cls: type) -> NodeDef | None:
     function), a class a backend family owns is not looked up in the registries Dynamo cannot call
     (JAX's and optree's are C++): a torch tensor or module is nobody else's node. Registries kept in
     Python dicts (`TRACEABLE_PYTREES`: torch's ``_pytree``) are still asked."""
-    skip_opaque = _claimed(cls) and tracing()
+    skip_opaque = tracing() and _claimed(cls)
     for modname, glue in PYTREES:
         if skip_opaque and modname not in TRACEABLE_PYTREES:
             continue
@@ -398,12 +399,18 @@ def resolve(cls: type) -> Any:
         for modname, adapter in _ADAPTERS:
             if sys.modules.get(modname) is None:
                 continue  # only a library already imported can have made this class
-            # the adapter is loaded once its library is imported (an import statement: torch.compile
-            # traces it, as it traces the adapter's issubclass tests, but not a scan of an MRO)
-            nd = load_family(adapter).node_for(cls)
-            if nd is not None:
-                out = nd
-                break
+            # a loaded adapter's node_for tests subclassing itself; before that, the adapter is loaded
+            # only for a class of that library (found in its MRO) or while a tracer runs (torch.compile
+            # cannot iterate an MRO, and traces the import statement and the issubclass tests)
+            if (
+                sys.modules.get(adapter) is not None
+                or tracing()
+                or modname in {c.__module__.partition(".")[0] for c in cls.__mro__}
+            ):
+                nd = load_family(adapter).node_for(cls)
+                if nd is not None:
+                    out = nd
+                    break
     if gen & 1:
         return out  # a registration is under way: use the entry, keep nothing
     _DISPATCH[cls] = out
