@@ -261,7 +261,15 @@ def _compare(
             if not full:
                 return verdict
             continue
-        (pairs if same else host).append((j, x, y))
+        ad = adapter_of(x)
+        if not (ad.readable(ad.device(x)) and adapter_of(y).readable(adapter_of(y).device(y))):
+            msg = (
+                f"at {path(j).display}: fk.{fname}: {describe_array(x)} vs {describe_array(y)}: arrays on a device "
+                "that holds no values (torch 'meta') cannot be compared; fix: materialise the model first."
+            )
+            raise TypeError(msg)
+        # no autograd history for the comparison's temporaries (torch: detached views, no copies)
+        (pairs if same else host).append((j, ad.detach(x), adapter_of(y).detach(y)))
     for j, x, y in host:
         pairs.append((j, adapter_of(x).to_host(x), adapter_of(y).to_host(y)))
     failing = _quick_failures(pairs, rtol, atol)

@@ -252,3 +252,13 @@ def test_all_finite_under_jax_jit() -> None:
     f = jax.jit(fk.all_finite)
     assert bool(f(m)) is True
     assert bool(f({"w": jnp.ones((2, 3)), "b": jnp.asarray([0.0, jnp.nan, 1.0])})) is False
+
+
+def test_torch_parameters_and_meta_tensors() -> None:
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Linear(3, 2)
+    assert fk.allclose(net, fk.copy(net)) is True  # parameters that require grad
+    assert "at weight:" in _message(net, fk.fmap(lambda t: t + 1, net))
+    meta = {"w": torch.ones(2, device="meta")}
+    with pytest.raises(TypeError, match="meta"):
+        fk.allclose(meta, {"w": torch.ones(2, device="meta")})
