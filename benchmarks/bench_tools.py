@@ -11,6 +11,13 @@ in advance: ``[np.stack([m[j] for m in leaves]) for j in ...]`` (or
 ``torch.stack``), which checks nothing and builds no tree: the reference of
 the ratio. Target: at most 1.2x.
 
+(c) ``fk.allclose(a, b)`` and ``fk.all_finite(a)`` over one model of the 148 arrays of GPT-2
+small (the stack table's width) against the hand loop over leaves flattened in advance with the
+best single calls: ``all(np.allclose(x, y) ...)`` / ``all(torch.allclose(x, y) ...)``, and
+``all(np.isfinite(x).all() ...)`` / ``torch.stack([torch.isfinite(x).all() ...]).all()`` (one host
+synchronisation on torch). functorkit also records both trees and compares their structure.
+Target: at most 1.2x.
+
 (b) ``fk.replace`` of one leaf in a tree of 10,000 leaves (a dict of 100
 dicts of 100 small NumPy arrays) against one ``fk.fmap`` of the identity over
 the same tree. Target: at most 2x.
@@ -79,6 +86,47 @@ def stack_table(d: int, rounds: int) -> tuple[str, dict[str, float]]:
     return title + "\n\n" + "\n".join(rows), res
 
 
+def compare_table(d: int, rounds: int) -> tuple[str, dict[str, float]]:
+    a, b = _models(d, 1)[0], fk.copy(_models(d, 1)[0])
+    la, lb = fk.leaves(a), fk.leaves(b)
+    calls: dict[str, Callable[[], Any]] = {
+        "fk.allclose(a, b), NumPy": lambda: fk.allclose(a, b),
+        "hand loop np.allclose, NumPy": lambda: all(np.allclose(x, y) for x, y in zip(la, lb, strict=True)),
+        "fk.all_finite(a), NumPy": lambda: bool(fk.all_finite(a)),
+        "hand loop np.isfinite(x).all(), NumPy": lambda: all(np.isfinite(x).all() for x in la),
+    }
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        ta, tb = fk.fmap(torch.from_numpy, a), fk.fmap(torch.from_numpy, b)
+        tla, tlb = fk.leaves(ta), fk.leaves(tb)
+        calls["fk.allclose(a, b), torch"] = lambda: fk.allclose(ta, tb)
+        calls["hand loop torch.allclose, torch"] = lambda: all(
+            torch.allclose(x, y) for x, y in zip(tla, tlb, strict=True)
+        )
+        calls["fk.all_finite(a), torch"] = lambda: bool(fk.all_finite(ta))
+        calls["hand loop torch.isfinite(x).all(), torch"] = lambda: bool(
+            torch.stack([torch.isfinite(x).all() for x in tla]).all()
+        )
+    res = best_of(calls, rounds, target_s=0.0, settle_s=0.05)
+    rows = ["| contender | ms | vs hand loop |", "|---|---:|---:|"]
+    for backend in ("NumPy", "torch"):
+        for fk_name, hand in (
+            ("fk.allclose(a, b)", "hand loop np.allclose" if backend == "NumPy" else "hand loop torch.allclose"),
+            (
+                "fk.all_finite(a)",
+                "hand loop np.isfinite(x).all()" if backend == "NumPy" else "hand loop torch.isfinite(x).all()",
+            ),
+        ):
+            if f"{hand}, {backend}" in res:
+                ref = res[f"{hand}, {backend}"]
+                rows.append(_row(f"`{fk_name}`, {backend}", res[f"{fk_name}, {backend}"], ref))
+                rows.append(_row(f"{hand}, {backend}", ref, ref))
+    n_values = sum(x.size for x in la)
+    title = f"one model of 148 arrays (GPT-2 small at width {d}: {n_values / 1e6:.1f} M float32 values)"
+    return title + "\n\n" + "\n".join(rows), res
+
+
 def replace_table(rounds: int) -> tuple[str, dict[str, float]]:
     tree = {f"k{i}": {f"k{j}": np.zeros(2) for j in range(100)} for i in range(100)}
     new = np.ones(2)
@@ -99,22 +147,36 @@ def run(quick: bool) -> str:
     d = 64 if quick else 192
     t_stack, r_stack = stack_table(d, rounds)
     t_replace, r_replace = replace_table(3 if quick else 15)
+    t_compare, r_compare = compare_table(d, rounds)
+    cmp_ratios = [
+        f"{fname} {backend} {r_compare[f'{fname}, {backend}'] / r_compare[f'{hand}, {backend}']:.2f}x"
+        for fname, backend, hand in (
+            ("fk.allclose(a, b)", "NumPy", "hand loop np.allclose"),
+            ("fk.all_finite(a)", "NumPy", "hand loop np.isfinite(x).all()"),
+            ("fk.allclose(a, b)", "torch", "hand loop torch.allclose"),
+            ("fk.all_finite(a)", "torch", "hand loop torch.isfinite(x).all()"),
+        )
+        if f"{fname}, {backend}" in r_compare
+    ]
     ratios = [f"NumPy {r_stack['fk.stack(models), NumPy'] / r_stack['hand loop np.stack, NumPy']:.2f}x"]
     if "fk.stack(models), torch" in r_stack:
         ratios.append(f"torch {r_stack['fk.stack(models), torch'] / r_stack['hand loop torch.stack, torch']:.2f}x")
     rep = r_replace["fk.replace(tree, {'k50.k50': new})"] / r_replace["fk.fmap(lambda x: x, tree)"]
-    return f"""## Tree tools: stack, replace
+    return f"""## Tree tools: stack, replace, allclose, all_finite
 
 `fk.stack` against a hand loop of `np.stack`/`torch.stack` over leaves flattened in advance (the
 hand loop checks nothing and builds no tree; target at most 1.2x): {", ".join(ratios)}. `fk.replace`
 of one leaf in a 10,000-leaf tree against one `fk.fmap` over it (target at most 2x): {rep:.2f}x.
-Best of {rounds} rounds, all contenders interleaved in one process.
+`fk.allclose`/`fk.all_finite` against hand loops of the best single calls per leaf (target at most
+1.2x): {", ".join(cmp_ratios)}. Best of {rounds} rounds, all contenders interleaved in one process.
 
 ### (a) `fk.stack`: {t_stack}
 
 ### (b) `fk.replace` of one leaf, 10,000 leaves (a dict of 100 dicts of 100 arrays)
 
 {t_replace}
+
+### (c) `fk.allclose` and `fk.all_finite`: {t_compare}
 """
 
 

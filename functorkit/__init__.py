@@ -12,9 +12,13 @@ from ._arith import lincomb as lincomb
 from ._arith import mean as mean
 from ._arith import scale as scale
 from ._arith import sub as sub
+from ._broadcast import broadcast_prefix as broadcast_prefix
 from ._checkpoint import load as load
 from ._checkpoint import open as open
 from ._checkpoint import save as save
+from ._compare import all_finite as all_finite
+from ._compare import allclose as allclose
+from ._compare import assert_allclose as assert_allclose
 from ._destructure import destructure as destructure
 from ._errors import PolicyError as PolicyError
 from ._errors import StructureError as StructureError
@@ -72,6 +76,10 @@ __all__ = [
     "Transpose",
     "TreeDef",
     "add",
+    "all_finite",
+    "allclose",
+    "assert_allclose",
+    "broadcast_prefix",
     "combine",
     "copy",
     "dare",

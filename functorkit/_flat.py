@@ -27,6 +27,7 @@ from typing import Any, Generic, cast
 from ._codegen import CODEGEN_MAX, build_source, compile_source, entry_of_error
 from ._explain import ExplainRow, Explanation, explain_rows
 from ._holders import unknown_holders
+from ._keypath import KeyPath
 from ._policy import (
     POLICIES,
     Decision,
@@ -309,6 +310,33 @@ class Restructure(Reflatten, Generic[Tree]):
     def shapes(self) -> tuple[tuple[int, ...], ...]:
         """The shape of each parameter, in walk order."""
         return tuple(self._shapes)
+
+    @property
+    def offsets(self) -> tuple[tuple[KeyPath, int, int, tuple[int, ...]], ...]:
+        """Where each parameter lives in the flat vector: ``(path, start, stop, shape)``, in walk order.
+
+        One row per distinct parameter (a tie once, at its first path), in the
+        order of `paths` and `shapes`: ``flat[start:stop]`` reshaped to
+        ``shape`` is that parameter, ``stop - start`` its number of entries
+        (a ``Diagonal`` contributes its diagonal). Read from the plan
+        `destructure` made (no walk); the rows are built at each access.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import functorkit as fk
+        >>> flat, re = fk.destructure({"w": np.ones((2, 3)), "b": np.zeros(3)})
+        >>> [(str(p), start, stop, shape) for p, start, stop, shape in re.offsets]
+        [('w', 0, 6, (2, 3)), ('b', 6, 9, (3,))]
+        >>> path, start, stop, shape = re.offsets[1]
+        >>> flat[start:stop].reshape(shape)
+        array([0., 0., 0.])
+        """
+        starts = self._offsets
+        return tuple(
+            (path, start, start + size, tuple(shape))
+            for path, start, size, shape in zip(self.paths, starts, self._sizes, self._shapes, strict=True)
+        )
 
     def __eq__(self, other: object) -> bool:
         """Equal when both rebuild alike: equal tree definitions, parameter table and policy, and the

@@ -21,8 +21,8 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from .adapters._base import load_family
-from .adapters._pytrees import EXPORT_TO, PYTREES
+from .adapters._base import load_family, tracing
+from .adapters._pytrees import EXPORT_TO, PYTREES, TRACEABLE_PYTREES
 
 __all__ = [
     "GENERATION",
@@ -304,9 +304,27 @@ _EXPORTS: list[tuple[type, bool]] = []
 _EXPORTED: dict[str, int] = {name: 0 for name, _ in EXPORT_TO}
 
 
+def _claimed(cls: type) -> bool:
+    """True for a class a backend family adapter owns (torch: tensors and modules), asked through the
+    adapter of each library already imported (loaded then: an import statement, traceable); only
+    asked while a tracer runs."""
+    for modname, adapter in _ADAPTERS:
+        if sys.modules.get(modname) is not None and load_family(adapter).claims(cls):
+            return True
+    return False
+
+
 def _bridged(cls: type) -> NodeDef | None:
-    """The NodeDef of an imported pytree library that knows `cls` as a node, or None."""
+    """The NodeDef of an imported pytree library that knows `cls` as a node, or None.
+
+    While a tracer runs (``torch.compile`` meeting a type for the first time inside the compiled
+    function), a class a backend family owns is not looked up in the registries Dynamo cannot call
+    (JAX's and optree's are C++): a torch tensor or module is nobody else's node. Registries kept in
+    Python dicts (`TRACEABLE_PYTREES`: torch's ``_pytree``) are still asked."""
+    skip_opaque = tracing() and _claimed(cls)
     for modname, glue in PYTREES:
+        if skip_opaque and modname not in TRACEABLE_PYTREES:
+            continue
         if sys.modules.get(modname) is not None:
             nd: NodeDef | None = load_family(glue).node_for(cls)  # an import statement: traceable
             if nd is not None:
@@ -316,10 +334,12 @@ def _bridged(cls: type) -> NodeDef | None:
 
 def export_pending() -> None:
     """Give every pytree library imported by now the classes registered since it was last given any
-    (a no-op when there are none: two comparisons per library)."""
+    (a no-op when there are none: two comparisons per library; deferred while a tracer runs)."""
     n = len(_EXPORTS)
     for modname, glue in EXPORT_TO:
         if _EXPORTED[modname] < n and sys.modules.get(modname) is not None:
+            if tracing():
+                return  # a lock and another library's registration: left to the next eager call
             with _lock:
                 mod = importlib.import_module(glue)
                 while _EXPORTED[modname] < len(_EXPORTS):
@@ -379,9 +399,14 @@ def resolve(cls: type) -> Any:
         for modname, adapter in _ADAPTERS:
             if sys.modules.get(modname) is None:
                 continue  # only a library already imported can have made this class
-            # a loaded adapter's node_for tests subclassing itself (torch.compile cannot iterate
-            # an MRO); before that, the adapter is loaded only for a class of that library
-            if sys.modules.get(adapter) is not None or modname in {c.__module__.partition(".")[0] for c in cls.__mro__}:
+            # a loaded adapter's node_for tests subclassing itself; before that, the adapter is loaded
+            # only for a class of that library (found in its MRO) or while a tracer runs (torch.compile
+            # cannot iterate an MRO, and traces the import statement and the issubclass tests)
+            if (
+                sys.modules.get(adapter) is not None
+                or tracing()
+                or modname in {c.__module__.partition(".")[0] for c in cls.__mro__}
+            ):
                 nd = load_family(adapter).node_for(cls)
                 if nd is not None:
                     out = nd

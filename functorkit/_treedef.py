@@ -339,6 +339,73 @@ class TreeDef:
         state = (prog, self._npos, self._nleaves, self._pos_leaf, self._trainable, sorted(self._forced))
         return (_restore_treedef, (state,))
 
+    def to_json(self) -> str:
+        """This structure as a JSON document of data only (no code, no pickle).
+
+        Node classes are written by name, keys and static (aux) data as JSON
+        values, with the ties, shared sub-trees and trainable flags; read it
+        back with `TreeDef.from_json` (``==`` to this one). See
+        ``docs/treedef.md``.
+
+        Raises
+        ------
+        TypeError
+            Naming the path of a node whose keys or aux data are not JSON data
+            (a module's live state, a defaultdict's factory).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import functorkit as fk
+        >>> _, td = fk.flatten({"w": np.ones(2), "layers": [np.zeros(1), (1, "relu")]})
+        >>> text = td.to_json()
+        >>> fk.TreeDef.from_json(text) == td
+        True
+        """
+        from ._treedef_json import to_json
+
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, text: str, /, *, classes: Any = None) -> TreeDef:
+        """The structure a `to_json` document describes; classes come only from an allow-list.
+
+        Parameters
+        ----------
+        text
+            The document.
+        classes
+            The node classes the document may name besides functorkit's own
+            (dict, list, tuple, OrderedDict, defaultdict, deque, UserDict,
+            UserList, SimpleNamespace, Diagonal, Transpose): a sequence of
+            classes (named ``module.qualname``) or a mapping ``{name: class}``.
+            Nothing is ever imported by name.
+
+        Raises
+        ------
+        ValueError
+            The document is malformed, inconsistent or names a class not
+            allowed, with what was expected.
+        StructureError
+            An allowed class is not registered as a node in this process.
+
+        Examples
+        --------
+        >>> import dataclasses
+        >>> import numpy as np
+        >>> import functorkit as fk
+        >>> @dataclasses.dataclass
+        ... class Layer:
+        ...     w: object
+        >>> _, td = fk.flatten([Layer(np.ones(2))])
+        >>> fk.TreeDef.from_json(td.to_json(), classes=[Layer]) == td
+        True
+        """
+        from ._treedef_json import from_json
+
+        out: TreeDef = from_json(text, classes=classes)
+        return out
+
     # ---------------------------------------------------------------- rebuilding
 
     def unflatten(self, leaves: Iterable[Any], /) -> Any:

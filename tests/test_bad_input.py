@@ -1696,6 +1696,54 @@ def test_bad_input_without_arrays(case: Bad) -> None:
 
 
 # ---------------------------------------------------------------------------
+# comparing, checking and broadcasting (docs/tools.md, issue 24)
+
+CASES += [
+    Bad(
+        "allclose-two-libraries",
+        "allclose",
+        "two models of different array libraries",
+        lambda c: fk.allclose({"w": c.arr(1.0, 2.0)}, {"w": c.other_library_array()}),
+        fk.PolicyError,
+        "the two libraries; pass namespaces='any' to compare on the host",
+        path="w",
+        names=("namespaces='any'",),
+    ),
+    Bad(
+        "all_finite-two-libraries",
+        "all_finite",
+        "parameters of two array libraries",
+        lambda c: fk.all_finite({"a": c.arr(1.0, 2.0), "b": c.other_library_array()}),
+        fk.PolicyError,
+        "both paths, namespaces and devices; move the model to one device",
+        path="b",
+    ),
+]
+
+PLAIN_CASES += [
+    Bad(
+        "assert_allclose-negative-rtol",
+        "assert_allclose",
+        "`rtol` negative",
+        lambda c: fk.assert_allclose({"a": 1.0}, {"a": 1.0}, rtol=-1.0),
+        ValueError,
+        "`rtol` must be a non-negative number",
+        names=("`rtol`",),
+    ),
+    Bad(
+        "broadcast_prefix-not-a-prefix",
+        "broadcast_prefix",
+        "a prefix without one of the tree's keys",
+        lambda c: fk.broadcast_prefix({"enc": 0.1}, {"enc": [1.0], "dec": [2.0]}),
+        fk.StructureError,
+        "both key lists, what is missing from the prefix; give every key",
+        path="<root>",
+        names=("missing from the prefix",),
+    ),
+]
+
+
+# ---------------------------------------------------------------------------
 # the catalogue covers every public name, and the docs list it
 
 

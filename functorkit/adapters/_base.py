@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -79,8 +80,19 @@ def tracing() -> bool:
     ``torch.compile`` (Dynamo) traces Python bytecode but not ``compile``/``exec`` or locks:
     one-time work (generating ``re(p)``'s code, a matcher for a container tree) is skipped
     under it and done by the first eager call instead. Checked only on those cold paths.
+
+    A family's small probe module (not its adapter) is loaded here once its library is imported,
+    so the answer does not depend on whether functorkit has met one of its objects yet (a module
+    first met inside ``torch.compile``).
     """
+    for modname, adapter in _PROBED_FAMILIES:
+        if adapter not in sys.modules and sys.modules.get(modname) is not None:
+            load_family(adapter)  # an import statement: traced
     return any(probe() for probe in TRACING_PROBES)
+
+
+#: (library, family adapter module) of the families that add a tracing probe when loaded
+_PROBED_FAMILIES: tuple[tuple[str, str], ...] = (("torch", "functorkit.adapters._torch_probe"),)
 
 
 def load_family(modname: str) -> Any:
@@ -95,6 +107,10 @@ def load_family(modname: str) -> Any:
         from . import torch as torch_adapter
 
         return torch_adapter
+    if modname == "functorkit.adapters._torch_probe":
+        from . import _torch_probe
+
+        return _torch_probe
     if modname == "functorkit.adapters.jax":
         from . import jax as jax_adapter
 

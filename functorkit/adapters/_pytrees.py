@@ -11,5 +11,8 @@ PYTREES: tuple[tuple[str, str], ...] = (
     ("optree", "functorkit.adapters._pytree_optree"),
     ("torch", "functorkit.adapters._pytree_torch"),
 )
+#: the libraries whose ``node_for`` is a Python dict lookup that ``torch.compile`` traces (the
+#: others' registries are C++: skipped while tracing for the classes a backend adapter owns)
+TRACEABLE_PYTREES: frozenset[str] = frozenset({"torch"})
 #: the libraries functorkit's registered classes (and Restructure, TreeDef) are exported to
 EXPORT_TO: tuple[tuple[str, str], ...] = (PYTREES[0], PYTREES[2])

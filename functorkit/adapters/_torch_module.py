@@ -31,6 +31,7 @@ points at the rebuilt weights, and a ``torch.compile``d module
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -39,7 +40,7 @@ import torch
 
 from .._registry import NodeDef
 
-__all__ = ["node_for"]
+__all__ = ["claims", "node_for"]
 
 _SECTIONS = ("_parameters", "_buffers", "_modules")
 # containers torch's Module.__init__ creates: copied (not shared) in a clone
@@ -169,9 +170,16 @@ def _refresh_compiled(m: Any) -> None:
 
 
 def _is_compiled_module(cls: type) -> bool:
-    return any(
-        c.__name__ == "OptimizedModule" and c.__module__.startswith("torch._dynamo") for c in cls.__mro__
-    ) and hasattr(cls, "_initialize")
+    """A subclass of ``torch.compile``'s ``OptimizedModule`` (an issubclass test, which Dynamo traces
+    where it cannot iterate an MRO; the class exists only once ``torch._dynamo`` is imported)."""
+    frame = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(frame, "OptimizedModule", None)
+    return isinstance(optimized, type) and issubclass(cls, optimized) and hasattr(cls, "_initialize")
+
+
+def claims(cls: type) -> bool:
+    """True for the classes this adapter owns: tensors (leaves) and ``nn.Module`` subclasses (nodes)."""
+    return isinstance(cls, type) and issubclass(cls, (torch.Tensor, torch.nn.Module))
 
 
 def _trainable(m: Any) -> frozenset[Any]:

@@ -44,9 +44,9 @@ import numpy as np
 import torch
 
 from ._base import _HOST, TRACING_PROBES, ArrayAdapter, Layout, _size, adapter_of, extent, normalise_layout
-from ._torch_module import node_for
+from ._torch_module import claims, node_for
 
-__all__ = ["Adapter", "compiling", "foreach_lerp_", "has_python_dispatch", "is_functorch_wrapped", "node_for"]
+__all__ = ["Adapter", "claims", "compiling", "foreach_lerp_", "has_python_dispatch", "is_functorch_wrapped", "node_for"]
 
 
 # ---------------------------------------------------------------- private APIs, detected once

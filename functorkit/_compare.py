@@ -1,0 +1,486 @@
+"""Comparing whole models: `allclose`, `assert_allclose`, `all_finite` (SPEC section 16).
+
+`allclose` records both trees once (`record_plain`), compares their tree definitions (node
+types, keys, aux data, ties, trainable flags: `TreeDef` equality), then every pair of array
+leaves in two phases: a quick test per leaf (``|a - b| - (atol + rtol * |b|) <= 0``, all
+entries), whose 0-d results are stacked and reduced once per namespace and device (one host
+synchronisation on torch, one ``compute`` on Dask); only when that says "not all close" are the
+failing leaves checked exactly, with NumPy's ``isclose`` rule (equal infinities are close, NaN is
+not unless ``equal_nan``), leaf by leaf. The decisions are in ``docs/tools.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+
+from ._errors import PolicyError, StructureError
+from ._keypath import KeyPath
+from ._lockstep import _as_array, _reduce_params
+from ._record import record_plain
+from ._treedef import TreeDef, _aux_equal
+from ._xp import describe_array, describe_dtype, describe_namespace, device_of, is_array, namespace, same_device
+from .adapters._base import adapter_of
+
+__all__ = ["all_finite", "allclose", "assert_allclose"]
+
+_NAMESPACES = ("same", "any")
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def _check_args(fname: str, rtol: Any, atol: Any, equal_nan: Any, namespaces: Any) -> tuple[float, float]:
+    out = []
+    for name, v in (("rtol", rtol), ("atol", atol)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            msg = f"fk.{fname}: `{name}` must be a real number, got {type(v).__name__} ({v!r})."
+            raise TypeError(msg)
+        f = float(v)
+        if math.isnan(f) or f < 0:
+            msg = f"fk.{fname}: `{name}` must be a non-negative number, got {v!r}."
+            raise ValueError(msg)
+        out.append(f)
+    if type(equal_nan) is not bool:
+        msg = f"fk.{fname}: `equal_nan` must be True or False, got {type(equal_nan).__name__} ({equal_nan!r})."
+        raise TypeError(msg)
+    if namespaces not in _NAMESPACES:
+        msg = (
+            f"fk.{fname}: `namespaces` must be 'same' (default: both models' arrays in one library and "
+            f"on one device) or 'any' (compare across libraries and devices, on the host), got {namespaces!r}."
+        )
+        raise ValueError(msg)
+    return out[0], out[1]
+
+
+# --------------------------------------------------------------------------- structure
+
+
+def _structure_difference(ta: TreeDef, tb: TreeDef, b: Any) -> str:
+    """Where and how two unequal tree definitions differ (the first difference, in walk order)."""
+    try:
+        ta.flatten_up_to(b, names=("a", "b"))
+    except StructureError as e:
+        return str(e)
+    pa = ta._pos_leaf if ta._pos_leaf is not None else range(ta._npos)
+    pb = tb._pos_leaf if tb._pos_leaf is not None else range(tb._npos)
+    if ta._npos == tb._npos and list(pa) != list(pb):
+        paths = ta.position_paths()
+        for p, (ja, jb) in enumerate(zip(pa, pb, strict=True)):
+            if ja != jb:
+                first_a = paths[list(pa).index(ja)]
+                first_b = paths[list(pb).index(jb)]
+                return (
+                    f"at {paths[p].display}: the ties differ: in `a` this is the leaf first met at "
+                    f"{first_a.display}, in `b` the one first met at {first_b.display}. Expected the same "
+                    "arrays shared at the same places (fk.copy and re(p) keep ties)."
+                )
+    if ta.trainable != tb.trainable:
+        for path, fa, fb in zip(ta.paths, ta.trainable, tb.trainable, strict=True):
+            if fa != fb:
+
+                def word(f: bool) -> str:
+                    return "trainable" if f else "frozen"
+
+                return (
+                    f"at {path.display}: {word(fa)} in `a` but {word(fb)} in `b` (e.g. requires_grad). "
+                    "Expected the same trainable leaves."
+                )
+    for idx, (ea, eb) in enumerate(zip(ta._prog, tb._prog, strict=False)):
+        if type(ea) is tuple and type(eb) is tuple and ea[1:4] == eb[1:4] and not _aux_equal(ea[4], eb[4]):
+            return (
+                f"at {ta.entry_path(idx).display}: the static (aux) data of the {ea[0].cls.__qualname__} node "
+                "differs (e.g. a module's training flag or plain attributes, a dataclass's static fields). "
+                "Expected equal static data."
+            )
+    return "the tree definitions differ (node types, keys, aux data, ties or trainable flags)."
+
+
+# --------------------------------------------------------------------------- leaves
+
+
+def _is_int(xp: Any, dt: Any) -> bool:
+    try:
+        return bool(xp.isdtype(dt, "integral"))
+    except (TypeError, ValueError, AttributeError):
+        return isinstance(dt, np.dtype) and dt.kind in "iu"
+
+
+def _is_bool(xp: Any, dt: Any) -> bool:
+    try:
+        return bool(xp.isdtype(dt, "bool"))
+    except (TypeError, ValueError, AttributeError):
+        return isinstance(dt, np.dtype) and dt.kind == "b"
+
+
+def _quick(xp: Any, x: Any, y: Any, rtol: float, atol: float) -> Any:
+    """A 0-d bool: every entry close (True is exact; False may still be close: infinities, NaN)."""
+    dt = x.dtype
+    if _is_bool(xp, dt) or _is_int(xp, dt):
+        return xp.all(x == y)
+    # d <= tol, except where tol is infinite (y = +-inf): there d - tol is NaN, left to `_exact`
+    return xp.all((xp.abs(x - y) - (xp.abs(y) * rtol + atol)) <= 0)
+
+
+def _close_mask(xp: Any, x: Any, y: Any, rtol: float, atol: float, equal_nan: bool) -> Any:
+    """NumPy's ``isclose(x, y, rtol, atol, equal_nan)`` entry by entry, without broadcasting."""
+    dt = x.dtype
+    if _is_bool(xp, dt):
+        return x == y
+    if _is_int(xp, dt):
+        # |x - y| without unsigned wrap-around; a signed overflow wraps to a negative difference
+        d = xp.where(x >= y, x - y, y - x)
+        f64 = xp.float64 if hasattr(xp, "float64") else None
+        df, yf = (xp.astype(d, f64), xp.astype(y, f64)) if f64 is not None else (d, y)
+        return (x == y) | ((d >= 0) & (df <= atol + rtol * xp.abs(yf)))
+    d = xp.abs(x - y)
+    close = ((d <= atol + rtol * xp.abs(y)) & xp.isfinite(y)) | (x == y)
+    if equal_nan:
+        close = close | (xp.isnan(x) & xp.isnan(y))
+    return close
+
+
+def _differences(xp: Any, x: Any, y: Any, close: Any) -> tuple[int, float, float]:
+    """(entries not close, largest |x - y|, largest |x - y| / |y|) over the entries not close."""
+    ad = adapter_of(x)
+    c = ad.to_host(close)
+    hx, hy = ad.to_host(x), ad.to_host(y)
+    if hx.dtype.kind in "iub":
+        hx, hy = hx.astype(np.float64), hy.astype(np.float64)
+    bad = ~c
+    with np.errstate(all="ignore"):
+        d = np.abs(hx - hy)[bad]
+        r = d / np.abs(hy[bad])
+    n = int(np.count_nonzero(bad))
+    if n == 0:
+        return 0, 0.0, 0.0
+    return (
+        n,
+        float(np.nanmax(d)) if not np.all(np.isnan(d)) else math.nan,
+        (float(np.nanmax(r)) if not np.all(np.isnan(r)) else math.nan),
+    )
+
+
+class _Verdict:
+    """What `_compare` found: None when all close, else the first difference and the count."""
+
+    __slots__ = ("count", "first")
+
+    def __init__(self) -> None:
+        self.first: str | None = None
+        self.count = 0
+
+    def add(self, msg: str) -> None:
+        if self.first is None:
+            self.first = msg
+        self.count += 1
+
+
+def _same_place(x: Any, y: Any) -> bool:
+    return namespace(x) is namespace(y) and (
+        adapter_of(x).one_device or same_device(adapter_of(x).device(x), adapter_of(y).device(y))
+    )
+
+
+def _scalar_equal(x: Any, y: Any, equal_nan: bool) -> bool:
+    if type(x) is float and type(y) is float and math.isnan(x) and math.isnan(y):
+        return equal_nan  # even one NaN object at both places (Python's `is` shortcut would say equal)
+    if x is y:
+        return True
+    try:
+        r = x == y
+    except Exception:  # noqa: BLE001 -- an __eq__ that raises means "not equal" here
+        return False
+    return r is True or (type(r) is np.bool_ and bool(r))
+
+
+def _compare(
+    fname: str, a: Any, b: Any, rtol: float, atol: float, equal_nan: bool, namespaces: str, full: bool
+) -> _Verdict | None:
+    """None when `a` and `b` are close; else a `_Verdict` (stopping at the first difference unless
+    `full`)."""
+    la, ta = record_plain(a, track=True)
+    lb, tb = record_plain(b, track=True)
+    verdict = _Verdict()
+    if ta != tb:
+        verdict.add(_structure_difference(ta, tb, b))
+        return verdict
+    paths: tuple[KeyPath, ...] | None = None
+
+    def path(j: int) -> KeyPath:
+        nonlocal paths
+        if paths is None:
+            paths = ta.paths
+        return paths[j]
+
+    pairs: list[tuple[int, Any, Any]] = []  # leaves compared on the device
+    host: list[tuple[int, Any, Any]] = []  # namespaces="any" across libraries/devices: on the host
+    for j, (x, y) in enumerate(zip(la, lb, strict=True)):
+        xa, ya = is_array(x), is_array(y)
+        if not (xa or ya):
+            if not _scalar_equal(x, y, equal_nan):
+                verdict.add(f"at {path(j).display}: {x!r} in `a` vs {y!r} in `b` (compared with ==).")
+                if not full:
+                    return verdict
+            continue
+        if not (xa and ya):
+            what = describe_array(x) if xa else describe_array(y)
+            other = type(y if xa else x).__name__
+            side, oside = ("a", "b") if xa else ("b", "a")
+            verdict.add(f"at {path(j).display}: an array in `{side}` ({what}) but a {other} in `{oside}`.")
+            if not full:
+                return verdict
+            continue
+        same = _same_place(x, y)
+        if not same and namespaces == "same":
+            xn, yn = namespace(x), namespace(y)
+            where = (
+                f"a {describe_namespace(xn)} array in `a` and a {describe_namespace(yn)} array in `b`"
+                if xn is not yn
+                else f"device {device_of(x)} in `a` and {device_of(y)} in `b`"
+            )
+            msg = (
+                f"at {path(j).display}: fk.{fname}: {where}. Expected both models in one library and on one "
+                "device: functorkit does not convert silently; fix: pass namespaces='any' to compare on the "
+                "host (copies), or move one model first."
+            )
+            raise PolicyError(msg)
+        if tuple(x.shape) != tuple(y.shape):
+            verdict.add(
+                f"at {path(j).display}: shape {tuple(x.shape)} in `a` vs {tuple(y.shape)} in `b` (no broadcasting)."
+            )
+            if not full:
+                return verdict
+            continue
+        if describe_dtype(x.dtype) != describe_dtype(y.dtype):
+            verdict.add(
+                f"at {path(j).display}: dtype {describe_dtype(x.dtype)} in `a` vs {describe_dtype(y.dtype)} in `b`."
+            )
+            if not full:
+                return verdict
+            continue
+        ad = adapter_of(x)
+        if not (ad.readable(ad.device(x)) and adapter_of(y).readable(adapter_of(y).device(y))):
+            msg = (
+                f"at {path(j).display}: fk.{fname}: {describe_array(x)} vs {describe_array(y)}: arrays on a device "
+                "that holds no values (torch 'meta') cannot be compared; fix: materialise the model first."
+            )
+            raise TypeError(msg)
+        # no autograd history for the comparison's temporaries (torch: detached views, no copies)
+        (pairs if same else host).append((j, ad.detach(x), adapter_of(y).detach(y)))
+    for j, x, y in host:
+        pairs.append((j, adapter_of(x).to_host(x), adapter_of(y).to_host(y)))
+    failing = _quick_failures(pairs, rtol, atol)
+    for k in failing:
+        j, x, y = pairs[k]
+        xp = namespace(x)
+        close = _close_mask(xp, x, y, rtol, atol, equal_nan)
+        if bool(xp.all(close)):
+            continue
+        n, dmax, rmax = _differences(xp, x, y, close)
+        size = math.prod(int(s) for s in x.shape)
+        verdict.add(
+            f"at {path(j).display}: {n} of {size} entries differ ({describe_array(x)});\n"
+            f"largest absolute difference {dmax:.6g}, largest relative difference {rmax:.6g} "
+            f"(rtol={rtol:g}, atol={atol:g})."
+        )
+        if not full:
+            return verdict
+    return None if verdict.first is None else verdict
+
+
+def _quick_failures(pairs: list[tuple[int, Any, Any]], rtol: float, atol: float) -> list[int]:
+    """Indices into `pairs` whose quick test fails, in order: the quick tests of one namespace and
+    device are stacked and reduced once (one synchronisation), and read back only if one fails."""
+    groups: dict[Any, list[int]] = {}
+    results: list[Any] = []
+    for k, (_, x, y) in enumerate(pairs):
+        results.append(_quick(namespace(x), x, y, rtol, atol))
+        ad = adapter_of(x)
+        key = (type(x), None if ad.one_device else str(ad.device(x)))
+        groups.setdefault(key, []).append(k)
+    failing: list[int] = []
+    for ks in groups.values():
+        x0 = pairs[ks[0]][1]
+        xp = namespace(x0)
+        if len(ks) == 1:
+            if not bool(results[ks[0]]):
+                failing.append(ks[0])
+            continue
+        stacked = xp.stack([results[k] for k in ks])
+        if bool(xp.all(stacked)):
+            continue
+        flags = adapter_of(x0).to_host(stacked)
+        failing.extend(k for k, ok in zip(ks, flags.tolist(), strict=True) if not ok)
+    failing.sort()
+    return failing
+
+
+# --------------------------------------------------------------------------- public
+
+
+def allclose(
+    a: Any,
+    b: Any,
+    /,
+    *,
+    rtol: float = 1e-05,
+    atol: float = 1e-08,
+    equal_nan: bool = False,
+    namespaces: Literal["same", "any"] = "same",
+) -> bool:
+    """True when two models have the same structure and every array leaf is close.
+
+    The structure is `TreeDef` equality (node types, keys, static/aux data,
+    ties, trainable flags). Every array leaf is compared, parameters,
+    buffers and integer arrays alike, with NumPy's rule
+    ``|a - b| <= atol + rtol * |b|`` entry by entry (`b` is the reference;
+    equal infinities are close; NaN is unequal to NaN unless
+    ``equal_nan=True``); shapes and dtypes must be equal (never
+    broadcasting, never promoting); non-array leaves are compared with
+    ``==``. A difference in structure, shape, dtype or value gives
+    ``False``, never an exception.
+
+    Parameters
+    ----------
+    a, b
+        The models.
+    rtol, atol
+        Relative and absolute tolerance (NumPy's defaults).
+    equal_nan
+        Count NaN as equal to NaN (also for float leaves).
+    namespaces
+        ``"same"`` (default): each pair of arrays must be of one library
+        and on one device, else `PolicyError` (functorkit converts nothing
+        silently). ``"any"``: such pairs are copied to the host as NumPy
+        arrays and compared there (dtypes compared by name).
+
+    Returns
+    -------
+    bool
+        A Python bool. The leaves' quick tests are reduced on their device
+        and read back once (one host synchronisation on torch, one
+        ``compute`` on Dask).
+
+    Raises
+    ------
+    PolicyError
+        Two arrays at one path of different libraries or devices, with
+        ``namespaces="same"``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> a = {"w": np.array([1.0, 2.0]), "step": np.array(3)}
+    >>> fk.allclose(a, {"w": np.array([1.0, 2.0 + 1e-9]), "step": np.array(3)})
+    True
+    >>> fk.allclose(a, {"w": np.array([1.0, 2.1]), "step": np.array(3)})
+    False
+    >>> fk.allclose(a, {"w": np.array([1.0, 2.0])})  # a different structure
+    False
+    """
+    r, t = _check_args("allclose", rtol, atol, equal_nan, namespaces)
+    with np.errstate(all="ignore"):  # inf - inf and NaN in NumPy arithmetic are expected here
+        return _compare("allclose", a, b, r, t, equal_nan, namespaces, full=False) is None
+
+
+def assert_allclose(
+    a: Any,
+    b: Any,
+    /,
+    *,
+    rtol: float = 1e-07,
+    atol: float = 0.0,
+    equal_nan: bool = False,
+    namespaces: Literal["same", "any"] = "same",
+) -> None:
+    """Raise `AssertionError` unless `allclose` holds; the message names the first differing path.
+
+    Same rules as `allclose` (with ``numpy.testing.assert_allclose``'s
+    default tolerances). The message names the first path where the models
+    differ (in structure, ties, trainable flags, shape, dtype or values),
+    what each side has there, for values the number of entries that differ
+    and the largest absolute and relative differences, and how many leaves
+    differ in all.
+
+    Raises
+    ------
+    AssertionError
+        The models differ.
+    PolicyError
+        Two arrays at one path of different libraries or devices, with
+        ``namespaces="same"``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> fk.assert_allclose({"w": np.array([1.0, 2.0])}, {"w": np.array([1.0, 2.0])})
+    >>> try:
+    ...     fk.assert_allclose({"w": np.array([1.0, 2.0])}, {"w": np.array([1.0, 2.5])})
+    ... except AssertionError as e:
+    ...     print(e)
+    models differ (1 leaf); the first:
+    at w: 1 of 2 entries differ (float64 array of shape (2,) on cpu);
+    largest absolute difference 0.5, largest relative difference 0.2 (rtol=1e-07, atol=0).
+    """
+    __tracebackhide__ = True
+    r, t = _check_args("assert_allclose", rtol, atol, equal_nan, namespaces)
+    with np.errstate(all="ignore"):
+        v = _compare("assert_allclose", a, b, r, t, equal_nan, namespaces, full=True)
+    if v is not None:
+        leaves = "leaf" if v.count == 1 else "leaves"
+        msg = f"models differ ({v.count} {leaves}); the first:\n{v.first}"
+        raise AssertionError(msg)
+
+
+def _leaf_finite(xp: Any, x: Any, others: list[Any]) -> Any:
+    return xp.all(xp.isfinite(x))
+
+
+def _finite(x: Any) -> Any:
+    xp = namespace(x)
+    return xp.all(xp.isfinite(x))
+
+
+def all_finite(model: Any, /, *, trainable_only: bool = True) -> Any:
+    """Are all of a model's parameters finite (no NaN, no infinity)? A 0-d bool array.
+
+    One ``all(isfinite(x))`` per distinct parameter (a tie once), stacked
+    and reduced on the device: a 0-d bool array in the parameters'
+    namespace and on their device, with no host synchronisation (call
+    ``bool()`` yourself). Traceable by ``jax.jit`` and by
+    ``torch.compile(fullgraph=True)`` without graph breaks.
+    ``trainable_only=False`` looks at every floating or complex array
+    (buffers, frozen parameters) too. A model with no such arrays gives
+    ``numpy.asarray(True)`` (a 0-d NumPy array: there is no namespace to
+    take).
+
+    Raises
+    ------
+    PolicyError
+        The parameters span several namespaces or devices (no single place
+        for the result).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import functorkit as fk
+    >>> m = {"w": np.array([1.0, 2.0]), "b": np.array([np.inf])}
+    >>> fk.all_finite(m)
+    array(False)
+    >>> bool(fk.all_finite({"w": np.ones(2)})), bool(fk.all_finite({"step": 3}))
+    (True, True)
+    """
+    try:
+        xp, parts = _reduce_params("all_finite", ("model",), (model,), _leaf_finite, trainable_only, _finite)
+    except ValueError as e:
+        if type(e) is ValueError and "has no parameters" in str(e):
+            return np.asarray(True)
+        raise
+    if len(parts) == 1:
+        return _as_array(parts[0])
+    return _as_array(xp.all(xp.stack(parts)))

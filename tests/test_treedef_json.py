@@ -1,0 +1,295 @@
+"""TreeDef.to_json / fk.TreeDef.from_json (SPEC section 16): data only, allow-listed classes,
+round trips equal, hostile documents refused clearly."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+import functorkit as fk
+from tests.helpers import ZOO_NAMES, Frozen, Layer, Pair, Point, Seq, zoo
+
+_ALLOWED = [Point, Layer, Frozen, Pair, Seq]
+
+
+@pytest.mark.parametrize("name", [n for n in ZOO_NAMES if n != "defaultdict"])
+def test_round_trip_of_the_zoo(xp: Any, name: str) -> None:
+    _, td = fk.flatten(zoo(xp)[name])
+    text = td.to_json()
+    json.loads(text)  # plain JSON
+    back = fk.TreeDef.from_json(text, classes=_ALLOWED)
+    assert back == td
+    assert hash(back) == hash(td)
+    assert [str(p) for p in back.paths] == [str(p) for p in td.paths]
+    assert back.trainable == td.trainable
+
+
+def test_ties_shared_sub_trees_and_rebuilding() -> None:
+    w = np.ones(2)
+    sub = {"w": w, "b": np.zeros(1)}
+    tree = {"enc": sub, "dec": sub, "tied": w, "t": (1, "relu", None, 2.5, True)}
+    leaves, td = fk.flatten(tree)
+    back = fk.TreeDef.from_json(td.to_json())
+    assert back == td
+    out = back.unflatten([x * 2 if isinstance(x, np.ndarray) else x for x in leaves])
+    assert out["enc"] is out["dec"]
+    assert out["tied"] is out["enc"]["w"]
+    assert out["t"] == (1, "relu", None, 2.5, True)
+    _, other = fk.flatten({"enc": dict(sub), "dec": dict(sub), "tied": w, "t": (1, "relu", None, 2.5, True)})
+    assert fk.TreeDef.from_json(other.to_json()) != td
+
+
+def test_a_restructure_structure_persisted_beside_its_flat_vector(tmp_path: Any) -> None:
+    model = [Layer(np.ones((2, 2)), np.zeros(2)), Point(np.ones(1), 3)]
+    flat, _re = fk.destructure(model)
+    _, td = fk.flatten(model)
+    (tmp_path / "structure.json").write_text(td.to_json())
+    np.save(tmp_path / "flat.npy", flat)
+    td2 = fk.TreeDef.from_json(
+        (tmp_path / "structure.json").read_text(), classes={"tests.helpers.Layer": Layer, "tests.helpers.Point": Point}
+    )
+    assert td2 == td
+    assert [str(p) for p in td2.paths] == [str(p) for p in td.paths]
+
+
+def test_classes_only_from_the_allow_list() -> None:
+    _, td = fk.flatten([Layer(np.ones(1), np.ones(1))])
+    text = td.to_json()
+    with pytest.raises(ValueError, match=r"tests\.helpers\.Layer.*neither one of functorkit's own.*never imported"):
+        fk.TreeDef.from_json(text)
+    assert fk.TreeDef.from_json(text, classes={"tests.helpers.Layer": Layer}) == td
+    # a name mapped to another class is that class: the document cannot choose what is loaded
+    with pytest.raises(ValueError, match=r"'os\.system' is neither"):
+        fk.TreeDef.from_json(text.replace("tests.helpers.Layer", "os.system"), classes=[Layer])
+    with pytest.raises(TypeError, match="classes"):
+        fk.TreeDef.from_json(text, classes=Layer)
+
+
+def test_aux_data_that_is_not_json_names_the_path() -> None:
+    torch = pytest.importorskip("torch")
+    _, td = fk.flatten({"net": torch.nn.Linear(2, 2)})
+    with pytest.raises(TypeError, match=r"at net: TreeDef.to_json: .*Linear node holds"):
+        td.to_json()
+    _, td2 = fk.flatten({"p": Pair(np.ones(1), np.ones(1), tag=float("nan"))})
+    with pytest.raises(TypeError, match=r"at p: .*NaN or infinity"):
+        td2.to_json()
+
+
+def _doc() -> dict[str, Any]:
+    _, td = fk.flatten({"a": np.ones(1), "b": [np.ones(1), (1, 2)]})
+    doc: dict[str, Any] = json.loads(td.to_json())
+    return doc
+
+
+def _nested(depth: int) -> Any:
+    v: Any = 1
+    for _ in range(depth):
+        v = [v]
+    return v
+
+
+def _hostile() -> list[Any]:
+    out: list[Any] = ["", "nul", "[]", "1" * 5000, "[" * 100_000, json.dumps({"format": "x"})]
+    for field, value in [
+        ("version", 99),
+        ("positions", 10**30),
+        ("positions", -1),
+        ("positions", "3"),
+        ("leaves", 7),
+        ("ties", [0, 0, 5, 1]),
+        ("ties", [1, 0, 2, 3]),
+        ("trainable", [True]),
+        ("forced", [100]),
+        ("program", {}),
+        ("program", []),
+        ("program", [{"ref": 0}]),
+        ("program", [None, None, {"ref": 1}]),
+        ("program", [{"node": "dict", "keys": ["a"], "n": 10**9, "leafy": True, "aux": None, "named": True}]),
+        ("program", [{"node": "builtins.eval", "keys": None, "n": 0, "leafy": True, "aux": None, "named": False}]),
+        ("program", [{"node": "list", "keys": None, "n": 3, "leafy": False, "aux": None, "named": False}]),
+        ("program", [{"node": "list", "keys": None, "n": 0, "leafy": "yes", "aux": None, "named": False}]),
+        ("program", [{"node": "list", "keys": None, "n": 0, "leafy": True, "aux": {"set": [1]}, "named": False}]),
+        (
+            "program",
+            [
+                {
+                    "node": "list",
+                    "keys": None,
+                    "n": 0,
+                    "leafy": True,
+                    "aux": [
+                        [
+                            [
+                                [
+                                    [
+                                        [
+                                            [
+                                                [
+                                                    [
+                                                        [
+                                                            [
+                                                                [
+                                                                    [
+                                                                        [
+                                                                            [
+                                                                                [
+                                                                                    [
+                                                                                        [
+                                                                                            [
+                                                                                                [
+                                                                                                    [
+                                                                                                        [
+                                                                                                            [
+                                                                                                                [
+                                                                                                                    [
+                                                                                                                        [
+                                                                                                                            [
+                                                                                                                                [
+                                                                                                                                    [
+                                                                                                                                        [
+                                                                                                                                            [
+                                                                                                                                                [
+                                                                                                                                                    [
+                                                                                                                                                        [
+                                                                                                                                                            [
+                                                                                                                                                                [
+                                                                                                                                                                    [
+                                                                                                                                                                        [
+                                                                                                                                                                            [
+                                                                                                                                                                                [
+                                                                                                                                                                                    [
+                                                                                                                                                                                        [
+                                                                                                                                                                                            [
+                                                                                                                                                                                                [
+                                                                                                                                                                                                    [
+                                                                                                                                                                                                        [
+                                                                                                                                                                                                            [
+                                                                                                                                                                                                                [
+                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                [
+                                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                                [
+                                                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                                                [
+                                                                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                                                                [
+                                                                                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                                                                                [
+                                                                                                                                                                                                                                                                                                    [
+                                                                                                                                                                                                                                                                                                        [
+                                                                                                                                                                                                                                                                                                            [
+                                                                                                                                                                                                                                                                                                                1
+                                                                                                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                                                                                                ]
+                                                                                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                                                                                ]
+                                                                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                                                                ]
+                                                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                                                ]
+                                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                                ]
+                                                                                                                                                                                                                            ]
+                                                                                                                                                                                                                        ]
+                                                                                                                                                                                                                    ]
+                                                                                                                                                                                                                ]
+                                                                                                                                                                                                            ]
+                                                                                                                                                                                                        ]
+                                                                                                                                                                                                    ]
+                                                                                                                                                                                                ]
+                                                                                                                                                                                            ]
+                                                                                                                                                                                        ]
+                                                                                                                                                                                    ]
+                                                                                                                                                                                ]
+                                                                                                                                                                            ]
+                                                                                                                                                                        ]
+                                                                                                                                                                    ]
+                                                                                                                                                                ]
+                                                                                                                                                            ]
+                                                                                                                                                        ]
+                                                                                                                                                    ]
+                                                                                                                                                ]
+                                                                                                                                            ]
+                                                                                                                                        ]
+                                                                                                                                    ]
+                                                                                                                                ]
+                                                                                                                            ]
+                                                                                                                        ]
+                                                                                                                    ]
+                                                                                                                ]
+                                                                                                            ]
+                                                                                                        ]
+                                                                                                    ]
+                                                                                                ]
+                                                                                            ]
+                                                                                        ]
+                                                                                    ]
+                                                                                ]
+                                                                            ]
+                                                                        ]
+                                                                    ]
+                                                                ]
+                                                            ]
+                                                        ]
+                                                    ]
+                                                ]
+                                            ]
+                                        ]
+                                    ]
+                                ]
+                            ]
+                        ]
+                    ],
+                    "named": False,
+                }
+            ],
+        ),
+        ("extra", 1),
+    ]:
+        d = _doc()
+        d[field] = value
+        out.append(json.dumps(d))
+    d = _doc()
+    del d["ties"]
+    out.append(json.dumps(d))
+    return out
+
+
+@pytest.mark.parametrize("text", _hostile(), ids=lambda t: t[:40])
+def test_hostile_documents_are_clear_value_errors(text: str) -> None:
+    with pytest.raises(ValueError, match=r"fk\.TreeDef\.from_json"):
+        fk.TreeDef.from_json(text)
+
+
+def test_wrong_argument_type() -> None:
+    with pytest.raises(TypeError, match="expected a str"):
+        fk.TreeDef.from_json({"format": "functorkit.treedef"})
+
+
+def test_a_defaultdict_factory_is_not_data() -> None:
+    _, td = fk.flatten(zoo(np)["defaultdict"])
+    with pytest.raises(TypeError, match=r"at <root>: .*defaultdict node holds a builtins.type"):
+        td.to_json()
