@@ -105,7 +105,7 @@ def slerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True) -> T:
     """
     ts = Schedule(t, "t", "slerp")
 
-    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
+    def fn(path: KeyPath, x: Any, others: list[Any], _out: Any = None) -> Any:
         check_real("slerp", path, x)
         xp = namespace(x)
         tt = ts.get(path)
@@ -145,7 +145,7 @@ def _mix(
     ws = per_model(weights, len(mods), "weights", fname)
     sc = Schedule(scale, "scale", fname)
 
-    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
+    def fn(path: KeyPath, x: Any, others: list[Any], _out: Any = None) -> Any:
         check_real(fname, path, x)
         xp = namespace(x)
         b = work(xp, x)
@@ -421,7 +421,7 @@ def model_stock(base: T, models: Sequence[T], /, *, trainable_only: bool = True)
     mods = _models(models, "model_stock", least=2)
     n = len(mods)
 
-    def fn(path: KeyPath, x: Any, others: list[Any]) -> Any:
+    def fn(path: KeyPath, x: Any, others: list[Any], _out: Any = None) -> Any:
         check_real("model_stock", path, x)
         xp = namespace(x)
         b = work(xp, x)

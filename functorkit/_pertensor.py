@@ -322,7 +322,7 @@ def tensor_norms(model: Any, /, *, trainable_only: bool = True) -> Any:
     """
     from ._lockstep import _map_params
 
-    def fn(path: Any, x: Any, others: list[Any]) -> Any:
+    def fn(path: Any, x: Any, others: list[Any], _out: Any = None) -> Any:
         check_real("tensor_norms", path, x)
         xp = namespace(x)
         return norm(xp, work(xp, x))
@@ -345,7 +345,7 @@ def tensor_dots(a: Any, b: Any, /, *, trainable_only: bool = True) -> Any:
     """
     from ._lockstep import _map_params
 
-    def fn(path: Any, x: Any, others: list[Any]) -> Any:
+    def fn(path: Any, x: Any, others: list[Any], _out: Any = None) -> Any:
         check_real("tensor_dots", path, x)
         xp = namespace(x)
         return vdot(xp, work(xp, x), work(xp, others[0]))
@@ -373,7 +373,7 @@ def tensor_thresholds(model: Any, density: Any, /, *, trainable_only: bool = Tru
 
     dens = Schedule(density, "density", "tensor_thresholds", check_density)
 
-    def fn(path: Any, x: Any, others: list[Any]) -> Any:
+    def fn(path: Any, x: Any, others: list[Any], _out: Any = None) -> Any:
         check_real("tensor_thresholds", path, x)
         xp = namespace(x)
         a = xp.abs(work(xp, x))

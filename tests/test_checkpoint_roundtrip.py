@@ -175,3 +175,13 @@ def test_dotted_is_lossy_where_documented() -> None:
     assert fk.KeyPath.parse(fk.KeyPath(("n", -1)).dotted) == fk.KeyPath(("n", "-1"))
     assert fk.KeyPath.parse(fk.KeyPath(("n", "1")).dotted) == fk.KeyPath(("n", 1))
     assert fk.KeyPath.parse(str(fk.KeyPath(("n", -1)))) == fk.KeyPath(("n", -1))
+
+
+@pytest.mark.skipif(not importable("dask"), reason="fk.open needs Dask")
+def test_zero_dimensional_tensors_read_lazily_and_eagerly(tmp_path: Path) -> None:
+    # a 0-d tensor's bytes are read through a 1-element view (a 0-d array cannot be viewed as bytes)
+    model = {"step": np.asarray(7, dtype=np.int64), "t": np.asarray(0.5, dtype=np.float32), "w": np.ones(3)}
+    fk.save(tmp_path / "m.safetensors", model)
+    for got in (fk.open(tmp_path / "m.safetensors"), fk.load(tmp_path / "m.safetensors")):
+        assert np.asarray(got["step"]).shape == () and int(np.asarray(got["step"])) == 7
+        assert np.asarray(got["t"]).dtype == np.float32 and float(np.asarray(got["t"])) == 0.5
