@@ -413,6 +413,15 @@ class TreeDef:
             raise
         return stack[0]
 
+    # ---------------------------------------------------------------- arrays
+    def refuse_holders(self, values: list[Any], positions: bool = False) -> None:
+        """The rule "no array is ever silently a constant" (SPEC 12, ``docs/treedef.md``): raise
+        `StructureError` at the first leaf among `values` (one per distinct leaf, or one per
+        position with ``positions=True``) that is an object no registry knows holding arrays.
+        Every operation that promises something about a model's arrays calls this before it
+        returns or writes anything (``_holders.py``)."""
+        refuse_unknown_holders(values, self.position_paths if positions else (lambda: self.paths))
+
     # ---------------------------------------------------------------- other trees
 
     def expanded(self) -> TreeDef:
@@ -585,4 +594,5 @@ def _restore_treedef(state: Any) -> TreeDef:
     return TreeDef._make(prog, npos, nleaves, pos_leaf, trainable, refs, frozenset(forced))
 
 
+from ._holders import refuse_unknown_holders  # noqa: E402 -- the classification of leaves
 from ._match import match_tree  # noqa: E402 -- matching uses TreeDef's entry layout above
