@@ -128,10 +128,10 @@ def unknown_holder_error(path: KeyPath, name: str) -> StructureError:
 # ---------------------------------------------------------------- the engine's check
 
 #: leaf types that can never be unknown holders, valid for the registry generation in `_NEVER_GEN`
-_NEVER: set[type] = set(SCALAR_TYPES)
+_NEVER: set[Any] = set(SCALAR_TYPES)
 _NEVER_GEN: list[int] = [GENERATION[0]]
 #: leaf types whose objects are looked at one by one (they may or may not hold arrays)
-_MAYBE: set[type] = set()
+_MAYBE: set[Any] = set()
 
 
 def never_holds(x: Any) -> bool:

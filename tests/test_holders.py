@@ -138,7 +138,9 @@ OPS = [
 def _refused(e: pytest.ExceptionInfo[fk.StructureError], name: str, path: str = "p") -> None:
     msg = str(e.value)
     assert msg.startswith(f"at {path}: a {name} holds arrays, but no registry knows {name}"), msg
-    assert f"fk.register({name}" in msg and "fk.register_dataclass" in msg and f"fk.register_leaf({name})" in msg
+    assert f"fk.register({name}" in msg
+    assert "fk.register_dataclass" in msg
+    assert f"fk.register_leaf({name})" in msg
 
 
 # ---------------------------------------------------------------- the issue's reproducers
@@ -148,7 +150,9 @@ def test_issue_reproducers(xp: Any, backend: Backend, tmp_path: Any) -> None:
     m = {"p": types.SimpleNamespace(w=xp.ones(2)), "q": xp.ones(1)}
     assert to_numpy(fk.add(m, m)["p"].w).tolist() == [2.0, 2.0]
     c = fk.copy(m)
-    assert type(c["p"]) is types.SimpleNamespace and c["p"] is not m["p"] and c["p"].w is not m["p"].w
+    assert type(c["p"]) is types.SimpleNamespace
+    assert c["p"] is not m["p"]
+    assert c["p"].w is not m["p"].w
     if _writable(backend):
         fk.load_into(c, fk.scale(7.0, m))
         assert to_numpy(m["p"].w).tolist() == [1.0, 1.0]  # the copy does not alias the original
@@ -166,7 +170,8 @@ def test_dict_holder_of_scalars_is_shared(xp: Any) -> None:
     cfg = {"lr": 0.1}
     m = {"a": cfg, "b": cfg, "w": xp.ones(1)}
     out = fk.fmap(lambda x: x, m)
-    assert out["a"] is out["b"] and out["a"] is not cfg
+    assert out["a"] is out["b"]
+    assert out["a"] is not cfg
 
 
 # ---------------------------------------------------------------- the matrix: nodes
@@ -188,7 +193,8 @@ def test_node_holder_cell(xp: Any, tmp_path: Any, holder: str, op: str) -> None:
         assert to_numpy(flat).tolist() == [1.0, 2.0, 3.0]
         assert [str(p) for p in re.paths] == [INNER[holder], "q"]
         new = re(flat * 2)
-        assert type(new["p"]) is type(m["p"]) and to_numpy(inner(new["p"])).tolist() == [2.0, 4.0]
+        assert type(new["p"]) is type(m["p"])
+        assert to_numpy(inner(new["p"])).tolist() == [2.0, 4.0]
     elif op in ("add", "scale", "lincomb", "mean", "lerp", "sub", "copy", "normalize", "filter_normalize"):
         assert type(out["p"]) is type(m["p"])
         if holder == "deque":
@@ -200,7 +206,8 @@ def test_node_holder_cell(xp: Any, tmp_path: Any, holder: str, op: str) -> None:
         else:
             assert got.tolist() == want
         if op == "copy":
-            assert out["p"] is not m["p"] and inner(out["p"]) is not inner(m["p"])
+            assert out["p"] is not m["p"]
+            assert inner(out["p"]) is not inner(m["p"])
     elif op == "dot":
         assert float(to_numpy(out)) == 14.0
     elif op == "norm":
@@ -209,11 +216,14 @@ def test_node_holder_cell(xp: Any, tmp_path: Any, holder: str, op: str) -> None:
         assert sorted(out) == sorted([INNER[holder].replace("[0]", ".0"), "q"])  # dotted keys
     elif op == "save":
         back = fk.load(str(tmp_path / "m.safetensors"), like=m)
-        assert type(back["p"]) is type(m["p"]) and to_numpy(inner(back["p"])).tolist() == [1.0, 2.0]
+        assert type(back["p"]) is type(m["p"])
+        assert to_numpy(inner(back["p"])).tolist() == [1.0, 2.0]
     elif op == "stack":
-        assert type(out["p"]) is type(m["p"]) and tuple(inner(out["p"]).shape) == (2, 2)
+        assert type(out["p"]) is type(m["p"])
+        assert tuple(inner(out["p"]).shape) == (2, 2)
         ms = fk.unstack(out)
-        assert type(ms[1]["p"]) is type(m["p"]) and to_numpy(inner(ms[1]["p"])).tolist() == [1.0, 2.0]
+        assert type(ms[1]["p"]) is type(m["p"])
+        assert to_numpy(inner(ms[1]["p"])).tolist() == [1.0, 2.0]
 
 
 @pytest.mark.parametrize("holder", sorted(NODES))
@@ -222,12 +232,13 @@ def test_node_holder_walks(xp: Any, holder: str, backend: Backend) -> None:
     m = _model(xp, make)
     assert [str(p) for p, _ in fk.leaves_with_path(m)] == [INNER[holder], "q"]
     assert fk.KeyPath.get(fk.leaves_with_path(m)[0][0], m) is inner(m["p"])
-    leaves, td = fk.flatten(m)
+    leaves, _td = fk.flatten(m)
     assert leaves[0] is inner(m["p"])
     structure = fk.fmapstructure(lambda x: 0, m)
     assert structure["p"] == ({"w": 0} if INNER[holder] == "p.w" else [0])
     s = fk.summary(m)
-    assert not any(r.holder for r in s.rows) and s.num_params == 3
+    assert not any(r.holder for r in s.rows)
+    assert s.num_params == 3
     if _writable(backend):
         dst = fk.copy(m)
         fk.load_into(dst, fk.scale(3.0, m))
@@ -247,8 +258,10 @@ def test_mappingproxy_is_rebuilt_read_only(xp: Any) -> None:
 def test_attrs_static_field_and_frozen(xp: Any) -> None:
     a = AttrsBox(xp.ones(1), tag="keep")
     out = fk.scale(2.0, {"a": a, "f": FrozenBox(xp.ones(1))})
-    assert out["a"].tag == "keep" and [str(p) for p, _ in fk.leaves_with_path(a)] == ["w"]
-    assert type(out["f"]) is FrozenBox and to_numpy(out["f"].w).tolist() == [2.0]
+    assert out["a"].tag == "keep"
+    assert [str(p) for p, _ in fk.leaves_with_path(a)] == ["w"]
+    assert type(out["f"]) is FrozenBox
+    assert to_numpy(out["f"].w).tolist() == [2.0]
 
 
 # ---------------------------------------------------------------- the matrix: unknown holders
@@ -291,7 +304,8 @@ def test_unknown_holder_is_a_leaf_to_the_maps(xp: Any, holder: str) -> None:
     assert fk.flatten(m)[0][0] is m["p"]
     seen: list[Any] = []
     out = fk.fmap(lambda x: seen.append(x) or x, m)
-    assert seen[0] is m["p"] and out["p"] is m["p"]
+    assert seen[0] is m["p"]
+    assert out["p"] is m["p"]
     assert fk.fmapstructure(lambda x: x, m)["p"] is m["p"]
     s = fk.summary(m)
     assert [r.holder for r in s.rows] == [True, False]
@@ -326,8 +340,9 @@ def test_register_leaf_silences_it(xp: Any) -> None:
     fk.register_leaf(Const)
     c = fk.copy(m)
     assert c["c"] is m["c"]  # a constant on purpose: carried, not copied
-    flat, re = fk.destructure(m)
-    assert len(re) == 1 and not fk.summary(m).rows[0].holder
+    _flat, re = fk.destructure(m)
+    assert len(re) == 1
+    assert not fk.summary(m).rows[0].holder
 
 
 def test_holder_of_no_arrays_is_fine(xp: Any) -> None:
@@ -367,10 +382,11 @@ def _rebuilds(xp: Any) -> dict[str, Callable[[Any], Any]]:
     }
 
 
+REBUILDS = ["fmap", "fmap2", "unflatten", "re", "add", "scale", "copy", "stack", "unstack", "partition_combine", "replace"]
+
+
 @pytest.mark.parametrize("kind", sorted(MUTABLE))
-@pytest.mark.parametrize(
-    "op", ["fmap", "fmap2", "unflatten", "re", "add", "scale", "copy", "stack", "unstack", "partition_combine", "replace"]
-)
+@pytest.mark.parametrize("op", REBUILDS)
 def test_mutable_node_of_scalars_is_shared(xp: Any, kind: str, op: str) -> None:
     sub = MUTABLE[kind]()
     m = {"a": sub, "b": sub, "w": xp.ones(2)}
@@ -385,7 +401,8 @@ def test_immutable_node_shared_only_with_a_cached_leaf(xp: Any, op: str) -> None
     m = {"a": t, "b": t, "w": xp.ones(2)}
     assert [str(p) for p, _ in fk.leaves_with_path(m)] == ["a[0]", "a[1]", "b[0]", "b[1]", "w"]
     out = _rebuilds(xp)[op](m)
-    assert out["a"] == (1, 2) and out["b"] == (1, 2)
+    assert out["a"] == (1, 2)
+    assert out["b"] == (1, 2)
     w = xp.ones(1)
     held = (w, 3)  # holds an identity-cached leaf: shared
     m2 = {"a": held, "b": held, "c": FrozenBox(3)}
@@ -408,4 +425,5 @@ def test_matcher_keeps_sharing_after_planning(xp: Any) -> None:
 def test_other_tree_not_sharing_drops_sharing(xp: Any) -> None:
     cfg = {"lr": 0.1}
     out = fk.fmap(lambda x, y: y, {"a": cfg, "b": cfg}, {"a": {"lr": 1.0}, "b": {"lr": 2.0}})
-    assert out == {"a": {"lr": 1.0}, "b": {"lr": 2.0}} and out["a"] is not out["b"]
+    assert out == {"a": {"lr": 1.0}, "b": {"lr": 2.0}}
+    assert out["a"] is not out["b"]
