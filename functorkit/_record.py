@@ -491,7 +491,7 @@ def _matcher(td: TreeDef) -> Any:
     glb: dict[str, Any] = {"MISS": _MISS, "LEAVES": LEAF_TYPES}
     lines = ["def match(t, ties=True):", "    out = []"]
     names: dict[int, str] = {}
-    mutable: list[str] = []  # the dict and list nodes: met twice, they would be a shared sub-tree (R2)
+    mutable: list[str] = []  # the empty dicts and lists: met twice, they would be a shared sub-tree (R2)
     # the access expression of each entry, from its parent (pre-order: a parent before its children)
     children = td.children()
     access = {len(prog) - 1: "t"}
@@ -510,7 +510,7 @@ def _matcher(td: TreeDef) -> Any:
             glb[f"K{idx}"] = list(keys)
             check += f" or list({name}) != K{idx}"
         lines += [f"    {name} = {x}", f"    if {check}:", "        return MISS"]
-        if nd.mutable:
+        if nd.mutable and not n:  # (one met twice with leaves repeats them: the tie test below sees it)
             mutable.append(name)
         if leafy:
             vals = f"list({name}.values())" if nd.fast == DICT else name
@@ -527,13 +527,15 @@ def _matcher(td: TreeDef) -> Any:
                 access[c] = f"{name}[k{idx}_{j}]"
             else:
                 access[c] = f"{name}[{j}]"
+    # one set for the leaves and the mutable nodes (never the same objects): no tie, no node met twice
+    nodes = "".join(f", id({m})" for m in mutable) if len(mutable) > 1 else ""
     if td._npos < _DISTINCT_SORT:
-        test = f"len(set(map(id, out))) != {int(td._npos)}"
+        test = f"len({{*map(id, out){nodes}}}) != {int(td._npos) + (len(mutable) if nodes else 0)}"
     else:
         glb["DISTINCT"] = all_distinct
         test = "not DISTINCT(out)"
-    if len(mutable) > 1:
-        test += f" or len({{{', '.join(f'id({m})' for m in mutable)}}}) != {len(mutable)}"
+        if nodes:
+            test += f" or len({{{nodes[2:]}}}) != {len(mutable)}"
     lines += [f"    if ties and ({test}):", "        return MISS", "    return out"]
     code, _ = compile_source("\n".join(lines))
     exec(code, glb)

@@ -421,6 +421,11 @@ def test_matcher_keeps_sharing_after_planning(xp: Any) -> None:
     for _ in range(4):
         fk.leaves([[1, 2], [1, 2]])
     assert fk.leaves([lst, lst]) == [1, 2]
+    for _ in range(4):  # empty containers: no leaf repeats, so the matcher compares the nodes themselves
+        fk.fmap(lambda x: x, {"a": [], "b": {}, "c": [], "w": 1})
+    e: list[Any] = []
+    out = fk.fmap(lambda x: x, {"a": e, "b": {}, "c": e, "w": 1})
+    assert out["a"] is out["c"] and out["a"] is not e
 
 
 def test_other_tree_not_sharing_drops_sharing(xp: Any) -> None:
