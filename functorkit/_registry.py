@@ -2,7 +2,8 @@
 
 One global, thread-safe table maps an exact type to a `NodeDef` (a node)
 or to the leaf marker. Types not registered are resolved once and cached:
-namedtuples and dataclasses are nodes by default, objects of a backend with an
+namedtuples, dataclasses, attrs classes and a few standard containers
+(``_stdnodes.py``) are nodes by default, objects of a backend with an
 adapter (``torch.nn.Module``) are handed to that adapter, loaded lazily, a class
 that an imported pytree library (JAX, optree, torch ``_pytree``) knows as a node
 is taken apart through that library, and everything else is a leaf. Classes

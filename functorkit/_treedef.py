@@ -14,10 +14,15 @@ The rules, written once here (see ``docs/concepts.md``):
   several positions is one leaf (listed once, mapped once, rebuilt tied).
   Scalars are seen at every position.
 * **Shared sub-trees.** A node object met at several positions is *shared*
-  only if it holds at least one identity-cached leaf; it is walked once (its
-  first position) and comes back as one object from every rebuild. A node
-  without such a leaf (a tuple of ints, which CPython may intern) is walked
-  at every position, each with its own path.
+  when its type is mutable (``NodeDef.mutable``: lists, dicts, modules,
+  registered classes...), or when it holds at least one identity-cached leaf or
+  mutable node; it is walked once (its first position) and comes back as one
+  object from every rebuild. An immutable node without such a leaf (a tuple of
+  ints, which CPython may intern) is walked at every position, each with its
+  own path.
+* **Unknown holders.** A leaf that no registry knows but that holds arrays is
+  refused by every operation that promises something about arrays
+  (`TreeDef.refuse_holders`, ``_holders.py``).
 * **Trainable.** A position is trainable when every node above it declares
   that child trainable. A distinct leaf is trainable when at least one of
   its positions is (so a leaf tied between a frozen and a trainable slot is

@@ -433,3 +433,15 @@ def test_other_tree_not_sharing_drops_sharing(xp: Any) -> None:
     out = fk.fmap(lambda x, y: y, {"a": cfg, "b": cfg}, {"a": {"lr": 1.0}, "b": {"lr": 2.0}})
     assert out == {"a": {"lr": 1.0}, "b": {"lr": 2.0}}
     assert out["a"] is not out["b"]
+
+
+def test_functorkit_never_imports_attrs() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, types, collections, functorkit as fk\n"
+        "fk.fmap(lambda x: x, {'a': types.SimpleNamespace(w=1), 'b': collections.deque([1]), 'c': object()})\n"
+        "assert 'attrs' not in sys.modules and 'attr' not in sys.modules, sorted(sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
