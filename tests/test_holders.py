@@ -445,3 +445,12 @@ def test_functorkit_never_imports_attrs() -> None:
         "assert 'attrs' not in sys.modules and 'attr' not in sys.modules, sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_load_like_keeps_mutable_sharing(xp: Any, tmp_path: Any) -> None:
+    cfg = types.SimpleNamespace(lr=0.1)
+    m = {"a": cfg, "b": cfg, "w": xp.ones(2)}
+    fk.save(str(tmp_path / "m.safetensors"), m)
+    back = fk.load(str(tmp_path / "m.safetensors"), like=m)
+    assert back["a"] is back["b"] and back["a"] is not cfg
+    assert to_numpy(back["w"]).tolist() == [1.0, 1.0]
