@@ -95,6 +95,54 @@ class Holder:
         self.x = x
 
 
+def _container(name: str, x: Any) -> Any:
+    """A standard container (a node by default, SPEC 12) holding `x` (the ``containers`` field)."""
+    import collections
+    import types
+
+    if name == "SimpleNamespace":
+        return types.SimpleNamespace(x=x)
+    if name == "UserDict":
+        return collections.UserDict(x=x)
+    if name == "UserList":
+        return collections.UserList([x])
+    if name == "deque":
+        return collections.deque([x], maxlen=3)
+    if name == "MappingProxyType":
+        return types.MappingProxyType({"x": x})
+    if name == "attrs":
+        return AttrsBox(x)
+    if name == "attrs_frozen":
+        return FrozenAttrsBox(x)
+    msg = f"unknown container {name!r} in cases.toml"
+    raise ValueError(msg)
+
+
+def _attrs_classes() -> tuple[Any, Any]:
+    import attrs
+
+    @attrs.define
+    class AttrsBox:
+        """An attrs class (a node by default)."""
+
+        x: Any
+        tag: str = attrs.field(default="box", metadata={"static": True})
+
+    @attrs.frozen
+    class FrozenAttrsBox:
+        """A frozen attrs class (a node by default, rebuilt without ``__init__``)."""
+
+        x: Any
+
+    return AttrsBox, FrozenAttrsBox
+
+
+AttrsBox, FrozenAttrsBox = _attrs_classes()
+
+#: the containers the ``containers`` field of a structure may name
+CONTAINERS = ("SimpleNamespace", "UserDict", "UserList", "deque", "MappingProxyType", "attrs", "attrs_frozen")
+
+
 class JaxPair:
     """The JAX-registered class of the ``jax_registered`` structure (registered with JAX only)."""
 
@@ -157,6 +205,8 @@ def build_model(be: Backend, st: dict[str, Any]) -> Any:
     model: dict[str, Any] = dict(leaves)
     for i, (k, v) in enumerate(st.get("holder", {}).items()):
         model[k] = Holder(_leaf(be, parse_leaf(v), 10 + i))
+    for i, (k, (name, v)) in enumerate(st.get("containers", {}).items()):
+        model[k] = _container(name, _leaf(be, parse_leaf(v), 20 + i))
     for k, v in st.get("ties", {}).items():
         model[k] = model[v]
     model.update(st.get("extras", {}))
@@ -271,6 +321,11 @@ def _rebuilt_problems(fk: Any, st: dict[str, Any], model: Any, new: Any, paths: 
     if isinstance(model, dict):
         wrapped = [k for k, v in st.get("leaves", {}).items() if parse_leaf(v).kind != "array"]
         problems += [f"{k}: {type(new[k]).__name__}" for k in wrapped if type(new[k]) is not type(model[k])]
+        for k in st.get("containers", {}):
+            if type(new[k]) is not type(model[k]):
+                problems.append(f"{k}: {type(new[k]).__name__}, expected {type(model[k]).__name__}")
+            elif getattr(new[k], "maxlen", None) != getattr(model[k], "maxlen", None):
+                problems.append(f"{k}: maxlen {new[k].maxlen}, expected {model[k].maxlen}")
     elif type(new) is not type(model):
         problems.append(f"root: {type(new).__name__}, expected {type(model).__name__}")
     if st["kind"] == "torch_module":

@@ -17,22 +17,20 @@ from typing import Any
 
 from ._alias import check_no_aliases
 from ._flat import Restructure, _default_float
-from ._holders import unknown_holder_error, unknown_holders
 from ._keypath import KeyPath
 from ._policy import (
     Kind,
     check_policy,
     decide_mixed,
-    decide_unknown_holder,
     mixed_model_error,
     same_device,
 )
 from ._record import record_plain
 from ._reflatten import _check_readable, _new_flat
-from ._registry import SCALAR_TYPES, export_pending, export_static
+from ._registry import export_pending, export_static
 from ._treedef import TreeDef, add_note
 from ._typing import Policy, Tree
-from ._xp import _IS_ARRAY, device_of, inexact_flags, is_array, is_inexact_array, namespace
+from ._xp import device_of, inexact_flags, is_array, is_inexact_array, namespace
 from .adapters import adapter_of
 
 __all__ = ["destructure"]
@@ -93,6 +91,7 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
     """
     pol = check_policy(policy, "fk.destructure")
     leaves, td = record_plain(model, track=True)
+    td.refuse_holders(leaves)  # under every policy (SPEC 12: no array is ever silently a constant)
     export_pending()
     plans = td._fast_plans
     if plans is not None:
@@ -101,8 +100,6 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
             return plan.run(leaves, td)
     param_idx = _parameters(leaves, td)
     params = list(map(leaves.__getitem__, param_idx))
-    if decide_unknown_holder(pol) and _unknown_types(leaves):
-        _refuse_unknown_holders(leaves, param_idx, td)
     leaf_paths: tuple[KeyPath, ...] | None = None
 
     def path_of(k: int) -> KeyPath:
@@ -185,8 +182,6 @@ class _Plan:
         self.dtypes = [leaves[j].dtype for j in self.arrays]
         self.pshapes = [x.shape for x in params]
         self.devices = None if all(adapter_of(x).one_device for x in params) else [device_of(x) for x in params]
-        # a leaf of a type no registry knows may hold arrays one call and not the next: check every call
-        self.holders = not all(t in SCALAR_TYPES or is_array(x) for t, x in zip(self.types, leaves, strict=True))
         self.re = re
         self.offsets = offsets
         self.n = sum(sizes)
@@ -205,8 +200,6 @@ class _Plan:
         old = self.re
         idx = old._param_idx
         params = [leaves[j] for j in idx]
-        if self.holders and decide_unknown_holder(old._policy):
-            _refuse_unknown_holders(leaves, idx, td)
 
         def path_of(k: int) -> KeyPath:
             return td.paths[idx[k]]
@@ -223,12 +216,6 @@ class _Plan:
 _dtype_of = operator.attrgetter("dtype")
 _shape_of = operator.attrgetter("shape")
 _TUPLE = {tuple}
-
-
-def _unknown_types(leaves: list[Any]) -> bool:
-    """Whether some leaf is neither a Python scalar/str/bytes/None nor an array (after
-    `_parameters`, every leaf type has been classified by `is_array`)."""
-    return any(not _IS_ARRAY.get(t, False) for t in set(map(type, leaves)) - SCALAR_TYPES)
 
 
 def _shapes(params: list[Any]) -> list[tuple[int, ...]]:
@@ -308,14 +295,6 @@ def _kinds(params: list[Any], pol: str, path_of: Any) -> tuple[list[Kind], list[
             param_types.append(t)
         last = (t, dt, dev, param_kind[-1])
     return kinds, param_kind, param_types
-
-
-def _refuse_unknown_holders(leaves: list[Any], param_idx: list[int], td: TreeDef) -> None:
-    """Under a policy that refuses them: the first object no registry knows that holds arrays
-    (``_holders.py``) is a StructureError naming its path."""
-    found = unknown_holders(leaves, td.paths, set(param_idx))
-    if found:
-        raise unknown_holder_error(*found[0])
 
 
 class _LazyPaths:

@@ -60,8 +60,9 @@ class Explanation:
     `ExplainRow`, one per parameter in walk order; iterating, ``len`` and
     indexing go over the rows; ``explanation.ok`` is true when ``re(p)`` would
     succeed. ``explanation.holders`` lists ``(path, class name)`` of the
-    constants that no registry knows but that hold arrays (carried unchanged;
-    see ``docs/interop.md``).
+    constants that no registry knows but that hold arrays; since SPEC 12
+    ``destructure`` refuses those under every policy, so it is empty for a
+    rebuilder ``destructure`` made (see ``docs/treedef.md``, R5).
 
     Examples
     --------

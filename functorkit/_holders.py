@@ -1,12 +1,19 @@
-"""Objects that no registry knows but that hold arrays: never silently a constant (SPEC section 9).
+"""Objects that no registry knows but that hold arrays: never silently a constant (SPEC sections 9, 12).
 
 A leaf of a model that is not an array, a built-in scalar, a function or a
 class, and that no registry knows, is an *unknown holder* when arrays sit in
 it: in its attributes (``__dict__`` or ``__slots__``), or among the items of a
 ``Mapping``/``Sequence`` subclass, directly or inside containers and other
-such objects up to `DEPTH` levels down. ``fk.destructure`` refuses one
-under ``policy="strict"`` (the ``UNKNOWN_HOLDER`` row of ``_policy.py``);
-``re.explain`` lists those it carries as constants under the other policies.
+such objects up to `DEPTH` levels down.
+
+The classification is made once per leaf *type* where the type decides it
+(`never_holds`: scalars, arrays, functions, classes, registered leaves, and
+objects with neither attributes nor items can never be holders), and per object
+only for the others. `refuse_unknown_holders` is the one check every operation
+that promises something about a model's arrays calls on the values its tree
+definition gave it (``TreeDef.refuse_holders``): a C-level subset test of the
+leaf types when no leaf can be a holder (the common case), a look at the
+remaining objects otherwise.
 """
 
 from __future__ import annotations
@@ -17,11 +24,17 @@ from typing import Any
 
 from ._errors import StructureError
 from ._keypath import KeyPath
-from ._record import record
-from ._registry import SCALAR_TYPES, NodeDef, dispatch, registered_leaf
+from ._registry import GENERATION, SCALAR_TYPES, NodeDef, dispatch, registered_leaf
 from ._xp import is_array
 
-__all__ = ["DEPTH", "holds_arrays", "unknown_holder_error", "unknown_holders"]
+__all__ = [
+    "DEPTH",
+    "holds_arrays",
+    "never_holds",
+    "refuse_unknown_holders",
+    "unknown_holder_error",
+    "unknown_holders",
+]
 
 #: how many levels of attributes/items below a leaf are searched for arrays
 DEPTH = 3
@@ -79,6 +92,8 @@ def holds_arrays(x: Any, depth: int = DEPTH, seen: set[int] | None = None) -> bo
         if type(v) in SCALAR_TYPES:
             continue
         if isinstance(dispatch(v), NodeDef):  # a container functorkit walks: look at its leaves
+            from ._record import record  # (the walk imports this module's users)
+
             try:
                 inner, _ = record(v, track=False)
             except StructureError:  # a cycle inside: nothing this check can add
@@ -100,11 +115,69 @@ def unknown_holders(leaves: list[Any], paths: tuple[KeyPath, ...], skip: set[int
 
 
 def unknown_holder_error(path: KeyPath, name: str) -> StructureError:
+    """The one error for an unknown holder, whichever operation met it."""
     msg = (
-        f"at {path.display}: fk.destructure found a {name} that holds arrays, but no registry "
-        f"knows {name}, so it would silently be a constant (its arrays not parameters). Expected registered "
-        f"nodes; fix: register it (fk.register({name}, children=..., rebuild=...), or "
-        f"@fk.register_dataclass), or fk.register_leaf({name}) to keep it a constant on purpose, or pass "
-        "policy='model'/'flat' to carry it unchanged."
+        f"at {path.display}: a {name} holds arrays, but no registry knows {name}, so its arrays would "
+        f"silently be constants (not parameters, not copied, not saved, not loaded). Expected a registered "
+        f"node; fix: register it (fk.register({name}, children=..., rebuild=...), or @fk.register_dataclass), "
+        f"or fk.register_leaf({name}) to keep it a constant on purpose."
     )
     return StructureError(msg)
+
+
+# ---------------------------------------------------------------- the engine's check
+
+#: leaf types that can never be unknown holders, valid for the registry generation in `_NEVER_GEN`
+_NEVER: set[Any] = set(SCALAR_TYPES)
+_NEVER_GEN: list[int] = [GENERATION[0]]
+#: leaf types whose objects are looked at one by one (they may or may not hold arrays)
+_MAYBE: set[Any] = set()
+
+
+def never_holds(x: Any) -> bool:
+    """Whether no object of ``type(x)`` can be an unknown holder (decided once per type)."""
+    t = type(x)
+    if t in _NEVER:
+        return True
+    if t in _MAYBE:
+        return False
+    try:
+        array = is_array(x)
+    except TypeError:  # np.matrix: the operation itself refuses it, with its path
+        array = True
+    if (
+        array
+        or issubclass(t, _NOT_HOLDERS)
+        or registered_leaf(t)
+        or not (
+            issubclass(t, (Mapping, Sequence))
+            or hasattr(x, "__dict__")
+            or any(_slot_names(c) for c in t.__mro__)
+        )
+    ):
+        _NEVER.add(t)
+        return True
+    _MAYBE.add(t)
+    return False
+
+
+def _slot_names(c: type) -> list[str]:
+    slots = c.__dict__.get("__slots__", ())
+    return [n for n in ((slots,) if type(slots) is str else slots) if n not in ("__dict__", "__weakref__")]
+
+
+def refuse_unknown_holders(values: list[Any], paths: Any) -> None:
+    """Raise `unknown_holder_error` for the first unknown holder among `values` (a tree's leaves or
+    position values); `paths()` gives their paths (only called to name one). One C-level pass over
+    the types when every type is known never to hold arrays."""
+    gen = GENERATION[0]
+    if _NEVER_GEN[0] != gen:  # a registration (register_leaf) changed what counts
+        _NEVER.clear()
+        _NEVER.update(SCALAR_TYPES)
+        _MAYBE.clear()
+        _NEVER_GEN[0] = gen
+    if _NEVER.issuperset(map(type, values)):
+        return
+    for j, x in enumerate(values):
+        if not never_holds(x) and holds_arrays(x):
+            raise unknown_holder_error(paths()[j], type(x).__qualname__)

@@ -207,6 +207,7 @@ def _columns(
     leaves, td = record_plain(models[0], track=True)
     if td._pos_leaf is not None or td._refs:
         return None
+    td.refuse_holders(leaves)
     try:
         flags = inexact_flags(leaves)
     except TypeError:  # a leaf functorkit refuses (np.matrix): the per-leaf path raises it with its path
@@ -228,6 +229,7 @@ def _columns(
             o = td._match(m, j, tuple(names))
         if type(o) is int:
             return None
+        td.refuse_holders(cast(list[Any], o), positions=True)
         col = cast(list[Any], o) if xs is leaves else list(map(cast(list[Any], o).__getitem__, idx))
         # streamed comparisons: no list of a million shape tuples for the garbage collector to scan
         if not (

@@ -85,7 +85,7 @@ RULES: dict[str, dict[str, str]] = {
     MIXED_DTYPE: {"strict": RAISE, "model": PROMOTE, "flat": PROMOTE},
     MIXED_DEVICE: {"strict": RAISE, "model": FIRST, "flat": FIRST},
     MIXED_NAMESPACE: {"strict": RAISE, "model": RAISE, "flat": RAISE},
-    UNKNOWN_HOLDER: {"strict": REFUSE, "model": CONSTANT, "flat": CONSTANT},
+    UNKNOWN_HOLDER: {"strict": REFUSE, "model": REFUSE, "flat": REFUSE},  # SPEC 12: every operation refuses
     P_DTYPE: {"strict": RAISE, "model": TO_LEAF, "flat": KEEP_P},
     P_DEVICE: {"strict": RAISE, "model": TO_LEAF, "flat": KEEP_P},
     P_NAMESPACE: {"strict": RAISE, "model": TO_LEAF, "flat": KEEP_P},

@@ -90,7 +90,7 @@ class _Recorder:
         prog = self.prog
         keep = self.keep
         tsets = self.tsets
-        shared: dict[int, int] = {}  # id(node) -> program index (completed nodes holding a cached leaf)
+        shared: dict[int, int] = {}  # id(node) -> program index (completed mutable nodes, or holding a cached leaf)
         active: set[int] = set()  # ids of the open nodes (cycle check)
         disp = _DISPATCH
         leaf_types = LEAF_TYPES
@@ -102,7 +102,7 @@ class _Recorder:
         its = self.its
         opens = self.opens
         its.append(iter((tree,)))
-        ncached = 0  # grows whenever an identity-cached leaf (or a shared sub-tree) is met
+        ncached = 0  # grows whenever an identity-cached leaf, a mutable node or a shared sub-tree is met
         try:
             while its:
                 for c in its[-1]:
@@ -174,7 +174,7 @@ class _Recorder:
                         entry = (nd, ckeys, n, True, aux, named)
                         if tset is not None:
                             tsets[id(entry)] = tset
-                        if not ts <= scalar_types:
+                        if nd.mutable or not ts <= scalar_types:  # R2: sharing follows mutability
                             ncached += 1
                             shared[cid] = len(prog)
                         flat_extend(cvals)
@@ -192,7 +192,10 @@ class _Recorder:
                     if opens:
                         fr = opens.pop()
                         active.discard(fr[0])
-                        if ncached > fr[1]:
+                        if fr[2][0].mutable:  # R2: a mutable node is one object wherever it is met
+                            ncached += 1
+                            shared[fr[0]] = len(prog)
+                        elif ncached > fr[1]:
                             shared[fr[0]] = len(prog)
                         prog_append(fr[2])
         except StructureError:
@@ -488,6 +491,7 @@ def _matcher(td: TreeDef) -> Any:
     glb: dict[str, Any] = {"MISS": _MISS, "LEAVES": LEAF_TYPES}
     lines = ["def match(t, ties=True):", "    out = []"]
     names: dict[int, str] = {}
+    mutable: list[str] = []  # the empty dicts and lists: met twice, they would be a shared sub-tree (R2)
     # the access expression of each entry, from its parent (pre-order: a parent before its children)
     children = td.children()
     access = {len(prog) - 1: "t"}
@@ -506,6 +510,8 @@ def _matcher(td: TreeDef) -> Any:
             glb[f"K{idx}"] = list(keys)
             check += f" or list({name}) != K{idx}"
         lines += [f"    {name} = {x}", f"    if {check}:", "        return MISS"]
+        if nd.mutable and not n:  # (one met twice with leaves repeats them: the tie test below sees it)
+            mutable.append(name)
         if leafy:
             vals = f"list({name}.values())" if nd.fast == DICT else name
             lines += [
@@ -521,12 +527,16 @@ def _matcher(td: TreeDef) -> Any:
                 access[c] = f"{name}[k{idx}_{j}]"
             else:
                 access[c] = f"{name}[{j}]"
+    # one set for the leaves and the mutable nodes (never the same objects): no tie, no node met twice
+    nodes = "".join(f", id({m})" for m in mutable) if len(mutable) > 1 else ""
     if td._npos < _DISTINCT_SORT:
-        test = f"len(set(map(id, out))) != {int(td._npos)}"
+        test = f"len({{*map(id, out){nodes}}}) != {int(td._npos) + (len(mutable) if nodes else 0)}"
     else:
         glb["DISTINCT"] = all_distinct
         test = "not DISTINCT(out)"
-    lines += [f"    if ties and {test}:", "        return MISS", "    return out"]
+        if nodes:
+            test += f" or len({{{nodes[2:]}}}) != {len(mutable)}"
+    lines += [f"    if ties and ({test}):", "        return MISS", "    return out"]
     code, _ = compile_source("\n".join(lines))
     exec(code, glb)
     return glb["match"]

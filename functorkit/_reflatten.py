@@ -208,6 +208,7 @@ class Reflatten:
                 td.entry_path(got), "the sub-tree shared with an earlier position (the same object)", "another object"
             )
         assert type(got) is list
+        td.refuse_holders(got, positions=True)
         pos_leaf = td._pos_leaf
         first = td.leaf_positions()
         leaves = [got[first[j]] for j in self._param_idx]

@@ -2,7 +2,8 @@
 
 One global, thread-safe table maps an exact type to a `NodeDef` (a node)
 or to the leaf marker. Types not registered are resolved once and cached:
-namedtuples and dataclasses are nodes by default, objects of a backend with an
+namedtuples, dataclasses, attrs classes and a few standard containers
+(``_stdnodes.py``) are nodes by default, objects of a backend with an
 adapter (``torch.nn.Module``) are handed to that adapter, loaded lazily, a class
 that an imported pytree library (JAX, optree, torch ``_pytree``) knows as a node
 is taken apart through that library, and everything else is a leaf. Classes
@@ -21,6 +22,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from ._stdnodes import attrs_def, std_nodes
 from .adapters._base import load_family, tracing
 from .adapters._pytrees import EXPORT_TO, PYTREES, TRACEABLE_PYTREES
 
@@ -81,9 +83,25 @@ class NodeDef:
     that leaves out slots holding ``None`` (torch modules: ``bias=None``): it
     lists them too, as ``None`` children, so that trees differing only in
     which slots hold ``None`` have one structure. Only ``fk.combine`` uses it.
+
+    ``mutable`` (default true) says whether one object of this type met at
+    several positions is one shared sub-tree even when it holds only scalars
+    (SPEC 12, ``docs/treedef.md`` R2): false for tuples, namedtuples, frozen
+    dataclasses and attrs classes, and mapping proxies.
     """
 
-    __slots__ = ("cls", "fast", "flatten", "flatten_slots", "kind", "owns", "state_skip", "trainable", "unflatten")
+    __slots__ = (
+        "cls",
+        "fast",
+        "flatten",
+        "flatten_slots",
+        "kind",
+        "mutable",
+        "owns",
+        "state_skip",
+        "trainable",
+        "unflatten",
+    )
 
     def __init__(
         self,
@@ -97,8 +115,10 @@ class NodeDef:
         kind: Any = None,
         state_skip: Callable[[Any], Any] | None = None,
         flatten_slots: Callable[[Any], tuple[list[Any], list[Any], Any, bool]] | None = None,
+        mutable: bool = True,
     ) -> None:
         self.cls = cls
+        self.mutable = mutable
         self.kind = cls if kind is None else kind
         self.flatten = flatten
         self.unflatten = unflatten
@@ -164,17 +184,21 @@ def _namedtuple_def(cls: type) -> NodeDef:
     def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
         return cls(*values)
 
-    return NodeDef(cls, flatten, unflatten, owns=True)
+    return NodeDef(cls, flatten, unflatten, owns=True, mutable=False)
 
 
-def _dataclass_def(cls: type) -> NodeDef:
+def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None) -> NodeDef:
     """Children: the fields not marked ``metadata={"static": True}``.
 
     Rebuilt without calling ``__init__``/``__post_init__`` (fields set with
     ``object.__setattr__``, so frozen dataclasses work); static fields and any
-    non-field instance attributes are carried over from the input.
+    non-field instance attributes are carried over from the input. `all_fields`
+    (objects with ``name`` and ``metadata``, in definition order) and `frozen`
+    default to the dataclass's own (attrs classes pass theirs, ``_stdnodes.py``).
     """
-    all_fields = dataclasses.fields(cls)
+    if all_fields is None:
+        all_fields = dataclasses.fields(cls)
+        frozen = bool(cls.__dataclass_params__.frozen)  # type: ignore[attr-defined]
     names = [f.name for f in all_fields if not f.metadata.get("static", False)]
     statics = [f.name for f in all_fields if f.metadata.get("static", False)]
     field_names = {f.name for f in all_fields}
@@ -209,7 +233,7 @@ def _dataclass_def(cls: type) -> NodeDef:
                 setattr_(obj, n, v)
         return obj
 
-    return NodeDef(cls, flatten, unflatten, owns=owns)
+    return NodeDef(cls, flatten, unflatten, owns=owns, mutable=not frozen)
 
 
 def _user_def(
@@ -273,9 +297,10 @@ _lock = threading.RLock()
 _BUILTIN: dict[type, Any] = {
     dict: NodeDef(dict, _dict_flatten, _dict_unflatten, fast=DICT, owns=True),
     list: NodeDef(list, _seq_flatten, _list_unflatten, fast=LIST, owns=True),
-    tuple: NodeDef(tuple, _seq_flatten, _tuple_unflatten, fast=TUPLE, owns=True),
+    tuple: NodeDef(tuple, _seq_flatten, _tuple_unflatten, fast=TUPLE, owns=True, mutable=False),
     OrderedDict: NodeDef(OrderedDict, _dict_flatten, _odict_unflatten, owns=True),
     defaultdict: NodeDef(defaultdict, _ddict_flatten, _ddict_unflatten, owns=True),
+    **std_nodes(),  # deque, UserDict, UserList, SimpleNamespace, MappingProxyType (SPEC 12)
 }
 #: registered entries: type -> NodeDef or the leaf marker
 _TABLE: dict[type, Any] = dict(_BUILTIN)
@@ -394,6 +419,8 @@ def resolve(cls: type) -> Any:
         out = bridged
     elif dataclasses.is_dataclass(cls):
         out = _dataclass_def(cls)
+    elif (attrs_nd := attrs_def(cls)) is not None:
+        out = attrs_nd
     else:
         out = None
         for modname, adapter in _ADAPTERS:

@@ -180,6 +180,8 @@ def stack(models: Iterable[Any], /, *, policy: str = "strict") -> Any:
         msg = "fk.stack: `models` is empty; expected at least one model."
         raise ValueError(msg)
     recs = [record(m) for m in ms]
+    for lv, td in recs:
+        td.refuse_holders(lv)
     leaves0, td0 = recs[0]
     for i in range(1, len(ms)):
         if recs[i][1] != td0:
@@ -239,6 +241,7 @@ def unstack(stacked: Any, /) -> list[Any]:
     (3, {'w': array([4., 5.]), 'lr': 0.1})
     """
     leaves, td = record(stacked)
+    td.refuse_holders(leaves)
     n: int | None = None
     first = -1
     for j, x in enumerate(leaves):

@@ -112,6 +112,7 @@ def state_positions(model: Any, who: str) -> tuple[list[Any], TreeDef, list[tupl
     """The distinct leaves of `model`, its tree definition, and ``(dotted key, path, leaf index)`` for
     every array position in the state dict, in walk order (the key selection `fk.save` shares)."""
     leaves, recorded = flatten(model)
+    recorded.refuse_holders(leaves)
     td = recorded.expanded()
     skipped = _skipped_positions(td)
     owner = td.position_values(list(range(td.num_leaves)))

@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from ._errors import known_shape
+from ._holders import holds_arrays, never_holds
 from ._keypath import KeyPath
 from ._record import record
 from ._xp import describe_device, describe_dtype, device_of, is_array, is_inexact_array, namespace
@@ -34,6 +35,7 @@ class SummaryRow:
     tied_with: tuple[KeyPath, ...]  # the leaf's other places (a tie), in walk order
     count: int  # number of elements (0 for a leaf that is not an array)
     nbytes: int  # bytes of its elements (0 for a leaf that is not an array)
+    holder: bool = False  # an object no registry knows that holds arrays (SPEC 12: docs/bad_input.md)
 
 
 def _itemsize(x: Any) -> int:
@@ -167,6 +169,15 @@ class Summary:
                 WIDTH,
             )
         )
+        for r in self.rows:
+            if r.holder:
+                lines.append(
+                    _fit(
+                        f"unknown holder at {r.path.display}: {r.dtype} holds arrays but is not registered "
+                        f"(fk.register it, or fk.register_leaf({r.dtype}))",
+                        WIDTH,
+                    )
+                )
         for name, table in (("by dtype:  ", self.by_dtype), ("by device: ", self.by_device)):
             if table:
                 parts = [f"{k} {c:,} ({_human(b)})" for k, (c, b) in table.items()]
@@ -240,5 +251,6 @@ def summary(model: Any, /) -> Summary:
                 )
             )
         else:
-            rows.append(SummaryRow(path, None, type(x).__name__, "", False, tied, 0, 0))
+            holder = not never_holds(x) and holds_arrays(x)
+            rows.append(SummaryRow(path, None, type(x).__name__, "", False, tied, 0, 0, holder))
     return Summary(rows)

@@ -14,10 +14,15 @@ The rules, written once here (see ``docs/concepts.md``):
   several positions is one leaf (listed once, mapped once, rebuilt tied).
   Scalars are seen at every position.
 * **Shared sub-trees.** A node object met at several positions is *shared*
-  only if it holds at least one identity-cached leaf; it is walked once (its
-  first position) and comes back as one object from every rebuild. A node
-  without such a leaf (a tuple of ints, which CPython may intern) is walked
-  at every position, each with its own path.
+  when its type is mutable (``NodeDef.mutable``: lists, dicts, modules,
+  registered classes...), or when it holds at least one identity-cached leaf or
+  mutable node; it is walked once (its first position) and comes back as one
+  object from every rebuild. An immutable node without such a leaf (a tuple of
+  ints, which CPython may intern) is walked at every position, each with its
+  own path.
+* **Unknown holders.** A leaf that no registry knows but that holds arrays is
+  refused by every operation that promises something about arrays
+  (`TreeDef.refuse_holders`, ``_holders.py``).
 * **Trainable.** A position is trainable when every node above it declares
   that child trainable. A distinct leaf is trainable when at least one of
   its positions is (so a leaf tied between a frozen and a trainable slot is
@@ -480,6 +485,15 @@ class TreeDef:
             raise
         return stack[0]
 
+    # ---------------------------------------------------------------- arrays
+    def refuse_holders(self, values: list[Any], positions: bool = False) -> None:
+        """The rule "no array is ever silently a constant" (SPEC 12, ``docs/treedef.md``): raise
+        `StructureError` at the first leaf among `values` (one per distinct leaf, or one per
+        position with ``positions=True``) that is an object no registry knows holding arrays.
+        Every operation that promises something about a model's arrays calls this before it
+        returns or writes anything (``_holders.py``)."""
+        refuse_unknown_holders(values, self.position_paths if positions else (lambda: self.paths))
+
     # ---------------------------------------------------------------- other trees
 
     def expanded(self) -> TreeDef:
@@ -684,4 +698,5 @@ def _restore_treedef(state: Any) -> TreeDef:
     return TreeDef._make(prog, npos, nleaves, pos_leaf, trainable, refs, frozenset(forced))
 
 
+from ._holders import refuse_unknown_holders  # noqa: E402 -- the classification of leaves
 from ._match import match_tree  # noqa: E402 -- matching uses TreeDef's entry layout above

@@ -66,10 +66,15 @@ def _map(
     cache: bool = True,
     trainable_only: bool = False,
     names: tuple[str, ...] | None = None,
+    arrays: bool = False,
 ) -> Any:
-    """The one map: record `trees[0]`, match the others, call `f` per leaf, rebuild."""
+    """The one map: record `trees[0]`, match the others, call `f` per leaf, rebuild. With `arrays`
+    (an operation that promises something about the arrays: the arithmetic, copy, loading) every
+    tree's leaves go through the unknown-holder rule (``TreeDef.refuse_holders``) first."""
     track = trainable_only or style == _TRACK
     leaves, td = record_plain(trees[0]) if (is_leaf is None and not track) else record(trees[0], is_leaf, track=track)
+    if arrays:
+        td.refuse_holders(leaves)
     multi = len(trees) > 1
     if not cache:
         td = td.expanded()
@@ -85,6 +90,8 @@ def _map(
             firsts = td.position_values(leaves)
             others = [_expect(td._match(u, k, names, firsts)) for k, u in enumerate(trees[1:j], start=1)]
             o = _expect(td._match(t, j, names, firsts))
+        if arrays:
+            td.refuse_holders(o, positions=True)  # type: ignore[arg-type]
         others.append(o)  # type: ignore[arg-type]
     per_leaf = not multi and cache  # f once per distinct leaf; otherwise once per position (or tuple of ids)
     first = leaves if per_leaf else td.position_values(leaves)
@@ -217,7 +224,7 @@ def walk(
     """Lock-step map for the arithmetic and loading: ``visit(path, leaf, others, trainable)`` when
     `track`, else ``visit(path, leaf, *others)`` (`with_path`) or ``visit(leaf, *others)``."""
     style = _TRACK if track else (_PATH if with_path else _PLAIN)
-    return _map(trees, visit, style=style, build=build, names=names)
+    return _map(trees, visit, style=style, build=build, names=names, arrays=True)
 
 
 # ---------------------------------------------------------------------------

@@ -58,6 +58,9 @@ def test_structures_parse() -> None:
             assert dtype in _table.DTYPES, name
             assert where in ([], ["second"]), name
         assert set(st.get("ties", {}).values()) <= set(st.get("leaves", {})), name
+        for container, spec in st.get("containers", {}).values():
+            assert container in _table.CONTAINERS, name
+            _table.parse_leaf(spec)
 
 
 def _check_field(value: Any, params: list[str], allowed: set[str], where: str) -> None:

@@ -35,13 +35,16 @@ failure is reported unshrunk (the tree is printed) unless
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
+import types
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import array_api_compat
+import attrs
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, note, settings
@@ -82,6 +85,27 @@ class DC:
     x: Any
     y: Any
     tag: str = dataclasses.field(default="t", metadata={"static": True})
+
+
+@attrs.define
+class AT:
+    """An attrs class (a node by default, mutable)."""
+
+    x: Any
+    y: Any
+    tag: str = attrs.field(default="t", metadata={"static": True})
+
+
+@attrs.frozen
+class FAT:
+    """A frozen attrs class (a node by default, immutable)."""
+
+    x: Any
+    y: Any
+
+
+#: node types of the generated trees that are immutable (R2: shared only when holding a cached leaf)
+IMMUTABLE = (tuple, NT, FAT, types.MappingProxyType)
 
 
 class Box:
@@ -160,6 +184,14 @@ def children(x: Any) -> list[tuple[Any, Any, bool]] | None:
         return [("u", x.u, True), ("v", x.v, True)]
     if t is Row:
         return [(i, v, True) for i, v in enumerate(x.items)]
+    if t in (AT, FAT):
+        return [("x", x.x, True), ("y", x.y, True)]
+    if t in (collections.deque, collections.UserList):
+        return [(i, v, True) for i, v in enumerate(x)]
+    if t in (collections.UserDict, types.MappingProxyType):
+        return [(k, v, True) for k, v in x.items()]
+    if t is types.SimpleNamespace:
+        return [(k, v, True) for k, v in vars(x).items()]
     if t is Net:
         return [("frozen", x.frozen, False), ("live", x.live, True)]
     if t is fk.Diagonal:
@@ -186,12 +218,16 @@ def structure_type(x: Any) -> type:
     t = type(x)
     if t is tuple:
         return tuple
-    if t in (list, Row):
+    if t in (list, Row, collections.deque, collections.UserList):
         return list
     return dict
 
 
 def static(x: Any) -> Any:
+    if type(x) is collections.deque:
+        return x.maxlen
+    if type(x) is AT:
+        return x.tag
     if type(x) is DC:
         return x.tag
     if type(x) is Box:
@@ -244,7 +280,8 @@ class Oracle:
         if id(x) in self._holds:
             return self._holds[id(x)]
         ch = children(x)
-        res = is_cached(x) if ch is None else any(self.holds_cached(v) for _, v, _ in ch)
+        # R2: a mutable node counts like an identity-cached leaf (it is shared wherever it is met)
+        res = is_cached(x) if ch is None else type(x) not in IMMUTABLE or any(self.holds_cached(v) for _, v, _ in ch)
         self._holds[id(x)] = res
         return res
 
@@ -405,6 +442,14 @@ def tree_specs(draw: Any, *, modules: bool) -> Any:
             "share",
             "share",
             "scalar_node",
+            "scalar_dict",
+            "deque",
+            "userdict",
+            "userlist",
+            "namespace",
+            "proxy",
+            "at",
+            "fat",
         ]
         if modules:
             kinds += ["module", "module"]
@@ -417,16 +462,18 @@ def tree_specs(draw: Any, *, modules: bool) -> Any:
             return module(min(depth, 2))
         if kind == "scalar_node":
             out = NodeSpec("tuple", [ScalarSpec(draw(st.sampled_from([1, "a", None]))), ScalarSpec(2.0)])
+        elif kind == "scalar_dict":  # mutable and holding only scalars: still shared when met twice (R2)
+            out = NodeSpec("dict", [("lr", ScalarSpec(0.1)), ("n", ScalarSpec(3))])
         elif kind == "diag":
             out = NodeSpec("diag", [vector()])
         elif kind == "transpose":
             inner = NodeSpec("diag", [vector()]) if draw(st.integers(0, 3)) == 0 else matrix()
             out = NodeSpec("transpose", [inner])
-        elif kind in ("nt", "dc", "box", "net"):
+        elif kind in ("nt", "dc", "box", "net", "at", "fat"):
             out = NodeSpec(kind, [node(depth - 1), node(depth - 1)], draw(st.sampled_from(["p", "q"])))
         else:
             kids = [node(depth - 1) for _ in range(draw(st.integers(0, 3)))]
-            if kind == "dict":
+            if kind in ("dict", "userdict", "namespace", "proxy"):
                 keys = draw(
                     st.lists(
                         st.sampled_from(["k0", "k1", "k2", "x y", 7]),
@@ -435,7 +482,9 @@ def tree_specs(draw: Any, *, modules: bool) -> Any:
                         unique=True,
                     )
                 )
-                out = NodeSpec("dict", list(zip(keys, kids, strict=True)))
+                if kind == "namespace":
+                    keys = [f"a{k}" for k in keys]
+                out = NodeSpec(kind, list(zip(keys, kids, strict=True)))
             else:
                 out = NodeSpec(kind, kids)
         nodes.append(out)
@@ -495,7 +544,21 @@ class Builder:
             return (list if k == "list" else tuple)(self(v) for v in s.kids)
         if k == "row":
             return Row(*(self(v) for v in s.kids))
-        a, b = (self(v) for v in s.kids[:2]) if k in ("nt", "dc", "box", "net") else (None, None)
+        if k == "deque":
+            return collections.deque((self(v) for v in s.kids), maxlen=5)
+        if k == "userlist":
+            return collections.UserList(self(v) for v in s.kids)
+        if k == "userdict":
+            return collections.UserDict({key: self(v) for key, v in s.kids})
+        if k == "namespace":
+            return types.SimpleNamespace(**{key: self(v) for key, v in s.kids})
+        if k == "proxy":
+            return types.MappingProxyType({key: self(v) for key, v in s.kids})
+        a, b = (self(v) for v in s.kids[:2]) if k in ("nt", "dc", "box", "net", "at", "fat") else (None, None)
+        if k == "at":
+            return AT(a, b, tag=s.extra)
+        if k == "fat":
+            return FAT(a, b)
         if k == "nt":
             return NT(a, b)
         if k == "dc":
