@@ -415,7 +415,8 @@ PLAN_MAX = 64
 #: planned; a planned tree with more than PLAN_MAX positions gets a matcher but no generated builder
 #: (the definition's own build slices the leaves of an all-leaf node at once)
 PLAN_NODES = 512
-_PLANS: dict[tuple[type, int], list[Any]] = {}  # (root type, root length) -> [TreeDef, matcher, seen, node table snapshot]
+#: (root type, root length) -> [TreeDef, matcher, seen, the node table snapshot it was made under]
+_PLANS: dict[tuple[type, int], list[Any]] = {}
 _PLANS_MAX = 256
 _PLAIN = (DICT, LIST, TUPLE)
 
