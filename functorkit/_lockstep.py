@@ -16,6 +16,7 @@ import numpy as np
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._record import record_plain
+from ._registry import NodeDef, dispatch
 from ._treedef import _MISS
 from ._typing import Tree as T
 from ._walk import BUILD_NONE, BUILD_SAME, walk
@@ -81,11 +82,14 @@ def copy_array(x: Any) -> Any:
 
 
 def _model_list(models: Any, fname: str, what: str = "models") -> list[Any]:
-    """`models` as a list of models; a single model (dict, array, dataclass...) is a TypeError."""
+    """`models` as a list of models; a single model (dict, array, dataclass, torch module, any node
+    that is not a sequence...) is a TypeError."""
     single = (
         isinstance(models, (Mapping, str, bytes))
         or is_array(models)
         or (dataclasses.is_dataclass(models) and not isinstance(models, type))
+        # a node that is not a sequence (a torch module, a registered class): a model, even if iterable
+        or (isinstance(dispatch(models), NodeDef) and not isinstance(models, Sequence))
     )
     if not single:
         try:
