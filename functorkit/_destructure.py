@@ -16,6 +16,7 @@ import operator
 from typing import Any
 
 from ._alias import check_no_aliases
+from ._dense import check_dense, may_be_sparse
 from ._flat import Restructure, _default_float
 from ._holders import unknown_holder_error, unknown_holders
 from ._keypath import KeyPath
@@ -101,6 +102,7 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
             return plan.run(leaves, td)
     param_idx = _parameters(leaves, td)
     params = list(map(leaves.__getitem__, param_idx))
+    check_dense(params, lambda k: td.paths[param_idx[k]].display, "fk.destructure")  # sparse, nested: TypeError
     if decide_unknown_holder(pol) and _unknown_types(leaves):
         _refuse_unknown_holders(leaves, param_idx, td)
     leaf_paths: tuple[KeyPath, ...] | None = None
@@ -175,7 +177,7 @@ class _Plan:
     ``destructure(model)`` rows; tests/test_destructure.py checks that this path is taken and
     that each fact, changed, leads back to the full analysis)."""
 
-    __slots__ = ("arrays", "devices", "dtypes", "holders", "n", "offsets", "pshapes", "re", "types")
+    __slots__ = ("arrays", "devices", "dtypes", "holders", "n", "offsets", "pshapes", "re", "sparse", "types")
 
     def __init__(
         self, leaves: list[Any], params: list[Any], re: Restructure[Any], offsets: list[int], sizes: list[int]
@@ -184,6 +186,7 @@ class _Plan:
         self.arrays = [j for j, x in enumerate(leaves) if is_array(x)]
         self.dtypes = [leaves[j].dtype for j in self.arrays]
         self.pshapes = [x.shape for x in params]
+        self.sparse = may_be_sparse(params)  # torch: a sparse or nested tensor may come in at a later call
         self.devices = None if all(adapter_of(x).one_device for x in params) else [device_of(x) for x in params]
         # a leaf of a type no registry knows may hold arrays one call and not the next: check every call
         self.holders = not all(t in SCALAR_TYPES or is_array(x) for t, x in zip(self.types, leaves, strict=True))
@@ -197,6 +200,8 @@ class _Plan:
         if [leaves[j].dtype for j in self.arrays] != self.dtypes:
             return False
         params = [leaves[j] for j in self.re._param_idx]
+        if self.sparse and adapter_of(params[0]).first_not_dense(params) is not None:
+            return False  # the general path names it
         if [x.shape for x in params] != self.pshapes:
             return False
         return self.devices is None or [device_of(x) for x in params] == self.devices
