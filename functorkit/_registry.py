@@ -19,7 +19,7 @@ import threading
 import types
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from .adapters._base import load_family
 from .adapters._pytrees import EXPORT_TO, PYTREES
@@ -287,7 +287,10 @@ _BUILTIN: dict[type, Any] = {
 # snapshot throughout, so it never sees a table mid-change (a cache cleared under it, a set resized
 # while a subset test runs, an entry computed from the entries before a registration and kept after).
 #: snapshot fields
-_ENTRIES, _RESOLVED, _LEAVES, _KNOWN, _GEN = range(5)
+_ENTRIES: Final = 0
+_RESOLVED: Final = 1
+_LEAVES: Final = 2
+_KNOWN: Final = 3
 
 
 def _snapshot(entries: dict[type, Any], gen: int) -> tuple[dict[type, Any], dict[type, Any], set[type], set[type], int]:
