@@ -10,6 +10,7 @@ the interpreter's switch interval so threads interleave often.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -192,7 +193,16 @@ def test_walks_never_see_the_table_mid_change(mutable: Any) -> None:
     answer and none raises (the lock-free lookups read one consistent table). The duration is
     bounded (``FK_STRESS_SECONDS``, default 3 s)."""
     import dataclasses
+    import importlib.util
     import time
+
+    if importlib.util.find_spec("optree") is not None:
+        # the optree bridge reads optree's registry when a type is first met, while torch mirrors every
+        # class registered with it (functorkit exports its registered dataclasses) into that registry
+        import optree  # noqa: F401
+
+        if "torch" in mutable.__name__:
+            import torch.utils._cxx_pytree  # noqa: F401 -- the module that mirrors torch's registrations
 
     xp = mutable
     rng = np.random.default_rng(0)
@@ -257,8 +267,15 @@ def test_walks_never_see_the_table_mid_change(mutable: Any) -> None:
         except BaseException as e:  # noqa: BLE001 -- re-raised below
             errors.append(e)
 
+    def collected(phase: str, info: dict[str, int]) -> None:
+        """Python code run at every garbage collection: a C-level loop that allocates (``list(d.items())``)
+        can then hand the interpreter to another thread midway, as finalizers do in a large program."""
+
     old = sys.getswitchinterval()
+    old_gc = gc.get_threshold()
     sys.setswitchinterval(1e-5)
+    gc.set_threshold(100)
+    gc.callbacks.append(collected)
     threads = [threading.Thread(target=target, args=(i,)) for i in range(WALKERS + REGISTRARS)]
     try:
         for t in threads:
@@ -271,6 +288,8 @@ def test_walks_never_see_the_table_mid_change(mutable: Any) -> None:
             t.join(timeout=120)
     finally:
         sys.setswitchinterval(old)
+        gc.set_threshold(*old_gc)
+        gc.callbacks.remove(collected)
     assert not any(t.is_alive() for t in threads)
     if errors:
         raise AssertionError(f"{len(errors)} thread(s) failed") from errors[0]
