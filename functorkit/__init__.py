@@ -122,3 +122,31 @@ __all__ = [
     "unflatten",
     "unstack",
 ]
+
+
+def _publish() -> None:
+    """Give the public classes, errors and the `Policy` alias their public home, ``functorkit``:
+    tracebacks and reprs show ``functorkit.PolicyError``, and ``pickle`` stores (and finds) a class
+    as ``functorkit.X``; pickles that name the defining module still load (it still has the class).
+    Functions keep their defining module (a function's repr and a traceback do not show it, and
+    the docstring examples are found by it). A class's own docstring examples are then collected
+    with this module's; its methods' examples stay with the defining module, listed in its
+    ``__test__`` (doctest looks for a class's methods only in the module the class names).
+    """
+    import inspect
+    import sys
+
+    for name in __all__:
+        obj = globals()[name]
+        if not (isinstance(obj, type) or name == "Policy"):
+            continue
+        if isinstance(obj, type):
+            tests = sys.modules[obj.__module__].__dict__.setdefault("__test__", {})
+            for member, value in vars(obj).items():
+                fn = getattr(value, "__func__", value)  # properties are collected with the class
+                if inspect.isfunction(fn) and ">>>" in (fn.__doc__ or ""):
+                    tests[f"{name}.{member}"] = fn
+        obj.__module__ = __name__
+
+
+_publish()

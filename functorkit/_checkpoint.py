@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ._ckpt_files import replace_dir, replace_file
+from ._dense import check_dense
 from ._errors import StructureError, known_shape
 from ._safetensors_io import CODE_OF, TIES, Checkpoint, header_bytes, stand_in
 from ._state import state_positions
@@ -179,6 +180,9 @@ def save(
     size = _parse_size(shard_size)
     meta = _check_metadata(metadata)
     leaves, _, keys = _array_keys(model, "save")
+    order = list(keys)
+    # sparse, nested: a TypeError before anything is written
+    check_dense([leaves[j] for j in order], lambda i: keys[order[i]][0], "fk.save")
     items: list[_Item] = []
     ties: dict[str, str] = {}
     for j, ks in keys.items():

@@ -16,6 +16,7 @@ import operator
 from typing import Any
 
 from ._alias import check_no_aliases
+from ._dense import check_dense, may_be_sparse
 from ._flat import Restructure, _default_float
 from ._keypath import KeyPath
 from ._policy import (
@@ -100,6 +101,7 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
             return plan.run(leaves, td)
     param_idx = _parameters(leaves, td)
     params = list(map(leaves.__getitem__, param_idx))
+    check_dense(params, lambda k: td.paths[param_idx[k]].display, "fk.destructure")  # sparse, nested: TypeError
     leaf_paths: tuple[KeyPath, ...] | None = None
 
     def path_of(k: int) -> KeyPath:
@@ -172,7 +174,7 @@ class _Plan:
     ``destructure(model)`` rows; tests/test_destructure.py checks that this path is taken and
     that each fact, changed, leads back to the full analysis)."""
 
-    __slots__ = ("arrays", "devices", "dtypes", "holders", "n", "offsets", "pshapes", "re", "types")
+    __slots__ = ("arrays", "devices", "dtypes", "holders", "n", "offsets", "pshapes", "re", "sparse", "types")
 
     def __init__(
         self, leaves: list[Any], params: list[Any], re: Restructure[Any], offsets: list[int], sizes: list[int]
@@ -181,6 +183,7 @@ class _Plan:
         self.arrays = [j for j, x in enumerate(leaves) if is_array(x)]
         self.dtypes = [leaves[j].dtype for j in self.arrays]
         self.pshapes = [x.shape for x in params]
+        self.sparse = may_be_sparse(params)  # torch: a sparse or nested tensor may come in at a later call
         self.devices = None if all(adapter_of(x).one_device for x in params) else [device_of(x) for x in params]
         self.re = re
         self.offsets = offsets
@@ -192,6 +195,8 @@ class _Plan:
         if [leaves[j].dtype for j in self.arrays] != self.dtypes:
             return False
         params = [leaves[j] for j in self.re._param_idx]
+        if self.sparse and adapter_of(params[0]).first_not_dense(params) is not None:
+            return False  # the general path names it
         if [x.shape for x in params] != self.pshapes:
             return False
         return self.devices is None or [device_of(x) for x in params] == self.devices

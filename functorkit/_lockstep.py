@@ -13,9 +13,11 @@ from typing import Any, cast
 
 import numpy as np
 
+from ._dense import check_dense, check_dense_leaf, may_be_sparse
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._record import record_plain
+from ._registry import NodeDef, dispatch
 from ._treedef import _MISS
 from ._typing import Tree as T
 from ._walk import BUILD_NONE, BUILD_SAME, walk
@@ -81,11 +83,14 @@ def copy_array(x: Any) -> Any:
 
 
 def _model_list(models: Any, fname: str, what: str = "models") -> list[Any]:
-    """`models` as a list of models; a single model (dict, array, dataclass...) is a TypeError."""
+    """`models` as a list of models; a single model (dict, array, dataclass, torch module, any node
+    that is not a sequence...) is a TypeError."""
     single = (
         isinstance(models, (Mapping, str, bytes))
         or is_array(models)
         or (dataclasses.is_dataclass(models) and not isinstance(models, type))
+        # a node that is not a sequence (a torch module, a registered class): a model, even if iterable
+        or (isinstance(dispatch(models), NodeDef) and not isinstance(models, Sequence))
     )
     if not single:
         try:
@@ -195,7 +200,7 @@ def _check_trainable_only(trainable_only: Any, fname: str) -> bool:
 
 
 def _columns(
-    models: Sequence[Any], names: Sequence[str], every: bool
+    models: Sequence[Any], names: Sequence[str], every: bool, fname: str = "arithmetic"
 ) -> tuple[Any, list[Any], list[int], list[list[Any]]] | None:
     """The common case of the lock-step engine in C-level passes over the leaves: the first model's
     definition and leaves, the indices of its operands, and the other models' operands, when there
@@ -221,6 +226,9 @@ def _columns(
         idx = list(itertools.compress(range(len(leaves)), flags))
         xs = list(map(leaves.__getitem__, idx))
     one_device = all(adapter_of(x).one_device for x in dict(zip(map(type, xs), xs)).values())
+    sparse = may_be_sparse(xs)
+    if sparse:  # torch: a sparse or nested operand is a TypeError naming its path
+        check_dense(xs, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
     cols: list[list[Any]] = []
     for j, m in enumerate(models[1:], start=1):
         fm = td._fast_match
@@ -232,6 +240,8 @@ def _columns(
         td.refuse_holders(cast(list[Any], o), positions=True)
         col = cast(list[Any], o) if xs is leaves else list(map(cast(list[Any], o).__getitem__, idx))
         # streamed comparisons: no list of a million shape tuples for the garbage collector to scan
+        if sparse:
+            check_dense(col, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
         if not (
             all(map(operator.is_, map(type, xs), map(type, col)))
             and all(map(operator.eq, map(_SHAPE_OF, xs), map(_SHAPE_OF, col)))
@@ -267,7 +277,7 @@ def _map_params(
         from ._inplace import run_out
 
         return cast(T, run_out(fname, names, models, fn, check, every, out, late, batch))
-    cols = _columns(models, names, every) if op is not None else None
+    cols = _columns(models, names, every, fname) if op is not None else None
     if cols is not None and op is not None:
         td, leaves, idx, others = cols
         out = list(map(op, map(leaves.__getitem__, idx), *others))
@@ -280,6 +290,7 @@ def _map_params(
 
     def visit(path: KeyPath, x: Any, others: list[Any], trainable: bool) -> Any:
         if (trainable or every) and is_inexact_array(x):
+            check_dense_leaf(path, x, others, f"fk.{fname}")
             if others:
                 _check_same(fname, names, path, x, others)
             if check is not None:
@@ -303,7 +314,7 @@ def _reduce_params(
     parts: list[Any] = []
     first: list[Any] = []  # [path, x, type, adapter, device, namespace] of the first parameter
     every = not _check_trainable_only(trainable_only, fname)
-    cols = _columns(models, names, every) if op is not None else None
+    cols = _columns(models, names, every, fname) if op is not None else None
     if cols is not None and op is not None and cols[2]:
         _, leaves, idx, others = cols
         xs = list(map(leaves.__getitem__, idx))
@@ -315,6 +326,7 @@ def _reduce_params(
     def visit(path: KeyPath, x: Any, others: list[Any], trainable: bool) -> None:
         if not ((trainable or every) and is_inexact_array(x)):
             return
+        check_dense_leaf(path, x, others, f"fk.{fname}")
         if others:
             _check_same(fname, names, path, x, others)
         if first and type(x) is first[2] and first[3].device(x) == first[4]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ._errors import StructureError
 from ._keypath import KeyPath, make_path
 from ._messages import _describe_entry, describe_found, mismatch
-from ._registry import _DISPATCH, DICT, LEAF_TYPES, LIST, TUPLE, NodeDef, resolve
+from ._registry import DICT, LIST, TABLES, TUPLE, NodeDef, resolve
 
 if TYPE_CHECKING:
     from ._treedef import TreeDef
@@ -45,8 +45,8 @@ def match_tree(
     out: list[Any] = []
     push = out.append
     extend = out.extend
-    disp = _DISPATCH
-    leaf_types = LEAF_TYPES
+    tables = TABLES[0]  # one snapshot of the node table for the whole match
+    _, disp, leaf_types, _, _ = tables
     forced = td._forced
     refs = td._refs
     nodes_at: dict[int, Any] = {}  # entry index -> the other tree's object there (shared entries)
@@ -78,7 +78,7 @@ def match_tree(
                 if t not in leaf_types:
                     nd = disp.get(t, _MISS)
                     if nd is _MISS:
-                        nd = resolve(t)
+                        nd = resolve(t, tables)
                     if isinstance(nd, NodeDef):
                         raise leaf_vs(c, here(key))
             push(c)
@@ -90,7 +90,7 @@ def match_tree(
             if type(c) is not nd.cls:
                 other = disp.get(type(c), _MISS)
                 if other is _MISS:
-                    other = resolve(type(c))
+                    other = resolve(type(c), tables)
                 if not isinstance(other, NodeDef) or other.kind != nd.kind:
                     raise fail(here(key), _describe_entry(e), describe_found(c))
                 nd = other  # another class of the same kind (a torch parametrized module)

@@ -6,11 +6,10 @@ from typing import Any
 
 from ._errors import StructureError
 from ._keypath import KeyPath, safe_repr
-from ._registry import _DISPATCH, NodeDef, resolve
+from ._registry import NodeDef, dispatch
 
 __all__ = ["add_note", "describe_found", "mismatch"]
 
-_MISS = object()
 # node entry fields (the layout of a TreeDef program entry, see _treedef.py)
 _ND, _KEYS, _N, _LEAFY, _AUX, _NAMED = range(6)
 
@@ -37,9 +36,7 @@ def _cycle(path: KeyPath, obj: Any) -> StructureError:
 
 def describe_found(x: Any) -> str:
     """A short description of an object met in a tree (for structure mismatch messages)."""
-    nd = _DISPATCH.get(type(x), _MISS)
-    if nd is _MISS:
-        nd = resolve(type(x))
+    nd = dispatch(x)
     if isinstance(nd, NodeDef):
         keys, vals, _aux, named = nd.flatten(x)
         if named:

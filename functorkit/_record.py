@@ -18,13 +18,10 @@ from ._errors import StructureError
 from ._keypath import KeyPath, make_path, safe_repr
 from ._messages import _cycle, _visiting
 from ._registry import (
-    _DISPATCH,
     DICT,
-    GENERATION,
-    KNOWN_TYPES,
-    LEAF_TYPES,
     LIST,
     SCALAR_TYPES,
+    TABLES,
     TUPLE,
     NodeDef,
     resolve,
@@ -92,9 +89,8 @@ class _Recorder:
         tsets = self.tsets
         shared: dict[int, int] = {}  # id(node) -> program index (completed mutable nodes, or holding a cached leaf)
         active: set[int] = set()  # ids of the open nodes (cycle check)
-        disp = _DISPATCH
-        leaf_types = LEAF_TYPES
-        known_types = KNOWN_TYPES
+        tables = TABLES[0]  # one snapshot of the node table for the whole walk (never changed under it)
+        _, disp, leaf_types, known_types, _ = tables
         scalar_types = SCALAR_TYPES
         flat_append = flat.append
         flat_extend = flat.extend
@@ -119,7 +115,7 @@ class _Recorder:
                     else:
                         nd = disp.get(t, _MISS)
                         if nd is _MISS:
-                            nd = resolve(t)
+                            nd = resolve(t, tables)
                     if not isinstance(nd, NodeDef):
                         if t not in scalar_types:
                             ncached += 1
@@ -166,7 +162,7 @@ class _Recorder:
                         else:  # types never met: resolve them first
                             for ct in ts:
                                 if ct not in disp:
-                                    resolve(ct)
+                                    resolve(ct, tables)
                             leafy = ts <= leaf_types
                     else:
                         leafy = False
@@ -422,7 +418,8 @@ PLAN_MAX = 64
 #: planned; a planned tree with more than PLAN_MAX positions gets a matcher but no generated builder
 #: (the definition's own build slices the leaves of an all-leaf node at once)
 PLAN_NODES = 512
-_PLANS: dict[tuple[type, int], list[Any]] = {}  # (root type, root length) -> [TreeDef, matcher, seen, gen]
+#: (root type, root length) -> [TreeDef, matcher, seen, the node table snapshot it was made under]
+_PLANS: dict[tuple[type, int], list[Any]] = {}
 _PLANS_MAX = 256
 _PLAIN = (DICT, LIST, TUPLE)
 
@@ -434,13 +431,14 @@ def record_plain(tree: Any, track: bool = False) -> tuple[list[Any], TreeDef]:
     if t is dict or t is list or t is tuple:
         key = (t, len(tree))
         plan = _PLANS.get(key)
-        if plan is not None and plan[1] is not None and plan[3] == GENERATION[0]:
+        tables = TABLES[0]  # a plan holds the snapshot it was made under: valid while it is published
+        if plan is not None and plan[1] is not None and plan[3] is tables:
             leaves = plan[1](tree)
             if leaves is not _MISS:
                 return leaves, plan[0]
         leaves, td = record(tree, None, track=track)
         if len(td._prog) <= PLAN_NODES and _plain(td):
-            _remember(key, plan, td)
+            _remember(key, plan, td, tables)
         return leaves, td
     return record(tree, None, track=track)
 
@@ -454,9 +452,10 @@ def _plain(td: TreeDef) -> bool:
     )
 
 
-def _remember(key: tuple[type, int], plan: list[Any] | None, td: TreeDef) -> None:
-    gen = GENERATION[0]
-    if plan is None or plan[3] != gen or plan[0] != td:
+def _remember(key: tuple[type, int], plan: list[Any] | None, td: TreeDef, tables: Any) -> None:
+    # `tables`: the snapshot read before `td` was recorded (the walk read it or a newer one)
+    gen = tables
+    if plan is None or plan[3] is not gen or plan[0] != td:
         if len(_PLANS) >= _PLANS_MAX:
             _PLANS.clear()
         _PLANS[key] = [td, None, 1, gen]
@@ -488,8 +487,9 @@ def _matcher(td: TreeDef) -> Any:
     (``ties=False``: a tie in `tree` is no mismatch, for the other trees of a multi-tree map, whose
     value at every position is wanted)."""
     prog = td._prog
-    glb: dict[str, Any] = {"MISS": _MISS, "LEAVES": LEAF_TYPES}
-    lines = ["def match(t, ties=True):", "    out = []"]
+    glb: dict[str, Any] = {"MISS": _MISS, "TABLES": TABLES}
+    # the leaf types of the node table published when it runs (one snapshot per call)
+    lines = ["def match(t, ties=True):", "    LEAVES = TABLES[0][2]", "    out = []"]
     names: dict[int, str] = {}
     mutable: list[str] = []  # the empty dicts and lists: met twice, they would be a shared sub-tree (R2)
     # the access expression of each entry, from its parent (pre-order: a parent before its children)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._alias import layouts_overlap, memory_layout, separate_allocations
+from ._dense import check_dense
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._policy import (
@@ -212,6 +213,7 @@ class Reflatten:
         pos_leaf = td._pos_leaf
         first = td.leaf_positions()
         leaves = [got[first[j]] for j in self._param_idx]
+        check_dense(leaves, lambda k: self.paths[k].display, "re.flatten")  # sparse, nested: TypeError
         for k, (x, shape) in enumerate(zip(leaves, self._shapes, strict=True)):
             if not is_inexact_array(x) or tuple(x.shape) != shape:
                 raise _flatten_mismatch(

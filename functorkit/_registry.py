@@ -20,7 +20,7 @@ import threading
 import types
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from ._stdnodes import attrs_def, std_nodes
 from .adapters._base import load_family, tracing
@@ -28,15 +28,15 @@ from .adapters._pytrees import EXPORT_TO, PYTREES, TRACEABLE_PYTREES
 
 __all__ = [
     "GENERATION",
-    "KNOWN_TYPES",
-    "LEAF_TYPES",
     "SCALAR",
     "SCALAR_TYPES",
+    "TABLES",
     "NodeDef",
     "child_items",
     "dispatch",
     "export_pending",
     "export_static",
+    "lookup",
     "register",
     "register_dataclass",
     "register_leaf",
@@ -302,15 +302,33 @@ _BUILTIN: dict[type, Any] = {
     defaultdict: NodeDef(defaultdict, _ddict_flatten, _ddict_unflatten, owns=True),
     **std_nodes(),  # deque, UserDict, UserList, SimpleNamespace, MappingProxyType (SPEC 12)
 }
-#: registered entries: type -> NodeDef or the leaf marker
-_TABLE: dict[type, Any] = dict(_BUILTIN)
-#: resolved types: type -> NodeDef (node), None (identity-cached leaf) or SCALAR (uncached leaf)
-_DISPATCH: dict[type, Any] = {}
-#: the resolved types that are leaves (a set, so a node's children can be checked in one go)
-LEAF_TYPES: set[type] = set()
-#: every resolved type (leaves and nodes)
-KNOWN_TYPES: set[type] = set()
+# The table is copy-on-write: one snapshot is a tuple
+#     (registered entries, resolved types, leaf types, known types, generation)
+# where the registered entries (type -> NodeDef or the leaf marker) never change once the snapshot
+# is published, and the three caches only grow, each entry computed from that snapshot's own
+# registered entries. A registration builds a new snapshot (a copy of the entries with its change,
+# empty caches) under `_lock` and publishes it by swapping the one reference in `TABLES`; lookups take
+# no lock (``torch.compile`` cannot trace one): a walk reads ``TABLES[0]`` once and uses that
+# snapshot throughout, so it never sees a table mid-change (a cache cleared under it, a set resized
+# while a subset test runs, an entry computed from the entries before a registration and kept after).
+#: snapshot fields
+_ENTRIES: Final = 0
+_RESOLVED: Final = 1
+_LEAVES: Final = 2
+_KNOWN: Final = 3
+
+
+def _snapshot(entries: dict[type, Any], gen: int) -> tuple[dict[type, Any], dict[type, Any], set[type], set[type], int]:
+    """A new snapshot of `entries` with empty caches: resolved types (type -> NodeDef (node), None
+    (identity-cached leaf) or SCALAR (uncached leaf)), the resolved types that are leaves (a set, so
+    a node's children can be checked in one go), every resolved type (leaves and nodes)."""
+    return (entries, {}, set(), set(), gen)
+
+
+#: the published snapshot (a one-element list: read ``TABLES[0]`` once per walk)
+TABLES: list[tuple[dict[type, Any], dict[type, Any], set[type], set[type], int]] = [_snapshot(dict(_BUILTIN), 0)]
 #: bumped by every registration: plans cached against the table are stale once it changes
+#: (equal to the published snapshot's generation)
 GENERATION: list[int] = [0]
 
 # module name -> adapter module, imported the first time an object of that
@@ -399,16 +417,18 @@ def _is_namedtuple(cls: type) -> bool:
     return issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)
 
 
-def resolve(cls: type) -> Any:
-    """Return the dispatch entry for `cls` (NodeDef, None or SCALAR), caching it.
+def resolve(cls: type, tables: Any = None) -> Any:
+    """Return the dispatch entry for `cls` (NodeDef, None or SCALAR), caching it in the snapshot
+    `tables` (default: the published one, ``TABLES[0]``; a walk passes the snapshot it read).
 
     Lock-free (``torch.compile`` cannot trace a lock, and a model first met inside a
-    compiled function is resolved there): registrations bump `GENERATION` to an odd
-    number before they change the table and to an even one after; an entry computed while
-    a registration ran is not kept (a seqlock).
+    compiled function is resolved there): the entry is computed from the snapshot's own
+    registered entries, which never change, and kept in that snapshot's caches, so it is
+    right for every walk that reads that snapshot; a registration meanwhile publishes a new
+    snapshot and leaves this one to the walks already holding it.
     """
-    gen = GENERATION[0]
-    entry = _TABLE.get(cls)
+    snap = TABLES[0] if tables is None else tables
+    entry = snap[_ENTRIES].get(cls)
     if entry is not None:
         out = None if entry is _LEAF else entry
     elif cls in SCALAR_TYPES:
@@ -438,27 +458,32 @@ def resolve(cls: type) -> Any:
                 if nd is not None:
                     out = nd
                     break
-    if gen & 1:
-        return out  # a registration is under way: use the entry, keep nothing
-    _DISPATCH[cls] = out
+    # the resolved entry first, then the sets: a type in the sets is always in the resolved dict
+    snap[_RESOLVED][cls] = out
     export_pending()
     if not isinstance(out, NodeDef):
-        LEAF_TYPES.add(cls)
-    KNOWN_TYPES.add(cls)
-    if GENERATION[0] != gen:  # a registration started meanwhile: what was kept may be stale
-        _DISPATCH.pop(cls, None)
-        LEAF_TYPES.discard(cls)
-        KNOWN_TYPES.discard(cls)
+        snap[_LEAVES].add(cls)
+    snap[_KNOWN].add(cls)
     return out
 
 
 def dispatch(x: Any) -> Any:
     """The dispatch entry for ``type(x)``: a NodeDef for a node, None or SCALAR for a leaf."""
     t = type(x)
+    snap = TABLES[0]
     try:
-        return _DISPATCH[t]
+        return snap[_RESOLVED][t]
     except KeyError:
-        return resolve(t)
+        return resolve(t, snap)
+
+
+def lookup(cls: type) -> Any:
+    """The dispatch entry for the class `cls` (``dispatch`` by type)."""
+    snap = TABLES[0]
+    try:
+        return snap[_RESOLVED][cls]
+    except KeyError:
+        return resolve(cls, snap)
 
 
 def child_items(node: Any) -> list[tuple[Any, Any]] | None:
@@ -485,7 +510,7 @@ def _check_class(cls: Any, what: str) -> None:
 
 def registered_leaf(cls: type) -> bool:
     """True if `cls` was registered with `register_leaf` (a leaf on purpose)."""
-    return _TABLE.get(cls) is _LEAF
+    return TABLES[0][_ENTRIES].get(cls) is _LEAF
 
 
 def _store(cls: type, entry: Any, replace: bool, what: str) -> None:
@@ -493,16 +518,16 @@ def _store(cls: type, entry: Any, replace: bool, what: str) -> None:
         msg = f"`replace` must be True or False, got {type(replace).__name__} ({replace!r}) ({what})."
         raise TypeError(msg)
     with _lock:
-        if cls in _TABLE and not replace:
-            kind = "a built-in node" if cls in _BUILTIN and _TABLE[cls] is _BUILTIN[cls] else "already registered"
+        table = TABLES[0][_ENTRIES]
+        if cls in table and not replace:
+            kind = "a built-in node" if cls in _BUILTIN and table[cls] is _BUILTIN[cls] else "already registered"
             msg = f"{cls.__module__}.{cls.__qualname__} is {kind}; pass `replace=True` to {what} to replace its entry."
             raise ValueError(msg)
-        GENERATION[0] += 1  # odd: resolve() keeps nothing until the table is consistent again
-        _TABLE[cls] = entry
-        _DISPATCH.clear()
-        LEAF_TYPES.clear()
-        KNOWN_TYPES.clear()
-        GENERATION[0] += 1
+        entries = dict(table)  # copy on write: walks holding the old snapshot keep it whole
+        entries[cls] = entry
+        gen = GENERATION[0] + 1
+        TABLES[0] = _snapshot(entries, gen)  # one reference swapped: the new table is published whole
+        GENERATION[0] = gen
 
 
 def register(

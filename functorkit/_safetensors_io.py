@@ -291,7 +291,8 @@ class LazyTensor:
             if now != self.ident:
                 raise self._changed(now)
             if nbytes:
-                _read_into(f, out.reshape(-1).view(np.uint8), self.begin + lo * row * self.dtype.itemsize, self.path, self.key)
+                start = self.begin + lo * row * self.dtype.itemsize
+                _read_into(f, out.reshape(-1).view(np.uint8), start, self.path, self.key)
         LazyTensor.reads[self.path] = LazyTensor.reads.get(self.path, 0) + nbytes
         return out
 

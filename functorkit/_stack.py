@@ -16,6 +16,7 @@ from typing import Any
 
 from ._errors import PolicyError, StructureError, known_shape
 from ._keypath import KeyPath, safe_repr
+from ._lockstep import _model_list
 from ._policy import check_policy
 from ._record import record
 from ._treedef import TreeDef, _aux_equal
@@ -172,10 +173,7 @@ def stack(models: Iterable[Any], /, *, policy: str = "strict") -> Any:
     [array([1., 1.]), array([2., 2.])]
     """
     pol = check_policy(policy, "fk.stack")
-    if isinstance(models, (str, bytes)) or not isinstance(models, Iterable):
-        msg = f"fk.stack: `models` must be a list of models, got {type(models).__name__}."
-        raise TypeError(msg)
-    ms = list(models)
+    ms = _model_list(models, "stack")  # a single model (a dict, an array, a module...) is a TypeError
     if not ms:
         msg = "fk.stack: `models` is empty; expected at least one model."
         raise ValueError(msg)

@@ -215,6 +215,10 @@ def _why_not(d: Any, s: Any) -> str | None:
         return "the mapping holds an np.matrix (convert it with np.asarray)"
     if not s_arr:
         return f"the model has an array of shape {tuple(d.shape)}, the mapping a {type(s).__name__}"
+    for side, x in (("model", d), ("mapping", s)):
+        why = adapter_of(x).dense_problem(x)  # sparse, nested (torch): no shape to compare
+        if why is not None:
+            return f"the {side}'s array is not dense: {why}"
     if tuple(d.shape) != tuple(s.shape):
         return f"shape {tuple(d.shape)} in the model vs {tuple(s.shape)} in the mapping"
     dk, sk = _kind(d), _kind(s)

@@ -183,5 +183,7 @@ def test_zero_dimensional_tensors_read_lazily_and_eagerly(tmp_path: Path) -> Non
     model = {"step": np.asarray(7, dtype=np.int64), "t": np.asarray(0.5, dtype=np.float32), "w": np.ones(3)}
     fk.save(tmp_path / "m.safetensors", model)
     for got in (fk.open(tmp_path / "m.safetensors"), fk.load(tmp_path / "m.safetensors")):
-        assert np.asarray(got["step"]).shape == () and int(np.asarray(got["step"])) == 7
-        assert np.asarray(got["t"]).dtype == np.float32 and float(np.asarray(got["t"])) == 0.5
+        assert np.asarray(got["step"]).shape == ()
+        assert int(np.asarray(got["step"])) == 7
+        assert np.asarray(got["t"]).dtype == np.float32
+        assert float(np.asarray(got["t"])) == 0.5

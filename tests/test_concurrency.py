@@ -10,6 +10,7 @@ the interpreter's switch interval so threads interleave often.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -24,7 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import functorkit as fk
 
 from conftest import Backend, to_numpy
-from helpers import Layer, zoo
+from helpers import Layer, Pair, zoo
 
 THREADS = 8
 ROUNDS = 25
@@ -176,3 +177,121 @@ def test_walks_stay_exact_while_another_thread_registers_classes(mutable: Any) -
                 assert [id(x) for x in fk.leaves(out)] == expected[name], name
 
     run_threads(work)
+
+
+# ------------------------------------------------- registrations racing with every kind of walk
+#: how long the walkers and registrars of the stress test run (seconds)
+STRESS_SECONDS = float(os.environ.get("FK_STRESS_SECONDS", "3"))
+WALKERS = 6
+REGISTRARS = 2
+
+
+def test_walks_never_see_the_table_mid_change(mutable: Any) -> None:
+    """Six threads loop over fmap, destructure, re(p), re.flatten and leaves on one model holding
+    a registered class while two threads register new dataclasses and leaf types (thousands of
+    registrations, every one clearing the dispatch caches): every walk gives the exact serial
+    answer and none raises (the lock-free lookups read one consistent table). The duration is
+    bounded (``FK_STRESS_SECONDS``, default 3 s)."""
+    import dataclasses
+    import importlib.util
+    import time
+
+    if importlib.util.find_spec("optree") is not None:
+        # the optree bridge reads optree's registry when a type is first met, while torch mirrors every
+        # class registered with it (functorkit exports its registered dataclasses) into that registry
+        import optree  # noqa: F401
+
+        if "torch" in mutable.__name__:
+            import torch.utils._cxx_pytree  # noqa: F401 -- the module that mirrors torch's registrations
+
+    xp = mutable
+    rng = np.random.default_rng(0)
+
+    def arr(*shape: int) -> Any:
+        return xp.asarray(rng.standard_normal(shape), dtype=xp.float64)
+
+    shared = arr(3)
+    tree = {
+        "pair": Pair(arr(2), [arr(2, 2), 1.5]),
+        "layers": [Layer(arr(2), arr(1)), Layer(shared, arr(1))],
+        "t": (shared, "s", None),
+    }
+    want_leaves = [id(x) for x in fk.leaves(tree)]
+    flat, re = fk.destructure(tree)
+    want_flat = to_numpy(flat)
+    want_fmap = numpy_leaves(fk.fmap(lambda x: x * 2 if hasattr(x, "shape") else x, tree))
+    stop = threading.Event()
+    counts = [0] * (WALKERS + REGISTRARS)
+
+    def walk(i: int) -> None:
+        while not stop.is_set():
+            assert [id(x) for x in fk.leaves(tree)] == want_leaves
+            out = fk.fmap(lambda x: x * 2 if hasattr(x, "shape") else x, tree)
+            assert_exact(out, want_fmap)
+            assert type(out["pair"]) is Pair
+            assert out["t"][0] is out["layers"][1].weight
+            f, r = fk.destructure(tree)
+            np.testing.assert_array_equal(to_numpy(f), want_flat, strict=True)
+            back = re(flat)
+            np.testing.assert_array_equal(to_numpy(re.flatten(back)), want_flat, strict=True)
+            np.testing.assert_array_equal(to_numpy(r.flatten(tree)), want_flat, strict=True)
+            counts[i] += 1
+
+    def register(i: int) -> None:
+        k = 0
+        while not stop.is_set():
+            name = f"Stress{i}_{k}"
+            if k % 2:
+                fk.register_leaf(type(name, (), {}))
+            else:
+                fk.register_dataclass(dataclasses.make_dataclass(name, [("a", Any)]))
+            k += 1
+            counts[i] += 1
+
+    def work(i: int) -> None:
+        try:
+            if i < WALKERS:
+                walk(i)
+            else:
+                register(i)
+        finally:
+            stop.set()  # the first failure ends every thread
+
+    barrier = threading.Barrier(WALKERS + REGISTRARS)
+    errors: list[BaseException] = []
+
+    def target(i: int) -> None:
+        try:
+            barrier.wait(timeout=60)
+            work(i)
+        except BaseException as e:  # noqa: BLE001 -- re-raised below
+            errors.append(e)
+
+    def collected(phase: str, info: dict[str, int]) -> None:
+        """Python code run at every garbage collection: a C-level loop that allocates (``list(d.items())``)
+        can then hand the interpreter to another thread midway, as finalizers do in a large program."""
+
+    old = sys.getswitchinterval()
+    old_gc = gc.get_threshold()
+    sys.setswitchinterval(1e-5)
+    gc.set_threshold(100)
+    gc.callbacks.append(collected)
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(WALKERS + REGISTRARS)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + STRESS_SECONDS
+        while time.monotonic() < deadline and not stop.is_set():
+            time.sleep(0.05)
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        sys.setswitchinterval(old)
+        gc.set_threshold(*old_gc)
+        gc.callbacks.remove(collected)
+    assert not any(t.is_alive() for t in threads)
+    if errors:
+        raise AssertionError(f"{len(errors)} thread(s) failed") from errors[0]
+    assert min(counts[:WALKERS]) > 0, counts
+    assert sum(counts[WALKERS:]) > 100, counts

@@ -2,9 +2,11 @@
 
 One test per page (`test_page_examples_run[docs/lbfgs.md]`): the page's ```python and ```pycon
 blocks run in order as one script in one namespace, so a later block may use what an earlier one
-defined, as a reader copying them in order would. A ```pycon block (or a ```python block whose
-first line is a `>>>` prompt) runs as a doctest: its outputs are checked. New pages are picked up
-automatically.
+defined, as a reader copying them in order would. Each page runs in a fresh interpreter (this file
+run as a script, from an empty directory), so nothing leaks into it from the test process or from
+another page: no module imported, no name defined, no class registered beforehand. A ```pycon block
+(or a ```python block whose first line is a `>>>` prompt) runs as a doctest: its outputs are checked.
+New pages are picked up automatically.
 
 A page that needs a library beyond functorkit's own dependencies (NumPy, array-api-compat)
 declares it on a line of its own, usually the first:
@@ -25,7 +27,9 @@ import doctest
 import importlib.util
 import os
 import re
+import subprocess
 import sys
+import traceback
 import warnings
 from pathlib import Path
 
@@ -105,18 +109,36 @@ def test_page_declares_its_imports(page: Path) -> None:
     )
 
 
-# torch's own forward-AD setup (torch.md's jvp) scripts decompositions with the deprecated torch.jit.script
-@pytest.mark.filterwarnings("ignore:`torch.jit.script:DeprecationWarning")  # script, script_method (Inductor)
 @pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=_rel)
-def test_page_examples_run(page: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_page_examples_run(page: Path, tmp_path: Path) -> None:
     text = page.read_text(encoding="utf-8")
     missing = [name for name in _requires(text) if importlib.util.find_spec(name) is None]
     if missing and os.environ.get("FUNCTORKIT_DOCS_REQUIRE_ALL") == "1":
         pytest.fail(f"{_rel(page)} requires {', '.join(missing)}, not installed (FUNCTORKIT_DOCS_REQUIRE_ALL=1)")
     if missing:
         pytest.skip(f"{_rel(page)} requires {', '.join(missing)}, not installed")
-    monkeypatch.syspath_prepend(str(ROOT))  # `from examples.x import ...`
-    monkeypatch.chdir(tmp_path)  # a page that writes files writes them here
+    # a fresh interpreter per page, in an empty directory (a page that writes files writes them
+    # there); the repository root on the path for `import functorkit` and `from examples.x import ...`
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run(
+        [sys.executable, "-X", "utf8", __file__, str(page)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"{_rel(page)}'s examples failed:\n{done.stdout}\n{done.stderr}"
+
+
+def run_page(page: Path) -> int:
+    """Run `page`'s blocks in order in one fresh namespace (this process must be fresh: run as a
+    script); warnings are errors, as in the test suite. Returns the number of failures."""
+    text = page.read_text(encoding="utf-8")
+    warnings.simplefilter("error")
+    # torch's own forward-AD setup (torch.md's jvp) scripts decompositions with the deprecated torch.jit.script
+    warnings.filterwarnings("ignore", "`torch.jit.script", DeprecationWarning)
     namespace: dict[str, object] = {"__name__": "__main__"}
     parser = doctest.DocTestParser()
     runner = doctest.DocTestRunner(optionflags=_OPTIONFLAGS)
@@ -125,18 +147,18 @@ def test_page_examples_run(page: Path, monkeypatch: pytest.MonkeyPatch, tmp_path
         if is_doctest:
             test = parser.get_doctest(block, namespace, where, str(page), line - 1)
             test.globs = namespace  # DocTest copies its globs; the page shares one namespace
-            with warnings.catch_warnings():
-                # doctest's runner swaps sys.stdout; warnings still fail the test
-                warnings.simplefilter("error")
-                warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", DeprecationWarning)
-                result = runner.run(test, clear_globs=False)
-            assert result.failed == 0, f"{result.failed} doctest example(s) failed in {where} (output above)"
+            result = runner.run(test, clear_globs=False)
+            if result.failed:
+                print(f"{result.failed} doctest example(s) failed in {where} (output above)")
+                return result.failed
             continue
         try:
             exec(compile(block, where, "exec"), namespace)
-        except Exception as e:
-            e.add_note(f"in {where}:\n{block}")
-            raise
+        except Exception:  # noqa: BLE001 -- reported to the test in the parent process
+            traceback.print_exc()
+            print(f"in {where}:\n{block}")
+            return 1
+    return 0
 
 
 @pytest.mark.parametrize("page", [ROOT / "docs" / "index.md", ROOT / "README.md"], ids=_rel)
@@ -150,3 +172,32 @@ def test_home_page_code_fits_88_columns(page: Path) -> None:
         if len(line) > 88
     ]
     assert not long, f"{_rel(page)} has code lines over 88 columns:\n" + "\n".join(long)
+
+
+def _nav() -> list[tuple[int, str]]:
+    """(indent, entry text) of each line of mkdocs.yml's nav."""
+    text = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    block = text.split("\nnav:\n", 1)[1]
+    out = []
+    for line in block.splitlines():
+        if not line.startswith(" "):
+            break
+        if line.strip().startswith("- "):
+            out.append((len(line) - len(line.lstrip()), line.strip()[2:]))
+    return out
+
+
+def test_docs_navigation_is_grouped_and_lists_every_page() -> None:
+    """The nav is a map (a few sections, each page under one), and no page is left out of it."""
+    nav = _nav()
+    top = min(indent for indent, _ in nav)
+    sections = [entry for indent, entry in nav if indent == top]
+    assert sections == ["Getting started:", "Guides:", "Tutorials:", "Reference:", "Project:"]
+    listed = [entry.rsplit(": ", 1)[1] for indent, entry in nav if indent > top]
+    assert len(listed) == len(set(listed)), "a page is listed twice"
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert sorted(listed) == pages, "add each docs page to one section of mkdocs.yml's nav"
+
+
+if __name__ == "__main__":
+    sys.exit(1 if run_page(Path(sys.argv[1])) else 0)

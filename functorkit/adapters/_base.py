@@ -434,6 +434,20 @@ class ArrayAdapter(Kernels):
         """Why the values of `x` cannot be read as a dense array of its dtype, or None."""
         return None
 
+    #: whether some arrays of this library are not dense (torch: sparse and nested tensors), so that
+    #: `first_not_dense` must look at them; False: every array is dense, nothing is looked at
+    may_be_sparse: bool = False
+
+    def first_not_dense(self, arrays: Sequence[Any]) -> int | None:
+        """The index of the first of `arrays` (all of this library) that is not a dense array:
+        one that cannot be flattened, computed on leaf by leaf, written in place or saved
+        (`dense_problem` says why); None when all are dense."""
+        return None
+
+    def dense_problem(self, x: Any) -> str | None:
+        """Why `x` is not a dense array (its layout, and the fix), or None."""
+        return None
+
     def stage(self, dst: Any, src: Any) -> Any:
         """`src` (any namespace) as an array that `write` can copy into `dst` without failing:
         this namespace, ``dst``'s dtype, device and shape. Every conversion happens here."""

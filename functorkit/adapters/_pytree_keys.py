@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._registry import _DISPATCH, NodeDef, resolve
+from .._registry import NodeDef, lookup
 from .._treedef import _aux_equal
 
 __all__ = ["ExportAux", "exported_flatten", "exported_unflatten", "named_keys"]
@@ -57,9 +57,7 @@ class ExportAux:
 
 
 def _node(cls: type) -> NodeDef:
-    nd = _DISPATCH.get(cls)
-    if nd is None:
-        nd = resolve(cls)
+    nd = lookup(cls)
     if not isinstance(nd, NodeDef):
         msg = (
             f"{cls.__module__}.{cls.__qualname__} was exported to another library's pytree registry as a "

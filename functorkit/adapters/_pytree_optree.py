@@ -37,9 +37,11 @@ def _lookup(cls: type) -> Any:
     entry = optree.register_pytree_node.get(cls)
     if entry is not None or not isinstance(_REGISTRY, dict):
         return entry
+    # one C-level copy first (no Python code runs inside dict.copy, so no other thread can register
+    # meanwhile; torch mirrors each of its registrations into this dict): then a private loop
     found = [
         v
-        for k, v in list(_REGISTRY.items())
+        for k, v in _REGISTRY.copy().items()
         if type(k) is tuple and len(k) == 2 and k[1] is cls and k[0] not in _MIRRORS
     ]
     return found[0] if len(found) == 1 else None

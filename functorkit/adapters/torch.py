@@ -37,6 +37,7 @@ re-exported here).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,6 +51,10 @@ __all__ = ["Adapter", "claims", "compiling", "foreach_lerp_", "has_python_dispat
 
 
 # ---------------------------------------------------------------- private APIs, detected once
+
+
+_LAYOUT = operator.attrgetter("layout")
+_IS_NESTED = operator.attrgetter("is_nested")
 
 
 def _all_wrapped(t: Any) -> bool:
@@ -290,9 +295,44 @@ class Adapter(ArrayAdapter):
         return x.to(device)
 
     def write_problem(self, x: Any) -> str | None:
-        """Inference tensors cannot be written outside ``inference_mode``."""
+        """Inference tensors cannot be written outside ``inference_mode``; sparse and nested
+        tensors cannot be written in place with dense values."""
         if not compiling() and x.is_inference() and not torch.is_inference_mode_enabled():
             return "it is an inference tensor (made under torch.inference_mode)"
+        return self.dense_problem(x)
+
+    may_be_sparse = True
+
+    def first_not_dense(self, arrays: Sequence[Any]) -> int | None:
+        """Sparse (COO, CSR, CSC, BSR, BSC) and nested tensors: two C-level passes over the
+        tensors' ``layout`` and ``is_nested`` (no Python step per tensor when all are dense).
+        Not looked at under torch.compile (a sparse or nested tensor does not trace there)."""
+        if compiling():
+            return None
+        layouts = list(map(_LAYOUT, arrays))
+        nested = list(map(_IS_NESTED, arrays))
+        if layouts.count(torch.strided) == len(layouts) and not any(nested):
+            return None
+        for j, (lay, nst) in enumerate(zip(layouts, nested, strict=True)):
+            if lay is not torch.strided or nst:
+                return j
+        return None
+
+    def dense_problem(self, x: Any) -> str | None:
+        """A sparse or nested tensor: which, and how to make it dense (not looked at under
+        torch.compile)."""
+        if compiling():
+            return None
+        if x.is_nested:
+            return (
+                "it is a nested tensor (torch.nested), not a dense one; fix: pad it "
+                "(torch.nested.to_padded_tensor(x, 0.0)) or keep its components as a list (x.unbind())"
+            )
+        if x.layout is not torch.strided:
+            return (
+                f"it is a {str(x.layout).rpartition('.')[2]} tensor, not a dense (strided) one; "
+                "fix: convert it with x.to_dense()"
+            )
         return None
 
     def overlap_problem(self, x: Any) -> str | None:

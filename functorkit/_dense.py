@@ -1,0 +1,66 @@
+"""Arrays that are not dense (torch sparse and nested tensors): refused by name, before any work.
+
+``fk.destructure``, ``re.flatten``, the arithmetic and reductions, ``fk.save`` and ``fk.load_into``
+work on dense arrays: a flat vector holds a dense array's elements, a checkpoint stores them, an
+in-place load writes them. A sparse (COO, CSR, CSC, BSR, BSC) or nested tensor among a model's
+arrays is a ``TypeError`` naming its path, its layout and the fix (``x.to_dense()``, or pad a nested
+tensor), raised before anything is computed or written, as ``np.matrix`` is refused. ``fk.fmap``,
+``fk.leaves`` and ``fk.state_dict`` still hand such tensors over untouched. Which arrays are not
+dense is the adapter's to say (``ArrayAdapter.first_not_dense``); a library whose arrays are all
+dense (every one but torch) is not looked at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._keypath import KeyPath
+from ._xp import is_array
+from .adapters import adapter_of
+
+__all__ = ["check_dense", "check_dense_leaf", "dense_error", "may_be_sparse"]
+
+
+def dense_error(where: str, why: str, what: str) -> TypeError:
+    """The error for a tensor that is not dense, at `where` (a path's display, or a key)."""
+    msg = f"at {where}: {what} works on dense arrays, but {why}. Expected a dense (strided) array."
+    return TypeError(msg)
+
+
+def check_dense(arrays: Sequence[Any], where: Callable[[int], str], what: str) -> None:
+    """Raise `dense_error` for the first of `arrays` (any libraries) that is not dense;
+    ``where(i)`` says where ``arrays[i]`` is (its path). One adapter call per array type."""
+    if not arrays:
+        return
+    firsts = dict(zip(map(type, arrays), arrays))  # one array of each type, in a C-level pass
+    for t, x in firsts.items():
+        if not is_array(x):
+            continue
+        ad = adapter_of(x)
+        if not ad.may_be_sparse:
+            continue
+        idx = None if len(firsts) == 1 else [i for i, y in enumerate(arrays) if type(y) is t]
+        j = ad.first_not_dense(arrays if idx is None else [arrays[i] for i in idx])
+        if j is not None:
+            i = j if idx is None else idx[j]
+            why = ad.dense_problem(arrays[i]) or "it is not a dense array"
+            raise dense_error(where(i), why, what)
+
+
+def may_be_sparse(arrays: Sequence[Any]) -> bool:
+    """Whether some of `arrays` are of a library whose arrays may not be dense (`check_dense` has
+    something to look at): decided once per plan, from one array of each type."""
+    return any(is_array(x) and adapter_of(x).may_be_sparse for x in dict(zip(map(type, arrays), arrays)).values())
+
+
+def check_dense_leaf(path: KeyPath, x: Any, others: Sequence[Any], what: str) -> None:
+    """`check_dense` for one operand `x` and the other models' arrays at its path (the per-leaf
+    path of the arithmetic)."""
+    ad = adapter_of(x)
+    if not ad.may_be_sparse:
+        return
+    for y in (x, *others):
+        why = adapter_of(y).dense_problem(y) if is_array(y) else None
+        if why is not None:
+            raise dense_error(path.display, why, what)
