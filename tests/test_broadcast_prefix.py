@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import functorkit as fk
-from tests.conftest import to_numpy
+
+from conftest import to_numpy
 
 
 def _model(xp: Any) -> dict[str, Any]:

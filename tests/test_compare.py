@@ -10,7 +10,8 @@ import pytest
 
 import functorkit as fk
 from functorkit import _compare
-from tests.conftest import Backend
+
+from conftest import Backend
 
 
 def _f(xp: Any, v: Any) -> Any:

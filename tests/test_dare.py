@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import functorkit as fk
-from tests.conftest import Backend, namespace_for, to_numpy
+
+from conftest import Backend, namespace_for, to_numpy
 
 da = pytest.importorskip("dask.array")
 

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import functorkit as fk
-from tests.conftest import Backend, to_numpy
+
+from conftest import Backend, to_numpy
 
 
 @attrs.define

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import functorkit as fk
-from tests.conftest import Backend, to_numpy
+
+from conftest import Backend, to_numpy
 
 SHAPES = {"a": (4, 5), "b": (7,), "c": ()}
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import functorkit as fk
-from tests.helpers import ZOO_NAMES, Frozen, Layer, Pair, Point, Seq, zoo
+
+from helpers import ZOO_NAMES, Frozen, Layer, Pair, Point, Seq, zoo
 
 _ALLOWED = [Point, Layer, Frozen, Pair, Seq]
 
