@@ -198,7 +198,8 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def conformance(session: nox.Session) -> None:
     """conformance/cases.toml on every backend and the peers; fails on a difference or a stale docs page."""
-    _install(session, "-e", ".", TORCH, "jax>=0.4.30", "dask[array]>=2024.1", "array-api-strict>=2.2", "optree>=0.12")
+    peers = ["jax>=0.4.30", "dask[array]>=2024.1", "array-api-strict>=2.2", "optree>=0.12", "attrs>=22.2"]
+    _install(session, "-e", ".", TORCH, *peers)
     if _has_gpu():
         _install(session, BACKENDS["cupy"][0])
     session.run("python", "conformance/run.py", "--check", *session.posargs)

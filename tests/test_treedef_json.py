@@ -51,7 +51,8 @@ def test_a_restructure_structure_persisted_beside_its_flat_vector(tmp_path: Any)
     (tmp_path / "structure.json").write_text(td.to_json())
     np.save(tmp_path / "flat.npy", flat)
     td2 = fk.TreeDef.from_json(
-        (tmp_path / "structure.json").read_text(), classes={f"{Layer.__module__}.Layer": Layer, f"{Point.__module__}.Point": Point}
+        (tmp_path / "structure.json").read_text(),
+        classes={f"{Layer.__module__}.Layer": Layer, f"{Point.__module__}.Point": Point},
     )
     assert td2 == td
     assert [str(p) for p in td2.paths] == [str(p) for p in td.paths]
@@ -60,7 +61,8 @@ def test_a_restructure_structure_persisted_beside_its_flat_vector(tmp_path: Any)
 def test_classes_only_from_the_allow_list() -> None:
     _, td = fk.flatten([Layer(np.ones(1), np.ones(1))])
     text = td.to_json()
-    with pytest.raises(ValueError, match=rf"{re.escape(Layer.__module__)}\.Layer.*neither one of functorkit's own.*never imported"):
+    own = rf"{re.escape(Layer.__module__)}\.Layer.*neither one of functorkit's own.*never imported"
+    with pytest.raises(ValueError, match=own):
         fk.TreeDef.from_json(text)
     assert fk.TreeDef.from_json(text, classes={f"{Layer.__module__}.Layer": Layer}) == td
     # a name mapped to another class is that class: the document cannot choose what is loaded
