@@ -37,9 +37,9 @@ BACKENDS: dict[str, list[str]] = {
     "lite": [],
     # NumPy tests plus the doctests; array-api-strict is there as a second
     # namespace for the mixed-namespace tests
-    "numpy": ["array-api-strict>=2.2", "safetensors>=0.4", "dask[array]>=2024.1"],  # dask: fk.open's doctest
+    "numpy": ["array-api-strict>=2.2", "safetensors>=0.4", "dask[array]>=2024.1", "ml_dtypes>=0.3"],  # dask: fk.open's doctest
     # dask: the LocalCluster checkpoint test checks its result against torch tensors too
-    "torch": [TORCH, "scipy>=1.10", "safetensors>=0.4", "dask[array,distributed]>=2024.1"],
+    "torch": [TORCH, "scipy>=1.10", "safetensors>=0.4", "dask[array,distributed]>=2024.1", "ml_dtypes>=0.3"],
     "array_api_strict": ["array-api-strict>=2.2"],
     "jax": ["jax>=0.4.30"],
     "dask": ["dask[array,distributed]>=2024.1", "ml_dtypes>=0.3"],

@@ -211,7 +211,7 @@ def test_model_stock_opposite_scalars_give_the_base() -> None:
 
 
 def _bf16_backends() -> list[tuple[str, Any, Any]]:
-    import ml_dtypes
+    ml_dtypes = pytest.importorskip("ml_dtypes")
 
     out: list[tuple[str, Any, Any]] = [
         ("numpy", lambda a: a.astype(ml_dtypes.bfloat16), lambda x: np.asarray(x, dtype=np.float64))
@@ -235,7 +235,7 @@ def test_bfloat16_in_bfloat16_out(which: str, method: str) -> None:
     make, back = {n: (m, b) for n, m, b in _bf16_backends()}[which]
     raw = _np_models(4, seed=4)
     # the reference computes in float64 from the bfloat16 values, rounded once to bfloat16
-    import ml_dtypes
+    ml_dtypes = pytest.importorskip("ml_dtypes")
 
     vals = [{k: np.asarray(v.astype(ml_dtypes.bfloat16), dtype=np.float64) for k, v in m.items()} for m in raw]
     ms = [{k: make(v) for k, v in m.items()} for m in raw]
@@ -397,7 +397,7 @@ def test_per_tensor_reductions(xp: Any) -> None:
 
 
 def test_per_tensor_reductions_bfloat16_reduce_in_float32() -> None:
-    import ml_dtypes
+    ml_dtypes = pytest.importorskip("ml_dtypes")
 
     x = {"w": (np.arange(1, 301, dtype=np.float32) / 7).astype(ml_dtypes.bfloat16)}
     n = fk.tensor_norms(x)["w"]
