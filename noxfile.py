@@ -36,8 +36,8 @@ BACKENDS: dict[str, list[str]] = {
     # non-editable, must work and the suite must pass with no optional library
     "lite": [],
     # NumPy tests plus the doctests; array-api-strict is there as a second
-    # namespace for the mixed-namespace tests
-    "numpy": ["array-api-strict>=2.2", "safetensors>=0.4", "dask[array]>=2024.1", "ml_dtypes>=0.3"],  # dask: fk.open's doctest
+    # namespace for the mixed-namespace tests; dask: fk.open's doctest; ml_dtypes: bfloat16/float8
+    "numpy": ["array-api-strict>=2.2", "safetensors>=0.4", "dask[array]>=2024.1", "ml_dtypes>=0.3"],
     # dask: the LocalCluster checkpoint test checks its result against torch tensors too
     "torch": [TORCH, "scipy>=1.10", "safetensors>=0.4", "dask[array,distributed]>=2024.1", "ml_dtypes>=0.3"],
     "array_api_strict": ["array-api-strict>=2.2"],
