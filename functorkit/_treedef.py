@@ -55,6 +55,8 @@ from ._errors import StructureError
 from ._keypath import KeyPath, make_path
 from ._messages import add_note, describe_found, mismatch
 from ._registry import DICT, LIST, TUPLE, NodeDef, resolve
+from ._treedef_json import from_json as _from_json
+from ._treedef_json import to_json as _to_json
 
 __all__ = [
     "BUILD_SAME",
@@ -367,9 +369,7 @@ class TreeDef:
         >>> fk.TreeDef.from_json(text) == td
         True
         """
-        from ._treedef_json import to_json
-
-        return to_json(self)
+        return _to_json(self)
 
     @classmethod
     def from_json(cls, text: str, /, *, classes: Any = None) -> TreeDef:
@@ -406,9 +406,7 @@ class TreeDef:
         >>> fk.TreeDef.from_json(td.to_json(), classes=[Layer]) == td
         True
         """
-        from ._treedef_json import from_json
-
-        out: TreeDef = from_json(text, classes=classes)
+        out: TreeDef = _from_json(text, _restore_treedef, classes=classes)
         return out
 
     # ---------------------------------------------------------------- rebuilding
