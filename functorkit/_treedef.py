@@ -52,7 +52,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._errors import StructureError
+from ._holders import refuse_unknown_holders
 from ._keypath import KeyPath, make_path
+from ._match import match_tree
 from ._messages import add_note, describe_found, mismatch
 from ._registry import DICT, LIST, TUPLE, NodeDef, resolve
 from ._treedef_json import from_json as _from_json
@@ -694,7 +696,3 @@ def _restore_treedef(state: Any) -> TreeDef:
     _check_program(prog, npos, nleaves, pos_leaf, trainable, forced, bad)
     refs = frozenset(e for e in prog if type(e) is int)
     return TreeDef._make(prog, npos, nleaves, pos_leaf, trainable, refs, frozenset(forced))
-
-
-from ._holders import refuse_unknown_holders  # noqa: E402 -- the classification of leaves
-from ._match import match_tree  # noqa: E402 -- matching uses TreeDef's entry layout above
