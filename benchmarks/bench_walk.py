@@ -364,8 +364,7 @@ def _verdict(ratio: float | None, target: float) -> str:
 def target_table(res: dict[str, dict[str, float]], fmap_target: float = 1.25) -> str:
     """functorkit against jax.tree_util (and optree, and a recursive Python walk) with the issue's targets."""
     rows = [
-        "| operation | functorkit µs | jax.tree_util µs | fk / jax | target | | fk / optree"
-        " | recursive Python / jax |",
+        "| operation | functorkit µs | jax.tree_util µs | fk / jax | target | | fk / optree | recursive Python / jax |",
         "|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     for what, fk_call, group, jax_call, optree_call, py_call, target in _TARGETS:
@@ -440,9 +439,7 @@ def module_table(best: dict[str, float]) -> str:
         r = t_fk / t_peer
         tgt = "-" if target is None else f"≤ {target:.2f}x"
         verdict = "-" if target is None else _verdict(r, target)
-        rows.append(
-            f"| {what} | **{fk_call}** | {_us(t_fk)} | {peer} | {_us(t_peer)} | {r:.2f}x | {tgt} | {verdict} |"
-        )
+        rows.append(f"| {what} | **{fk_call}** | {_us(t_fk)} | {peer} | {_us(t_peer)} | {r:.2f}x | {tgt} | {verdict} |")
     return "\n".join(rows)
 
 
