@@ -57,8 +57,6 @@ from ._keypath import KeyPath, make_path
 from ._match import match_tree
 from ._messages import add_note, describe_found, mismatch
 from ._registry import DICT, LIST, TUPLE, NodeDef, resolve
-from ._treedef_json import from_json as _from_json
-from ._treedef_json import to_json as _to_json
 
 __all__ = [
     "BUILD_SAME",
@@ -371,7 +369,11 @@ class TreeDef:
         >>> fk.TreeDef.from_json(text) == td
         True
         """
-        return _to_json(self)
+        # lazy, downward: _treedef_json imports _structured, whose registrations (exported to
+        # pytree libraries, whose glue imports this module) must not run while this one loads
+        from ._treedef_json import to_json
+
+        return to_json(self)
 
     @classmethod
     def from_json(cls, text: str, /, *, classes: Any = None) -> TreeDef:
@@ -408,7 +410,9 @@ class TreeDef:
         >>> fk.TreeDef.from_json(td.to_json(), classes=[Layer]) == td
         True
         """
-        out: TreeDef = _from_json(text, _restore_treedef, classes=classes)
+        from ._treedef_json import from_json  # lazy, downward (see to_json)
+
+        out: TreeDef = from_json(text, _restore_treedef, classes=classes)
         return out
 
     # ---------------------------------------------------------------- rebuilding
