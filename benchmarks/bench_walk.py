@@ -61,6 +61,66 @@ def mlp_tree() -> dict[str, Any]:
     }
 
 
+_LAYERS = ("ln1", "q", "k", "v", "o", "ln2", "fc1", "fc2")  # 8 layers of 2 arrays per block
+
+
+def transformer_tree(n_blocks: int, d: int = 4) -> dict[str, Any]:
+    """A transformer as nested dicts: `n_blocks` blocks of 8 layers of 2 arrays (weight, bias).
+
+    Each block is ``{"ln1", "attn": {"q", "k", "v", "o"}, "ln2", "fc1", "fc2"}``, every
+    innermost layer a ``{"weight", "bias"}`` dict: 16 leaves and 8 innermost layers per block
+    (600 blocks: 9,600 leaves, 4,800 layers). The arrays are small: the walk is what is timed.
+    """
+
+    def layer() -> dict[str, Any]:
+        return {"weight": np.zeros((d, d), dtype=np.float32), "bias": np.zeros(d, dtype=np.float32)}
+
+    def block() -> dict[str, Any]:
+        return {
+            "ln1": layer(),
+            "attn": {k: layer() for k in ("q", "k", "v", "o")},
+            "ln2": layer(),
+            "fc1": layer(),
+            "fc2": layer(),
+        }
+
+    return {f"h{i}": block() for i in range(n_blocks)}
+
+
+def count_nodes(t: Any) -> int:
+    """The dicts, lists and tuples in `t` (the root included)."""
+    if type(t) is dict:
+        return 1 + sum(count_nodes(v) for v in t.values())
+    if type(t) in (list, tuple):
+        return 1 + sum(count_nodes(v) for v in t)
+    return 0
+
+
+def transformer_module(n_blocks: int = 12, d: int = 64) -> Any:
+    """The shape of `transformer_tree` as an ``nn.Module``: an ``nn.Sequential`` of blocks.
+
+    A block holds ``ln1``, ``attn`` (``q``, ``k``, ``v``, ``o``: ``nn.Linear``), ``ln2``, ``fc1``,
+    ``fc2``: 10 modules and 16 parameters per block; 12 blocks give 192 parameters and 121
+    modules (the root included).
+    """
+    import torch
+    from torch import nn
+
+    class Attn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.attn, self.ln2 = nn.LayerNorm(d), Attn(), nn.LayerNorm(d)
+            self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    torch.manual_seed(0)
+    return nn.Sequential(*(Block() for _ in range(n_blocks)))
+
+
 def chain(depth: int) -> list[Any]:
     """``[leaf, [leaf, [leaf, ...]]]``: `depth` nested lists, one leaf per level."""
     t: list[Any] = [np.array(0.0)]
@@ -137,7 +197,10 @@ def contenders() -> dict[str, list[Op]]:
             ("functorkit", "fk.fmapstructure(f, t)", lambda t: fk.fmapstructure(f, t)),
         ],
         "map (2 trees)": [("functorkit", "fk.fmap(f, t, u)", lambda t, u: fk.fmap(f2, t, u))],
-        "leaves": [("functorkit", "fk.leaves(t)", fk.leaves)],
+        "leaves": [
+            ("functorkit", "fk.leaves(t)", fk.leaves),
+            ("functorkit", "fk.flatten(t)", fk.flatten),
+        ],
     }
     try:
         import optree
@@ -275,6 +338,108 @@ def tree_table(n: int, res: dict[str, dict[str, float]]) -> str:
             bold = f"**{call}**" if call.startswith("fk.") else call
             cols = [_ratio(t, r) for r in refs]
             rows.append(f"| {group} | {bold} | {_us(t)} | {_per_leaf(t, n)} | {' | '.join(cols)} |")
+    return "\n".join(rows)
+
+
+# --------------------------------------------------------------- targets (issue #21)
+
+# (what, functorkit call, group, jax call, optree call, python call, target fk/jax)
+_TARGETS = (
+    ("leaves", "fk.leaves(t)", "leaves", "jax.tree_util.tree_leaves(t)", "optree.tree_leaves(t)",
+     "recursive Python leaves", 1.0),
+    ("flatten", "fk.flatten(t)", "leaves", "jax.tree_util.tree_flatten(t)", "optree.tree_flatten(t)", None, 1.0),
+    ("fmap", "fk.fmap(f, t)", "map (1 tree)", "jax.tree_util.tree_map(f, t)", "optree.tree_map(f, t)",
+     "recursive Python map", 1.25),
+    ("two-tree fmap", "fk.fmap(f, t, u)", "map (2 trees)", "jax.tree_util.tree_map(f, t, u)",
+     "optree.tree_map(f, t, u)", "recursive Python map, 2 trees", 1.2),
+)  # fmt: skip
+
+
+def _verdict(ratio: float | None, target: float) -> str:
+    if ratio is None:
+        return "-"
+    return "met" if ratio <= target else f"**not met** ({ratio / target:.1f}x over)"
+
+
+def target_table(res: dict[str, dict[str, float]], fmap_target: float = 1.25) -> str:
+    """functorkit against jax.tree_util (and optree, and a recursive Python walk) with the issue's targets."""
+    rows = [
+        "| operation | functorkit µs | jax.tree_util µs | fk / jax | target | | fk / optree | recursive Python / jax |",
+        "|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for what, fk_call, group, jax_call, optree_call, py_call, target in _TARGETS:
+        times = res[group]
+        t_fk, t_jax, t_opt = times[fk_call], times.get(jax_call), times.get(optree_call)
+        target = fmap_target if what == "fmap" else target
+        ratio = None if t_jax is None else t_fk / t_jax
+        py = "-" if py_call is None or t_jax is None else f"{times[py_call] / t_jax:.2f}x"
+        rows.append(
+            f"| {what} | {_us(t_fk)} | {_us(t_jax) if t_jax else '-'} | {_ratio(t_fk, t_jax)} | ≤ {target:.2f}x"
+            f" | {_verdict(ratio, target)} | {_ratio(t_fk, t_opt)} | {py} |"
+        )
+    return "\n".join(rows)
+
+
+def _mod_leaves(m: Any, out: list[Any]) -> list[Any]:
+    """A recursive Python walk of a module's parameters that records nothing (no ties, no paths)."""
+    out.extend(m._parameters.values())
+    for c in m._modules.values():
+        _mod_leaves(c, out)
+    return out
+
+
+def time_module(rounds: int) -> tuple[int, int, dict[str, float]]:
+    """Time the 12-block ``nn.Module`` against torch's own utilities; (parameters, modules, call -> s)."""
+    import torch
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    m = transformer_module()
+    m_v2p = copy.deepcopy(m)  # vector_to_parameters rebinds .data: keep it off the shared module
+    flat, re = fk.destructure(m)
+    vec = parameters_to_vector(m.parameters())
+    assert torch.equal(flat, vec)
+    calls: dict[str, Callable[[], Any]] = {
+        "fk.leaves(m)": lambda: fk.leaves(m),
+        "m.state_dict()": m.state_dict,
+        "list(m.named_parameters())": lambda: list(m.named_parameters()),
+        "recursive Python leaves (m._parameters, m._modules)": lambda: _mod_leaves(m, []),
+        "fk.fmap(f, m)": lambda: fk.fmap(_ident, m),
+        "re(flat)": lambda: re(flat),
+        "vector_to_parameters(flat, m.parameters())": lambda: vector_to_parameters(vec, m_v2p.parameters()),
+        "fk.destructure(m)": lambda: fk.destructure(m),
+        "parameters_to_vector(m.parameters())": lambda: parameters_to_vector(m.parameters()),
+    }
+    n = len(fk.leaves(m))
+    for call in ("m.state_dict()", "list(m.named_parameters())", "recursive Python leaves (m._parameters, m._modules)"):
+        if len(calls[call]()) != n:
+            msg = f"{call} gave {len(calls[call]())} arrays, fk.leaves {n}"
+            raise AssertionError(msg)
+    with torch.no_grad():
+        best = best_of(calls, rounds, max_number=10_000)
+    return n, len(list(m.modules())), best
+
+
+_MODULE_TARGETS = (  # (what, functorkit call, torch call, target fk/torch or None)
+    ("leaves", "fk.leaves(m)", "m.state_dict()", 1.0),
+    ("leaves", "fk.leaves(m)", "list(m.named_parameters())", None),
+    ("leaves", "fk.leaves(m)", "recursive Python leaves (m._parameters, m._modules)", None),
+    ("fmap(identity)", "fk.fmap(f, m)", "m.state_dict()", None),
+    ("rebuild from a vector", "re(flat)", "vector_to_parameters(flat, m.parameters())", 1.5),
+    ("flatten to a vector", "fk.destructure(m)", "parameters_to_vector(m.parameters())", 1.5),
+)
+
+
+def module_table(best: dict[str, float]) -> str:
+    rows = [
+        "| operation | functorkit | µs | torch / plain Python | µs | ratio | target | |",
+        "|---|---|---:|---|---:|---:|---:|---|",
+    ]
+    for what, fk_call, peer, target in _MODULE_TARGETS:
+        t_fk, t_peer = best[fk_call], best[peer]
+        r = t_fk / t_peer
+        tgt = "-" if target is None else f"≤ {target:.2f}x"
+        verdict = "-" if target is None else _verdict(r, target)
+        rows.append(f"| {what} | **{fk_call}** | {_us(t_fk)} | {peer} | {_us(t_peer)} | {r:.2f}x | {tgt} | {verdict} |")
     return "\n".join(rows)
 
 
@@ -436,6 +601,29 @@ def run(quick: bool) -> str:
     wide = wide_tree() if not quick else wide_tree(10, 10, 20)
     n_wide, res_wide = time_tree(wide, rounds)
     n_mlp, res_mlp = time_tree(mlp_tree(), rounds)
+    big = transformer_tree(600 if not quick else 60)
+    n_big_nodes = count_nodes(big)
+    n_big, res_big = time_tree(big, rounds)
+    del big
+    small = transformer_tree(12)
+    n_small_nodes = count_nodes(small)
+    n_small, res_small = time_tree(small, rounds)
+    try:
+        import torch  # noqa: F401
+
+        n_mod, n_modules, res_mod = time_module(rounds)
+        mod_section = f"""### (e) The 12-block transformer as an `nn.Module`: {n_mod} parameters, {n_modules} modules
+
+An `nn.Sequential` of 12 blocks of the shape of (c) (`nn.Linear` and `nn.LayerNorm` layers,
+width 64), against torch's own utilities on the same module, interleaved in one run, best of
+{rounds} rounds, under `torch.no_grad()`. `vector_to_parameters` writes into a copy of the module
+(it rebinds each parameter's `.data`); `re(flat)` builds a new module. The plain-Python row walks
+`_parameters` and `_modules` recursively and records nothing. Targets from issue #21.
+
+{module_table(res_mod)}
+"""
+    except ImportError:
+        mod_section = ""
 
     ladder = [500, 1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000]
     depths = [1000, 10_000, 100_000]
@@ -487,6 +675,28 @@ Here the fixed cost per call dominates.
 
 {tree_table(n_mlp, res_mlp)}
 
+### (c) A model-shaped tree: a {n_big // 16:,}-block transformer as nested dicts, {n_big:,} leaves
+
+Each block is `{{"ln1", "attn": {{"q", "k", "v", "o"}}, "ln2", "fc1", "fc2"}}`, each innermost
+layer a `{{"weight", "bias"}}` dict of small float32 arrays: {n_big:,} leaves, {n_big // 2:,}
+innermost layers, {n_big_nodes:,} dicts in all (the root included). Few leaves per node: this is
+the per-node cost a real model pays. The first table sets functorkit against `jax.tree_util` with
+the targets of issue #21 (the recursive-Python column is the floor of a walk that records
+nothing); the second lists every contender.
+
+{target_table(res_big)}
+
+{tree_table(n_big, res_big)}
+
+### (d) The same transformer with 12 blocks: {n_small} leaves, {n_small_nodes} dicts
+
+The per-step case: a small model mapped again and again (the steady state, as in (b)).
+
+{target_table(res_small, fmap_target=1.2)}
+
+{tree_table(n_small, res_small)}
+
+{mod_section}
 ### Depth: where each library fails
 
 Nested lists `[[[...[leaf]...]]]` of growing depth ({", ".join(f"{d:,}" for d in ladder)}), each

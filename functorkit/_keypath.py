@@ -6,6 +6,8 @@ import ast
 import math
 from typing import Any
 
+from ._errors import StructureError
+
 __all__ = ["KeyPath", "format_entry", "make_path", "safe_repr"]
 
 _tuple_new = tuple.__new__
@@ -248,8 +250,6 @@ class KeyPath(tuple[Any, ...]):
 
     def _get_error(self, depth: int, node: Any, keys: list[Any] | None) -> Exception:
         """The StructureError of `get` stopping at entry `depth` (built only on failure)."""
-        from ._errors import StructureError
-
         here = self[:depth].display
         key = safe_repr(self[depth])
         if keys is None:

@@ -300,7 +300,7 @@ _BUILTIN: dict[type, Any] = {
     tuple: NodeDef(tuple, _seq_flatten, _tuple_unflatten, fast=TUPLE, owns=True, mutable=False),
     OrderedDict: NodeDef(OrderedDict, _dict_flatten, _odict_unflatten, owns=True),
     defaultdict: NodeDef(defaultdict, _ddict_flatten, _ddict_unflatten, owns=True),
-    **std_nodes(),  # deque, UserDict, UserList, SimpleNamespace, MappingProxyType (SPEC 12)
+    **std_nodes(NodeDef),  # deque, UserDict, UserList, SimpleNamespace, MappingProxyType (SPEC 12)
 }
 # The table is copy-on-write: one snapshot is a tuple
 #     (registered entries, resolved types, leaf types, known types, generation)
@@ -439,7 +439,7 @@ def resolve(cls: type, tables: Any = None) -> Any:
         out = bridged
     elif dataclasses.is_dataclass(cls):
         out = _dataclass_def(cls)
-    elif (attrs_nd := attrs_def(cls)) is not None:
+    elif (attrs_nd := attrs_def(cls, _dataclass_def)) is not None:
         out = attrs_nd
     else:
         out = None

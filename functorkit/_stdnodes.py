@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import types
 from collections import UserDict, UserList, deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -68,32 +69,31 @@ def _ns_unflatten(aux: Any, keys: list[Any], values: list[Any]) -> types.SimpleN
     return out
 
 
-def std_nodes() -> dict[type, NodeDef]:
-    """The table entries of the standard containers (merged into the registry's built-ins)."""
-    from ._registry import NodeDef
+def std_nodes(node_def: type[NodeDef]) -> dict[type, NodeDef]:
+    """The table entries of the standard containers (merged into the registry's built-ins).
 
+    The registry passes its `NodeDef` class in as `node_def`: this module sits below ``_registry`` and imports
+    nothing of functorkit (docs/adapters.md, "Import layering")."""
     return {
-        deque: NodeDef(deque, _deque_flatten, _deque_unflatten, owns=True),
-        UserList: NodeDef(UserList, _userlist_flatten, _userlist_unflatten, owns=True),
-        UserDict: NodeDef(UserDict, _userdict_flatten, _userdict_unflatten, owns=True),
-        types.SimpleNamespace: NodeDef(types.SimpleNamespace, _ns_flatten, _ns_unflatten, owns=True),
+        deque: node_def(deque, _deque_flatten, _deque_unflatten, owns=True),
+        UserList: node_def(UserList, _userlist_flatten, _userlist_unflatten, owns=True),
+        UserDict: node_def(UserDict, _userdict_flatten, _userdict_unflatten, owns=True),
+        types.SimpleNamespace: node_def(types.SimpleNamespace, _ns_flatten, _ns_unflatten, owns=True),
         # a proxy may front a mapping that makes its values on access: the walk keeps them alive
-        types.MappingProxyType: NodeDef(types.MappingProxyType, _mapping_flatten, _proxy_unflatten, mutable=False),
+        types.MappingProxyType: node_def(types.MappingProxyType, _mapping_flatten, _proxy_unflatten, mutable=False),
     }
 
 
-def attrs_def(cls: type) -> NodeDef | None:
-    """The NodeDef of an attrs class (like a dataclass's: ``_registry._dataclass_def``), or None when
-    `cls` is not one or attrs was never imported."""
+def attrs_def(cls: type, dataclass_def: Callable[[type, list[Any], bool], NodeDef]) -> NodeDef | None:
+    """The NodeDef of an attrs class (like a dataclass's: `dataclass_def`, which the registry passes
+    in as ``_registry._dataclass_def``), or None when `cls` is not one or attrs was never imported."""
     for modname in ("attrs", "attr"):
         mod = sys.modules.get(modname)
         if mod is not None:
             has = getattr(mod, "has", None)
             if has is None or not has(cls):
                 return None
-            from ._registry import _dataclass_def
-
             fields = list(getattr(mod, "fields")(cls))  # noqa: B009 -- attrs' public API, found at run time
             frozen = getattr(cls.__setattr__, "__name__", "") == "_frozen_setattrs"
-            return _dataclass_def(cls, fields, frozen)
+            return dataclass_def(cls, fields, frozen)
     return None

@@ -52,7 +52,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._errors import StructureError
+from ._holders import refuse_unknown_holders
 from ._keypath import KeyPath, make_path
+from ._match import match_tree
 from ._messages import add_note, describe_found, mismatch
 from ._registry import DICT, LIST, TUPLE, NodeDef, resolve
 
@@ -367,6 +369,8 @@ class TreeDef:
         >>> fk.TreeDef.from_json(text) == td
         True
         """
+        # lazy, downward: _treedef_json imports _structured, whose registrations (exported to
+        # pytree libraries, whose glue imports this module) must not run while this one loads
         from ._treedef_json import to_json
 
         return to_json(self)
@@ -406,9 +410,9 @@ class TreeDef:
         >>> fk.TreeDef.from_json(td.to_json(), classes=[Layer]) == td
         True
         """
-        from ._treedef_json import from_json
+        from ._treedef_json import from_json  # lazy, downward (see to_json)
 
-        out: TreeDef = from_json(text, classes=classes)
+        out: TreeDef = from_json(text, _restore_treedef, classes=classes)
         return out
 
     # ---------------------------------------------------------------- rebuilding
@@ -696,7 +700,3 @@ def _restore_treedef(state: Any) -> TreeDef:
     _check_program(prog, npos, nleaves, pos_leaf, trainable, forced, bad)
     refs = frozenset(e for e in prog if type(e) is int)
     return TreeDef._make(prog, npos, nleaves, pos_leaf, trainable, refs, frozenset(forced))
-
-
-from ._holders import refuse_unknown_holders  # noqa: E402 -- the classification of leaves
-from ._match import match_tree  # noqa: E402 -- matching uses TreeDef's entry layout above

@@ -18,7 +18,7 @@ import json
 import math
 import pickle
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._errors import StructureError
@@ -202,10 +202,11 @@ def _int(v: Any, what: str, lo: int = 0, hi: int | None = None) -> int:
     return v
 
 
-def from_json(text: Any, *, classes: Any = None) -> Any:
-    """``fk.TreeDef.from_json(text, classes=...)``: the definition a `to_json` document describes."""
-    from ._treedef import _restore_treedef
+def from_json(text: Any, restore: Callable[[Any], Any], *, classes: Any = None) -> Any:
+    """``fk.TreeDef.from_json(text, classes=...)``: the definition a `to_json` document describes.
 
+    `restore` is ``_treedef._restore_treedef`` (the checked constructor from a plain state), passed
+    in by `TreeDef.from_json` so that this module does not import back up into ``_treedef``."""
     allowed = _allow_list(classes)
     if not isinstance(text, (str, bytes, bytearray)):
         msg = f"fk.TreeDef.from_json: expected a str (a document made by TreeDef.to_json), got {type(text).__name__}."
@@ -319,6 +320,6 @@ def from_json(text: Any, *, classes: Any = None) -> Any:
     if type(forced) is not list or any(type(j) is not int or not 0 <= j < npos for j in forced):
         raise _bad("`forced` must be a list of leaf positions.")
     try:
-        return _restore_treedef((prog, npos, nleaves, pos_leaf, trainable, sorted(set(forced))))
+        return restore((prog, npos, nleaves, pos_leaf, trainable, sorted(set(forced))))
     except pickle.UnpicklingError:
         raise _bad("the document is inconsistent.") from None

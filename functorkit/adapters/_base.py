@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import array_api_compat
 import numpy as np
 
+from ._device import same_device
 from ._kernels import Kernels
 
 __all__ = [
@@ -336,8 +337,6 @@ class ArrayAdapter(Kernels):
     def check_source(self, ftype: type, n: int, dtype: Any, device: Any, glb: dict[str, Any]) -> str:
         """A Python expression over a local ``p``, True when ``p`` is NOT exactly of type `ftype`,
         shape ``(n,)``, `dtype` and `device`; its globals go into `glb`."""
-        from .._xp import same_device
-
         glb.update(T=ftype, S=(n,), D=dtype, DEV=device, SAME=same_device, DEVICE_OF=self.device)
         return "type(p) is not T or p.shape != S or p.dtype != D or not SAME(DEVICE_OF(p), DEV)"
 
@@ -351,8 +350,6 @@ class ArrayAdapter(Kernels):
 
     def flat_piece(self, x: Any, dtype: Any, device: Any) -> Any:
         """`x` raveled, of `dtype`, on `device` (no autograd history)."""
-        from .._xp import same_device
-
         xp = self.xp
         y = xp.reshape(self.detach(x), (-1,))
         if y.dtype != dtype:
@@ -393,8 +390,6 @@ class ArrayAdapter(Kernels):
 
     def to_namespace(self, x: Any, device: Any) -> Any:
         """A copy of the foreign array `x` in this namespace, on `device` (DLPack, else ``asarray``)."""
-        from .._xp import same_device
-
         xp = self.xp
         try:
             y = xp.from_dlpack(x)
@@ -451,8 +446,6 @@ class ArrayAdapter(Kernels):
     def stage(self, dst: Any, src: Any) -> Any:
         """`src` (any namespace) as an array that `write` can copy into `dst` without failing:
         this namespace, ``dst``'s dtype, device and shape. Every conversion happens here."""
-        from .._xp import same_device
-
         xp = self.xp
         sa = adapter_of(src)
         if sa is not self:
