@@ -248,10 +248,11 @@ def _write_file(file: str, items: list[_Item], meta: dict[str, str]) -> None:
     """One safetensors file: the header (tensors in walk order), then the data, widest dtypes
     first so that every tensor is aligned in the file (safetensors allows no gaps).
 
-    Lazy pieces are computed a batch at a time, a batch being whole tensors (about
-    `BATCH_BYTES`, or one larger tensor): every tensor's graph is computed once, so a reduction
-    inside it (a merge's norm or threshold) is not recomputed per block. One writer thread
-    writes a batch while the next is computed (at most two batches in memory)."""
+    Lazy pieces are computed a batch (about `BATCH_BYTES`) at a time: an elementwise tensor's row
+    blocks stream, batch by batch; a tensor whose blocks share a reduction (a merge's norm or
+    threshold, `blocks_share_work`) is computed whole in one batch, so its graph runs once, not once
+    per batch. One writer thread writes a batch while the next is computed (at most two batches in
+    memory)."""
     order = sorted(items, key=lambda it: -it.itemsize)
     offsets: dict[str, tuple[int, int]] = {}
     pos = 0
@@ -271,10 +272,14 @@ def _write_file(file: str, items: list[_Item], meta: dict[str, str]) -> None:
                 batch, batch_bytes = [], 0
                 writer.write([(it, _to_host(it), it.nbytes)])
                 continue
-            for b in blocks:  # a tensor's blocks are computed together: its graph runs once
+            together = it.ad.blocks_share_work(it.x)  # a reduction inside: compute the graph once
+            for b in blocks:
                 nbytes = math.prod(int(d) for d in b.shape) * it.itemsize
                 batch.append((it, b, nbytes))
                 batch_bytes += nbytes
+                if not together and batch_bytes >= BATCH_BYTES:
+                    writer.compute_and_write(batch)
+                    batch, batch_bytes = [], 0
             if batch_bytes >= BATCH_BYTES:
                 writer.compute_and_write(batch)
                 batch, batch_bytes = [], 0

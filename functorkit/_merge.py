@@ -42,7 +42,9 @@ __all__ = ["dare", "model_stock", "slerp", "task_arithmetic", "ties"]
 
 
 def _zero(xp: Any, like: Any) -> Any:
-    return xp.zeros_like(like)
+    """A 0-d zero of `like`'s dtype and device, for ``where`` (broadcast: no full array of zeros is
+    allocated and filled per call; the same values as ``zeros_like``)."""
+    return _scalar(xp, 0.0, like)
 
 
 def _scalar(xp: Any, v: float, like: Any) -> Any:

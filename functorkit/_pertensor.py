@@ -204,6 +204,8 @@ _GOLDEN = 0x9E3779B1
 _C1, _C2 = 0x85EBCA6B, 0xC2B2AE35
 #: the masks compare 24 uniform bits with round(density * 2**24)
 MASK_BITS = 24
+#: a Dask block's mask is hashed in pieces of about this many elements (cache-sized temporaries)
+_PIECE = 1 << 16
 
 
 def _i32(v: int) -> int:
@@ -272,7 +274,18 @@ def _keep_block(shape: tuple[int, ...], keys: tuple[int, int], thr: int, block: 
     xp = namespace(block)
     starts = tuple(int(a) for a, _ in loc)
     bshape = tuple(int(b - a) for a, b in loc)
-    return _bits(xp, flat_index(xp, shape, bshape, starts, None), keys, thr)
+    row = math.prod(bshape[1:])
+    step = max(1, _PIECE // max(row, 1))
+    if bshape[0] <= step:
+        return _bits(xp, flat_index(xp, shape, bshape, starts, None), keys, thr)
+    # a block's chunk (NumPy, CuPy: mutable) filled in pieces of about `_PIECE` elements, so that the
+    # hash's ~16 integer passes run on cache-sized temporaries (the same bits: element-wise)
+    out = xp.empty(bshape, dtype=xp.bool)
+    for r in range(0, bshape[0], step):
+        n = min(step, bshape[0] - r)
+        piece = flat_index(xp, shape, (n, *bshape[1:]), (starts[0] + r, *starts[1:]), None)
+        out[r : r + n] = _bits(xp, piece, keys, thr)
+    return out
 
 
 def keep_mask(xp: Any, x: Any, density: float, keys: tuple[int, int], path: KeyPath) -> Any:
