@@ -79,15 +79,23 @@ class Adapter(MethodSlices):
         return False
 
     def compute_blocks(self, blocks: list[Any]) -> list[Any]:
-        """One ``dask.compute`` call (the active scheduler: threads, or a ``dask.distributed`` client)."""
+        """One ``dask.compute`` call (the active scheduler: threads, or a ``dask.distributed`` client).
+
+        Where no scheduler is configured and ``distributed`` was never imported (so no client can
+        be active), the collection's own scheduler is passed, the one ``dask.compute`` would pick:
+        this skips its first-call import of ``distributed`` (0.2-0.4 s in a fresh process)."""
         import importlib
+        import sys
 
         import numpy as np
 
         from ._base import _little_endian
 
         dask: Any = importlib.import_module("dask")
-        return [_little_endian(np.asarray(b)) for b in dask.compute(*blocks)]
+        kw: dict[str, Any] = {}
+        if blocks and "distributed" not in sys.modules and dask.config.get("scheduler", None) is None:
+            kw["scheduler"] = blocks[0].__dask_scheduler__
+        return [_little_endian(np.asarray(b)) for b in dask.compute(*blocks, **kw)]
 
     def from_stored(self, src: Any, like: Any) -> Any:
         """A lazy array over the file: ``dask.array.from_array`` of a `LazyTensor` (picklable:
