@@ -307,11 +307,55 @@ def keep_mask(xp: Any, x: Any, density: float, keys: tuple[int, int], path: KeyP
     shape = tuple(int(d) for d in x.shape) or (1,)
     if not x.shape:
         x = xp.reshape(x, (1,))
-    if not adapter_of(x).mutable and hasattr(x, "map_blocks") and hasattr(x, "chunks"):  # a chunked lazy array
+    if _chunked(x):
         fn = functools.partial(_keep_block, shape, keys, thr)
         return x.map_blocks(fn, dtype=bool, meta=np.empty((0,) * len(shape), dtype=bool))
     dev = adapter_of(x).device(x)
     return _bits(xp, flat_index(xp, shape, shape, (0,) * len(shape), dev), keys, thr)
+
+
+# --------------------------------------------------------------------------- element-wise bodies
+
+
+def _chunked(x: Any) -> bool:
+    """A chunked lazy array (Dask): immutable, with ``map_blocks`` and ``chunks``."""
+    return not adapter_of(x).mutable and hasattr(x, "map_blocks") and hasattr(x, "chunks")
+
+
+def _piecewise(fn: Any, n: int, *blocks: Any) -> Any:
+    """One Dask block of `elementwise`: `fn` on row pieces of about `_PIECE` elements of the `n`
+    array blocks (the rest, 0-d constants, whole), written into one output block (NumPy, CuPy:
+    mutable), so that the body's passes run on cache-sized temporaries instead of allocating and
+    faulting in a fresh block-sized array per operation. Element-wise, so the same bits."""
+    arrays, consts = blocks[:n], blocks[n:]
+    x = arrays[0]
+    xp = namespace(x)
+    rows = int(x.shape[0])
+    step = max(1, _PIECE // max(1, math.prod(int(d) for d in x.shape[1:])))
+    if rows <= step:
+        return fn(xp, *arrays, *consts)
+    out = None
+    for r in range(0, rows, step):
+        part = fn(xp, *(a[r : r + step] for a in arrays), *consts)
+        if out is None:
+            out = xp.empty(tuple(int(d) for d in x.shape), dtype=part.dtype)
+        out[r : r + step] = part
+    return out
+
+
+def elementwise(xp: Any, fn: Any, arrays: Sequence[Any], consts: Sequence[Any] = ()) -> Any:
+    """``fn(xp, *arrays, *consts)`` for an element-wise `fn` whose result has ``arrays[0]``'s shape
+    and dtype: called directly on eager arrays; on Dask (``arrays`` of one shape, ``consts`` 0-d,
+    lazy reductions included) one ``map_blocks`` task per block that runs `fn` in row pieces
+    (`_piecewise`). The values are those of ``fn`` on the whole arrays, bit for bit."""
+    import functools
+
+    x = arrays[0]
+    if not x.shape or not _chunked(x):
+        return fn(xp, *arrays, *consts)
+    body = functools.partial(_piecewise, fn, len(arrays))
+    meta = np.empty((0,) * len(x.shape), dtype=x.dtype)
+    return x.map_blocks(body, *arrays[1:], *consts, dtype=x.dtype, meta=meta)
 
 
 # --------------------------------------------------------------------------- public per-tensor reductions
