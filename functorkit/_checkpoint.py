@@ -125,10 +125,11 @@ def save(
     keys for modules: ``0.weight``). A tied array is stored once and the tie
     recorded in the metadata (``"functorkit.ties"``), so `load`
     restores it. Non-array leaves (Python numbers, strings) are not stored.
-    Lazy (Dask) arrays are computed a batch of whole tensors at a time (each
-    tensor's graph once) and written in place, so memory stays near one batch
-    (`BATCH_BYTES`, or the largest tensor), on whatever Dask
-    scheduler is active (``dask.distributed`` included). The file (or
+    Lazy (Dask) arrays are computed a batch of row blocks at a time and
+    written in place, so memory stays near two batches (`BATCH_BYTES` each); a
+    tensor whose blocks share a reduction (a merge's norm or threshold) is
+    computed whole in one batch, so its graph runs once. Any active Dask
+    scheduler is used (``dask.distributed`` included). The file (or
     directory) appears only when complete: on any error, ``KeyboardInterrupt``
     included, the path holds the old checkpoint or the new one, whole, and
     nothing else is left. Keys are stored exactly as given, so saving what
