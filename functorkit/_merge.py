@@ -31,8 +31,6 @@ from ._pertensor import (
     kth_largest,
     mask_keys,
     per_model,
-    sq_norm,
-    vdot,
     work,
 )
 from ._typing import Tree as T
@@ -112,12 +110,15 @@ def slerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True) -> T:
         check_real("slerp", path, x)
         xp = namespace(x)
         tt = ts.get(path)
-        v0, v1 = work(xp, x), work(xp, others[0])
-        n0, n1 = xp.sqrt(sq_norm(xp, v0)), xp.sqrt(sq_norm(xp, v1))
+        y = others[0]
+        v0 = work(xp, x)
+        # the products summed are computed in pieces (`elementwise`): the same values, so the same sums
+        n0 = xp.sqrt(xp.sum(elementwise(xp, _sq, (x,), dtype=v0.dtype)))
+        n1 = xp.sqrt(xp.sum(elementwise(xp, _sq, (y,), dtype=v0.dtype)))
         one = _scalar(xp, 1.0, v0)
         d0 = xp.where(n0 > EPS_NORM, n0, one)
         d1 = xp.where(n1 > EPS_NORM, n1, one)
-        c = vdot(xp, v0, v1) / (d0 * d1)
+        c = xp.sum(elementwise(xp, _prod, (x, y), dtype=v0.dtype)) / (d0 * d1)
         parallel = xp.abs(c) > DOT_THRESHOLD
         theta = xp.acos(xp.clip(c, -1.0, 1.0))
         s = xp.where(parallel, one, xp.sin(theta))
@@ -130,6 +131,29 @@ def slerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True) -> T:
 
 def _slerp_body(xp: Any, x: Any, y: Any, c0: Any, c1: Any) -> Any:
     return cast_back(xp, c0 * work(xp, x) + c1 * work(xp, y), x)
+
+
+def _sq(xp: Any, x: Any) -> Any:
+    v = work(xp, x)
+    return v * v
+
+
+def _prod(xp: Any, x: Any, y: Any) -> Any:
+    return work(xp, x) * work(xp, y)
+
+
+def _abs_delta(xp: Any, x: Any, o: Any) -> Any:
+    return xp.abs(work(xp, o) - work(xp, x))
+
+
+def _abs_kept(xp: Any, x: Any, o: Any, keep: Any) -> Any:
+    d = work(xp, o) - work(xp, x)
+    return xp.abs(xp.where(keep, d, _zero(xp, d)))
+
+
+def _off_prod(xp: Any, x: Any, o1: Any, o2: Any) -> Any:
+    b = work(xp, x)
+    return (work(xp, o1) - b) * (work(xp, o2) - b)
 
 
 # --------------------------------------------------------------------------- task vectors
@@ -164,9 +188,8 @@ def _mix(
         arrays: list[Any] = []
         consts: list[Any] = []
         if sparsify is not None:
-            b = work(xp, x)
             for i, o in enumerate(others):
-                prep = sparsify[0](xp, path, i, x, work(xp, o) - b)
+                prep = sparsify[0](xp, path, i, x, o)
                 layout.append(None if prep is None else (len(prep[0]), len(prep[1])))
                 if prep is not None:
                     arrays.extend(prep[0])
@@ -273,14 +296,15 @@ def task_arithmetic(
 
 
 def _magnitude(densities: list[Schedule]) -> Any:
-    def prepare(xp: Any, path: KeyPath, i: int, x: Any, d: Any) -> Any:
+    def prepare(xp: Any, path: KeyPath, i: int, x: Any, o: Any) -> Any:
         dens = densities[i].get(path)
         if dens >= 1.0:
             return None
         n = 1
-        for s in d.shape:
+        for s in x.shape:
             n *= int(s)
-        return (), (kth_largest(xp, xp.abs(d), count_kept(n, dens)),)
+        a = elementwise(xp, _abs_delta, (x, o), dtype=work(xp, x).dtype)
+        return (), (kth_largest(xp, a, count_kept(n, dens)),)
 
     def apply(xp: Any, path: KeyPath, i: int, d: Any, arrays: Any, consts: Any) -> Any:
         return xp.where(xp.abs(d) >= consts[0], d, _zero(xp, d))
@@ -341,17 +365,17 @@ def _check_bool(v: Any, name: str, fname: str) -> None:
 
 
 def _bernoulli(densities: list[Schedule], seed: int, rescale: Any) -> Any:
-    def prepare(xp: Any, path: KeyPath, i: int, x: Any, d: Any) -> Any:
+    def prepare(xp: Any, path: KeyPath, i: int, x: Any, o: Any) -> Any:
         dens = densities[i].get(path)
         if dens >= 1.0:
             return None
-        keep = keep_mask(xp, x, dens, mask_keys(seed, i, path), path)  # x: d's shape, one task less
-        if keep.shape != d.shape:
-            keep = xp.reshape(keep, d.shape)
+        keep = keep_mask(xp, x, dens, mask_keys(seed, i, path), path)  # of x: no task waits for the delta
+        if keep.shape != x.shape:
+            keep = xp.reshape(keep, x.shape)
         if rescale is True:  # mergekit: the kept delta's L1 norm made the original's
-            kept = xp.where(keep, d, _zero(xp, d))
-            before = xp.sum(xp.abs(d))
-            after = xp.sum(xp.abs(kept))
+            wdt = work(xp, x).dtype
+            before = xp.sum(elementwise(xp, _abs_delta, (x, o), dtype=wdt))
+            after = xp.sum(elementwise(xp, _abs_kept, (x, o, keep), dtype=wdt))
             ok = (before >= EPS_RESCALE) & (after >= EPS_RESCALE)
             one = _scalar(xp, 1.0, before)
             return (keep,), (xp.where(ok, before / xp.where(ok, after, one), one),)
@@ -471,16 +495,16 @@ def model_stock(base: T, models: Sequence[T], /, *, trainable_only: bool = True)
     def fn(path: KeyPath, x: Any, others: list[Any], _out: Any = None) -> Any:
         check_real("model_stock", path, x)
         xp = namespace(x)
-        b = work(xp, x)
-        ws = [work(xp, o) for o in others]
-        offs = [w - b for w in ws]
-        norms = [xp.sqrt(sq_norm(xp, o)) for o in offs]
+        wdt = work(xp, x).dtype
+        # the products summed are computed in pieces (`elementwise`): the same values, so the same sums
+        norms = [xp.sqrt(xp.sum(elementwise(xp, _off_prod, (x, o, o), dtype=wdt))) for o in others]
         cos = None
         pairs = 0
         for i in range(n):
             for j in range(i + 1, n):
                 den = xp.maximum(norms[i] * norms[j], _scalar(xp, EPS_STOCK, norms[i]))
-                cij = xp.clip(vdot(xp, offs[i], offs[j]) / den, -1.0, 1.0)
+                dot = xp.sum(elementwise(xp, _off_prod, (x, others[i], others[j]), dtype=wdt))
+                cij = xp.clip(dot / den, -1.0, 1.0)
                 cos = cij if cos is None else cos + cij
                 pairs += 1
         assert cos is not None

@@ -205,7 +205,7 @@ _C1, _C2 = 0x85EBCA6B, 0xC2B2AE35
 #: the masks compare 24 uniform bits with round(density * 2**24)
 MASK_BITS = 24
 #: a Dask block's mask is hashed in pieces of about this many elements (cache-sized temporaries)
-_PIECE = 1 << 16
+_PIECE = 1 << 14
 
 
 def _i32(v: int) -> int:
@@ -343,19 +343,20 @@ def _piecewise(fn: Any, n: int, *blocks: Any) -> Any:
     return out
 
 
-def elementwise(xp: Any, fn: Any, arrays: Sequence[Any], consts: Sequence[Any] = ()) -> Any:
+def elementwise(xp: Any, fn: Any, arrays: Sequence[Any], consts: Sequence[Any] = (), dtype: Any = None) -> Any:
     """``fn(xp, *arrays, *consts)`` for an element-wise `fn` whose result has ``arrays[0]``'s shape
-    and dtype: called directly on eager arrays; on Dask (``arrays`` of one shape, ``consts`` 0-d,
-    lazy reductions included) one ``map_blocks`` task per block that runs `fn` in row pieces
-    (`_piecewise`). The values are those of ``fn`` on the whole arrays, bit for bit."""
+    and `dtype` (default ``arrays[0]``'s): called directly on eager arrays; on Dask (``arrays``
+    of one shape, ``consts`` 0-d, lazy reductions included) one ``map_blocks`` task per block
+    that runs `fn` in row pieces (`_piecewise`). The values are those of ``fn`` on the whole arrays, bit for bit."""
     import functools
 
     x = arrays[0]
     if not x.shape or not _chunked(x):
         return fn(xp, *arrays, *consts)
     body = functools.partial(_piecewise, fn, len(arrays))
-    meta = np.empty((0,) * len(x.shape), dtype=x.dtype)
-    return x.map_blocks(body, *arrays[1:], *consts, dtype=x.dtype, meta=meta)
+    dt = x.dtype if dtype is None else dtype
+    meta = np.empty((0,) * len(x.shape), dtype=dt)
+    return x.map_blocks(body, *arrays[1:], *consts, dtype=dt, meta=meta)
 
 
 # --------------------------------------------------------------------------- public per-tensor reductions
