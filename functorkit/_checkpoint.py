@@ -125,10 +125,11 @@ def save(
     keys for modules: ``0.weight``). A tied array is stored once and the tie
     recorded in the metadata (``"functorkit.ties"``), so `load`
     restores it. Non-array leaves (Python numbers, strings) are not stored.
-    Lazy (Dask) arrays are computed a batch of whole tensors at a time (each
-    tensor's graph once) and written in place, so memory stays near one batch
-    (`BATCH_BYTES`, or the largest tensor), on whatever Dask
-    scheduler is active (``dask.distributed`` included). The file (or
+    Lazy (Dask) arrays are computed a batch of row blocks at a time and
+    written in place, so memory stays near two batches (`BATCH_BYTES` each); a
+    tensor whose blocks share a reduction (a merge's norm or threshold) is
+    computed whole in one batch, so its graph runs once. Any active Dask
+    scheduler is used (``dask.distributed`` included). The file (or
     directory) appears only when complete: on any error, ``KeyboardInterrupt``
     included, the path holds the old checkpoint or the new one, whole, and
     nothing else is left. Keys are stored exactly as given, so saving what
@@ -248,10 +249,11 @@ def _write_file(file: str, items: list[_Item], meta: dict[str, str]) -> None:
     """One safetensors file: the header (tensors in walk order), then the data, widest dtypes
     first so that every tensor is aligned in the file (safetensors allows no gaps).
 
-    Lazy pieces are computed a batch at a time, a batch being whole tensors (about
-    `BATCH_BYTES`, or one larger tensor): every tensor's graph is computed once, so a reduction
-    inside it (a merge's norm or threshold) is not recomputed per block. One writer thread
-    writes a batch while the next is computed (at most two batches in memory)."""
+    Lazy pieces are computed a batch (about `BATCH_BYTES`) at a time: an elementwise tensor's row
+    blocks stream, batch by batch; a tensor whose blocks share a reduction (a merge's norm or
+    threshold, `blocks_share_work`) is computed whole in one batch, so its graph runs once, not once
+    per batch. One writer thread writes a batch while the next is computed (at most two batches in
+    memory)."""
     order = sorted(items, key=lambda it: -it.itemsize)
     offsets: dict[str, tuple[int, int]] = {}
     pos = 0
@@ -271,10 +273,14 @@ def _write_file(file: str, items: list[_Item], meta: dict[str, str]) -> None:
                 batch, batch_bytes = [], 0
                 writer.write([(it, _to_host(it), it.nbytes)])
                 continue
-            for b in blocks:  # a tensor's blocks are computed together: its graph runs once
+            together = it.ad.blocks_share_work(it.x)  # a reduction inside: compute the graph once
+            for b in blocks:
                 nbytes = math.prod(int(d) for d in b.shape) * it.itemsize
                 batch.append((it, b, nbytes))
                 batch_bytes += nbytes
+                if not together and batch_bytes >= BATCH_BYTES:
+                    writer.compute_and_write(batch)
+                    batch, batch_bytes = [], 0
             if batch_bytes >= BATCH_BYTES:
                 writer.compute_and_write(batch)
                 batch, batch_bytes = [], 0

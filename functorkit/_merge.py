@@ -26,12 +26,11 @@ from ._pertensor import (
     check_density,
     check_real,
     count_kept,
+    elementwise,
     keep_mask,
     kth_largest,
     mask_keys,
     per_model,
-    sq_norm,
-    vdot,
     work,
 )
 from ._typing import Tree as T
@@ -42,7 +41,9 @@ __all__ = ["dare", "model_stock", "slerp", "task_arithmetic", "ties"]
 
 
 def _zero(xp: Any, like: Any) -> Any:
-    return xp.zeros_like(like)
+    """A 0-d zero of `like`'s dtype and device, for ``where`` (broadcast: no full array of zeros is
+    allocated and filled per call; the same values as ``zeros_like``)."""
+    return _scalar(xp, 0.0, like)
 
 
 def _scalar(xp: Any, v: float, like: Any) -> Any:
@@ -109,20 +110,50 @@ def slerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True) -> T:
         check_real("slerp", path, x)
         xp = namespace(x)
         tt = ts.get(path)
-        v0, v1 = work(xp, x), work(xp, others[0])
-        n0, n1 = xp.sqrt(sq_norm(xp, v0)), xp.sqrt(sq_norm(xp, v1))
+        y = others[0]
+        v0 = work(xp, x)
+        # the products summed are computed in pieces (`elementwise`): the same values, so the same sums
+        n0 = xp.sqrt(xp.sum(elementwise(xp, _sq, (x,), dtype=v0.dtype)))
+        n1 = xp.sqrt(xp.sum(elementwise(xp, _sq, (y,), dtype=v0.dtype)))
         one = _scalar(xp, 1.0, v0)
         d0 = xp.where(n0 > EPS_NORM, n0, one)
         d1 = xp.where(n1 > EPS_NORM, n1, one)
-        c = vdot(xp, v0, v1) / (d0 * d1)
+        c = xp.sum(elementwise(xp, _prod, (x, y), dtype=v0.dtype)) / (d0 * d1)
         parallel = xp.abs(c) > DOT_THRESHOLD
         theta = xp.acos(xp.clip(c, -1.0, 1.0))
         s = xp.where(parallel, one, xp.sin(theta))
         c0 = xp.where(parallel, _scalar(xp, 1.0 - tt, v0), xp.sin((1.0 - tt) * theta) / s)
         c1 = xp.where(parallel, _scalar(xp, tt, v0), xp.sin(tt * theta) / s)
-        return cast_back(xp, c0 * v0 + c1 * v1, x)
+        return elementwise(xp, _slerp_body, (x, others[0]), (c0, c1))
 
     return _map_params("slerp", ("a", "b"), (a, b), fn, trainable_only)
+
+
+def _slerp_body(xp: Any, x: Any, y: Any, c0: Any, c1: Any) -> Any:
+    return cast_back(xp, c0 * work(xp, x) + c1 * work(xp, y), x)
+
+
+def _sq(xp: Any, x: Any) -> Any:
+    v = work(xp, x)
+    return v * v
+
+
+def _prod(xp: Any, x: Any, y: Any) -> Any:
+    return work(xp, x) * work(xp, y)
+
+
+def _abs_delta(xp: Any, x: Any, o: Any) -> Any:
+    return xp.abs(work(xp, o) - work(xp, x))
+
+
+def _abs_kept(xp: Any, x: Any, o: Any, keep: Any) -> Any:
+    d = work(xp, o) - work(xp, x)
+    return xp.abs(xp.where(keep, d, _zero(xp, d)))
+
+
+def _off_prod(xp: Any, x: Any, o1: Any, o2: Any) -> Any:
+    b = work(xp, x)
+    return (work(xp, o1) - b) * (work(xp, o2) - b)
 
 
 # --------------------------------------------------------------------------- task vectors
@@ -140,7 +171,10 @@ def _mix(
     trainable_only: bool,
 ) -> T:
     """``base + scale * mix(w_i * sparsify_i(m_i - base))`` per tensor (mergekit's generalized
-    task arithmetic): `sparsify(xp, path, i, delta)` gives the kept delta of model `i`."""
+    task arithmetic). `sparsify` is ``(prepare, apply)``: ``prepare(xp, path, i, x, delta)`` gives
+    ``None`` (the whole delta kept) or the per-tensor ``(arrays, constants)`` of model `i` (masks;
+    thresholds and factors, lazy reductions on Dask), ``apply(xp, path, i, delta, arrays,
+    constants)`` the kept delta, element-wise: the merge itself is one `elementwise` body."""
     mods = _models(models, fname)
     ws = per_model(weights, len(mods), "weights", fname)
     sc = Schedule(scale, "scale", fname)
@@ -148,16 +182,47 @@ def _mix(
     def fn(path: KeyPath, x: Any, others: list[Any], _out: Any = None) -> Any:
         check_real(fname, path, x)
         xp = namespace(x)
+        wv = [ws[i].get(path) for i in range(len(others))]
+        lam = sc.get(path)
+        layout: list[tuple[int, int] | None] = []
+        arrays: list[Any] = []
+        consts: list[Any] = []
+        if sparsify is not None:
+            for i, o in enumerate(others):
+                prep = sparsify[0](xp, path, i, x, o)
+                layout.append(None if prep is None else (len(prep[0]), len(prep[1])))
+                if prep is not None:
+                    arrays.extend(prep[0])
+                    consts.extend(prep[1])
+        m = len(others)
+
+        def body(xp: Any, x: Any, *rest: Any) -> Any:
+            return _mix_body(xp, path, x, rest[:m], rest[m : m + len(arrays)], rest[m + len(arrays) :], wv, lam, layout)
+
+        return elementwise(xp, body, (x, *others, *arrays), tuple(consts))
+
+    def _mix_body(
+        xp: Any,
+        path: KeyPath,
+        x: Any,
+        others: Sequence[Any],
+        arrays: Sequence[Any],
+        consts: Sequence[Any],
+        wv: list[float],
+        lam: float,
+        layout: list[tuple[int, int] | None],
+    ) -> Any:
         b = work(xp, x)
         wd = []
-        wv = []
+        ai = ci = 0
         for i, o in enumerate(others):
             d = work(xp, o) - b
-            if sparsify is not None:
-                d = sparsify(xp, path, i, d)
-            w = ws[i].get(path)
-            wv.append(w)
-            wd.append(d * w)
+            lay = layout[i] if layout else None
+            if lay is not None:
+                assert sparsify is not None
+                d = sparsify[1](xp, path, i, d, arrays[ai : ai + lay[0]], consts[ci : ci + lay[1]])
+                ai, ci = ai + lay[0], ci + lay[1]
+            wd.append(d * wv[i])
         if consensus:
             total = wd[0]
             for d in wd[1:]:
@@ -183,7 +248,6 @@ def _mix(
             if normalize:
                 s = sum(wv)
                 mixed = mixed / (1.0 if abs(s) < 1e-8 else s)
-        lam = sc.get(path)
         if lam != 1.0:
             mixed = mixed * lam
         return cast_back(xp, b + mixed, x)
@@ -232,18 +296,20 @@ def task_arithmetic(
 
 
 def _magnitude(densities: list[Schedule]) -> Any:
-    def sparsify(xp: Any, path: KeyPath, i: int, d: Any) -> Any:
+    def prepare(xp: Any, path: KeyPath, i: int, x: Any, o: Any) -> Any:
         dens = densities[i].get(path)
         if dens >= 1.0:
-            return d
+            return None
         n = 1
-        for s in d.shape:
+        for s in x.shape:
             n *= int(s)
-        a = xp.abs(d)
-        thr = kth_largest(xp, a, count_kept(n, dens))
-        return xp.where(a >= thr, d, _zero(xp, d))
+        a = elementwise(xp, _abs_delta, (x, o), dtype=work(xp, x).dtype)
+        return (), (kth_largest(xp, a, count_kept(n, dens)),)
 
-    return sparsify
+    def apply(xp: Any, path: KeyPath, i: int, d: Any, arrays: Any, consts: Any) -> Any:
+        return xp.where(xp.abs(d) >= consts[0], d, _zero(xp, d))
+
+    return prepare, apply
 
 
 def ties(
@@ -299,26 +365,31 @@ def _check_bool(v: Any, name: str, fname: str) -> None:
 
 
 def _bernoulli(densities: list[Schedule], seed: int, rescale: Any) -> Any:
-    def sparsify(xp: Any, path: KeyPath, i: int, d: Any) -> Any:
+    def prepare(xp: Any, path: KeyPath, i: int, x: Any, o: Any) -> Any:
         dens = densities[i].get(path)
         if dens >= 1.0:
-            return d
-        keep = keep_mask(xp, d, dens, mask_keys(seed, i, path), path)
-        if keep.shape != d.shape:
-            keep = xp.reshape(keep, d.shape)
-        kept = xp.where(keep, d, _zero(xp, d))
+            return None
+        keep = keep_mask(xp, x, dens, mask_keys(seed, i, path), path)  # of x: no task waits for the delta
+        if keep.shape != x.shape:
+            keep = xp.reshape(keep, x.shape)
         if rescale is True:  # mergekit: the kept delta's L1 norm made the original's
-            before = xp.sum(xp.abs(d))
-            after = xp.sum(xp.abs(kept))
+            wdt = work(xp, x).dtype
+            before = xp.sum(elementwise(xp, _abs_delta, (x, o), dtype=wdt))
+            after = xp.sum(elementwise(xp, _abs_kept, (x, o, keep), dtype=wdt))
             ok = (before >= EPS_RESCALE) & (after >= EPS_RESCALE)
             one = _scalar(xp, 1.0, before)
-            f = xp.where(ok, before / xp.where(ok, after, one), one)
-            return kept * f
+            return (keep,), (xp.where(ok, before / xp.where(ok, after, one), one),)
+        return (keep,), ()
+
+    def apply(xp: Any, path: KeyPath, i: int, d: Any, arrays: Any, consts: Any) -> Any:
+        kept = xp.where(arrays[0], d, _zero(xp, d))
+        if rescale is True:
+            return kept * consts[0]
         if rescale == "inverse":  # the DARE paper's 1 / density
-            return kept * (1.0 / dens)
+            return kept * (1.0 / densities[i].get(path))
         return kept
 
-    return sparsify
+    return prepare, apply
 
 
 def dare(
@@ -424,16 +495,16 @@ def model_stock(base: T, models: Sequence[T], /, *, trainable_only: bool = True)
     def fn(path: KeyPath, x: Any, others: list[Any], _out: Any = None) -> Any:
         check_real("model_stock", path, x)
         xp = namespace(x)
-        b = work(xp, x)
-        ws = [work(xp, o) for o in others]
-        offs = [w - b for w in ws]
-        norms = [xp.sqrt(sq_norm(xp, o)) for o in offs]
+        wdt = work(xp, x).dtype
+        # the products summed are computed in pieces (`elementwise`): the same values, so the same sums
+        norms = [xp.sqrt(xp.sum(elementwise(xp, _off_prod, (x, o, o), dtype=wdt))) for o in others]
         cos = None
         pairs = 0
         for i in range(n):
             for j in range(i + 1, n):
                 den = xp.maximum(norms[i] * norms[j], _scalar(xp, EPS_STOCK, norms[i]))
-                cij = xp.clip(vdot(xp, offs[i], offs[j]) / den, -1.0, 1.0)
+                dot = xp.sum(elementwise(xp, _off_prod, (x, others[i], others[j]), dtype=wdt))
+                cij = xp.clip(dot / den, -1.0, 1.0)
                 cos = cij if cos is None else cos + cij
                 pairs += 1
         assert cos is not None
@@ -441,10 +512,17 @@ def model_stock(base: T, models: Sequence[T], /, *, trainable_only: bool = True)
         den = 1 + (n - 1) * cos
         zero = den == 0  # c = -1/(N-1) exactly (e.g. two opposite 1-element deltas): t = 0, the base
         t = xp.where(zero, _scalar(xp, 0.0, den), (n * cos) / xp.where(zero, _scalar(xp, 1.0, den), den))
-        avg = ws[0]
-        for w in ws[1:]:
-            avg = avg + w
-        avg = avg / n
-        return cast_back(xp, t * avg + (1 - t) * b, x)
+        return elementwise(xp, _stock_body, (x, *others), (t,))
 
     return cast(T, _map_params("model_stock", _names(n), (base, *mods), fn, trainable_only))
+
+
+def _stock_body(xp: Any, x: Any, *rest: Any) -> Any:
+    *others, t = rest
+    b = work(xp, x)
+    ws = [work(xp, o) for o in others]
+    avg = ws[0]
+    for w in ws[1:]:
+        avg = avg + w
+    avg = avg / len(ws)
+    return cast_back(xp, t * avg + (1 - t) * b, x)

@@ -204,6 +204,8 @@ _GOLDEN = 0x9E3779B1
 _C1, _C2 = 0x85EBCA6B, 0xC2B2AE35
 #: the masks compare 24 uniform bits with round(density * 2**24)
 MASK_BITS = 24
+#: a Dask block's mask is hashed in pieces of about this many elements (cache-sized temporaries)
+_PIECE = 1 << 14
 
 
 def _i32(v: int) -> int:
@@ -272,7 +274,18 @@ def _keep_block(shape: tuple[int, ...], keys: tuple[int, int], thr: int, block: 
     xp = namespace(block)
     starts = tuple(int(a) for a, _ in loc)
     bshape = tuple(int(b - a) for a, b in loc)
-    return _bits(xp, flat_index(xp, shape, bshape, starts, None), keys, thr)
+    row = math.prod(bshape[1:])
+    step = max(1, _PIECE // max(row, 1))
+    if bshape[0] <= step:
+        return _bits(xp, flat_index(xp, shape, bshape, starts, None), keys, thr)
+    # a block's chunk (NumPy, CuPy: mutable) filled in pieces of about `_PIECE` elements, so that the
+    # hash's ~16 integer passes run on cache-sized temporaries (the same bits: element-wise)
+    out = xp.empty(bshape, dtype=xp.bool)
+    for r in range(0, bshape[0], step):
+        n = min(step, bshape[0] - r)
+        piece = flat_index(xp, shape, (n, *bshape[1:]), (starts[0] + r, *starts[1:]), None)
+        out[r : r + n] = _bits(xp, piece, keys, thr)
+    return out
 
 
 def keep_mask(xp: Any, x: Any, density: float, keys: tuple[int, int], path: KeyPath) -> Any:
@@ -294,11 +307,56 @@ def keep_mask(xp: Any, x: Any, density: float, keys: tuple[int, int], path: KeyP
     shape = tuple(int(d) for d in x.shape) or (1,)
     if not x.shape:
         x = xp.reshape(x, (1,))
-    if not adapter_of(x).mutable and hasattr(x, "map_blocks") and hasattr(x, "chunks"):  # a chunked lazy array
+    if _chunked(x):
         fn = functools.partial(_keep_block, shape, keys, thr)
         return x.map_blocks(fn, dtype=bool, meta=np.empty((0,) * len(shape), dtype=bool))
     dev = adapter_of(x).device(x)
     return _bits(xp, flat_index(xp, shape, shape, (0,) * len(shape), dev), keys, thr)
+
+
+# --------------------------------------------------------------------------- element-wise bodies
+
+
+def _chunked(x: Any) -> bool:
+    """A chunked lazy array (Dask): immutable, with ``map_blocks`` and ``chunks``."""
+    return not adapter_of(x).mutable and hasattr(x, "map_blocks") and hasattr(x, "chunks")
+
+
+def _piecewise(fn: Any, n: int, *blocks: Any) -> Any:
+    """One Dask block of `elementwise`: `fn` on row pieces of about `_PIECE` elements of the `n`
+    array blocks (the rest, 0-d constants, whole), written into one output block (NumPy, CuPy:
+    mutable), so that the body's passes run on cache-sized temporaries instead of allocating and
+    faulting in a fresh block-sized array per operation. Element-wise, so the same bits."""
+    arrays, consts = blocks[:n], blocks[n:]
+    x = arrays[0]
+    xp = namespace(x)
+    rows = int(x.shape[0])
+    step = max(1, _PIECE // max(1, math.prod(int(d) for d in x.shape[1:])))
+    if rows <= step:
+        return fn(xp, *arrays, *consts)
+    out = None
+    for r in range(0, rows, step):
+        part = fn(xp, *(a[r : r + step] for a in arrays), *consts)
+        if out is None:
+            out = xp.empty(tuple(int(d) for d in x.shape), dtype=part.dtype)
+        out[r : r + step] = part
+    return out
+
+
+def elementwise(xp: Any, fn: Any, arrays: Sequence[Any], consts: Sequence[Any] = (), dtype: Any = None) -> Any:
+    """``fn(xp, *arrays, *consts)`` for an element-wise `fn` whose result has ``arrays[0]``'s shape
+    and `dtype` (default ``arrays[0]``'s): called directly on eager arrays; on Dask (``arrays``
+    of one shape, ``consts`` 0-d, lazy reductions included) one ``map_blocks`` task per block
+    that runs `fn` in row pieces (`_piecewise`). The values are those of ``fn`` on the whole arrays, bit for bit."""
+    import functools
+
+    x = arrays[0]
+    if not x.shape or not _chunked(x):
+        return fn(xp, *arrays, *consts)
+    body = functools.partial(_piecewise, fn, len(arrays))
+    dt = x.dtype if dtype is None else dtype
+    meta = np.empty((0,) * len(x.shape), dtype=dt)
+    return x.map_blocks(body, *arrays[1:], *consts, dtype=dt, meta=meta)
 
 
 # --------------------------------------------------------------------------- public per-tensor reductions

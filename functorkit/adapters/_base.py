@@ -570,6 +570,12 @@ class ArrayAdapter(Kernels):
         """The values of `host_blocks` pieces, as `to_host` arrays, computed together."""
         raise NotImplementedError
 
+    def blocks_share_work(self, x: Any) -> bool:
+        """Whether the `host_blocks` pieces of lazy `x` share a computation (a reduction over
+        several of its input blocks, as a merge's norm or threshold): then they are computed together,
+        else one batch at a time. False for eager arrays."""
+        return False
+
     def from_stored(self, src: Any, like: Any) -> Any:
         """A new array of this namespace holding the stored tensor `src` (``src.array()``: a NumPy array
         read from the file, or a view of its copy-on-write map with ``mmap=True``), on `like`'s

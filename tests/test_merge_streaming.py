@@ -1,0 +1,125 @@
+"""The merges' streaming paths on Dask: each method's element-wise body runs as one task per block in
+row pieces (bit-identical to the eager result), DARE's mask is hashed in pieces, fk.save streams an
+element-wise tensor batch by batch and computes a tensor with a reduction in one batch, and fk.save
+does not import dask.distributed when no client can exist."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import functorkit as fk
+import functorkit._checkpoint as ck
+import functorkit._pertensor as pt
+
+da = pytest.importorskip("dask.array")
+dask = pytest.importorskip("dask")
+Callback = pytest.importorskip("dask.callbacks").Callback
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _models(dtype: Any = np.float32) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    rng = np.random.default_rng(5)
+    shapes = {"emb": (40, 6), "w": (9, 4, 3), "bias": (7,), "s": ()}
+    mk = lambda s: np.asarray(0.5 * rng.standard_normal(s) + 0.1).astype(dtype)  # noqa: E731
+    return {k: mk(s) for k, s in shapes.items()}, [{k: mk(s) for k, s in shapes.items()} for _ in range(2)]
+
+
+METHODS = {
+    "slerp": lambda b, ms: fk.slerp(b, ms[0], 0.3),
+    "task_arithmetic": lambda b, ms: fk.task_arithmetic(b, ms, [0.7, 0.4], scale=0.9),
+    "ties": lambda b, ms: fk.ties(b, ms, [0.7, 0.4], density=0.4),
+    "dare": lambda b, ms: fk.dare(b, ms, [0.7, 0.4], density=0.4, seed=3),
+    "dare_inverse_ties": lambda b, ms: fk.dare(b, ms, 0.5, density=0.6, seed=3, rescale="inverse", sign_consensus=True),
+    "model_stock": lambda b, ms: fk.model_stock(b, ms),
+}
+
+
+def _lazy(d: dict[str, np.ndarray]) -> dict[str, Any]:
+    return {k: da.from_array(v, chunks=7 if v.ndim else ()) for k, v in d.items()}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", list(METHODS))
+def test_dask_body_runs_in_pieces_and_is_bit_identical(name: str, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ml = pytest.importorskip("ml_dtypes") if dtype == "bfloat16" else None
+    dt = ml.bfloat16 if ml is not None else np.float32
+    base, ms = _models(dt)
+    lb, lms = _lazy(base), [_lazy(m) for m in ms]
+    whole = dask.compute(METHODS[name](lb, lms))[0]  # each block in one piece: the unpieced ops
+    monkeypatch.setattr(pt, "_PIECE", 8)  # several pieces per block (rows of 6 or 12 elements)
+    out = METHODS[name](lb, lms)
+    for k in ("emb", "w"):
+        names = {str(key[0] if isinstance(key, tuple) else key) for key in dict(out[k].__dask_graph__())}
+        assert any("piecewise" in n for n in names), (k, sorted(names)[:5])
+    got = dask.compute(out)[0]
+    eager = METHODS[name](base, ms)
+    for k in eager:
+        assert got[k].dtype == whole[k].dtype == eager[k].dtype, k
+        bits = lambda v: np.asarray(v).reshape(-1).view(np.uint8)  # noqa: E731
+        np.testing.assert_array_equal(bits(got[k]), bits(whole[k]), err_msg=k)
+        np.testing.assert_allclose(got[k].astype(np.float32), eager[k].astype(np.float32), rtol=1e-2, atol=1e-5)
+
+
+def test_dare_mask_hashed_in_pieces_is_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    base, ms = _models()
+    kw: dict[str, Any] = {"density": 0.5, "seed": 9, "rescale": False}
+    ref = fk.dare(base, ms, 1.0, **kw)
+    for piece in (1, 5, 1 << 16):
+        monkeypatch.setattr(pt, "_PIECE", piece)
+        got = dask.compute(fk.dare(_lazy(base), [_lazy(m) for m in ms], 1.0, **kw))[0]
+        for k in ref:
+            np.testing.assert_array_equal(np.asarray(got[k]), ref[k], err_msg=(piece, k))
+
+
+class _Computes(Callback):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def _start(self, dsk: Any) -> None:
+        self.n += 1
+
+
+def test_save_streams_elementwise_tensors_and_computes_reductions_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ck, "BATCH_BYTES", 256)  # one 8 x 8 float32 block per batch
+    raw = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
+    x = da.from_array(raw, chunks=(8, 8))
+    for y, computes in [(x * 2 + 1, 8), (x / da.sqrt(da.sum(x * x)), 1)]:
+        with _Computes() as c:
+            fk.save(tmp_path / "y.safetensors", {"y": y})
+        assert c.n == computes
+        np.testing.assert_array_equal(fk.load(tmp_path / "y.safetensors")["y"], y.compute())
+
+
+def test_merges_with_reductions_share_work_and_linear_ones_stream() -> None:
+    from functorkit.adapters._base import adapter_of
+
+    base, ms = _models()
+    lb, lms = _lazy(base), [_lazy(m) for m in ms]
+    shares = lambda out: adapter_of(out["emb"]).blocks_share_work(out["emb"])  # noqa: E731
+    assert not shares(fk.task_arithmetic(lb, lms, 0.5))
+    assert not shares(fk.mean([lb, *lms]))
+    assert not shares(fk.dare(lb, lms, 0.5, density=0.5, seed=0, rescale=False))
+    for name in ("slerp", "ties", "dare", "model_stock"):
+        assert shares(METHODS[name](lb, lms)), name
+
+
+def test_save_does_not_import_distributed(tmp_path: Path) -> None:
+    code = (
+        "import sys, dask.array as da, functorkit as fk\n"
+        "assert 'distributed' not in sys.modules\n"
+        f"fk.save({str(tmp_path / 'a.safetensors')!r}, {{'x': da.ones((64, 8), chunks=8) * 2}})\n"
+        "print('distributed' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert done.stdout.strip() == "False"
+    np.testing.assert_array_equal(fk.load(tmp_path / "a.safetensors")["x"], np.full((64, 8), 2.0))
