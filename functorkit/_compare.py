@@ -203,6 +203,8 @@ def _compare(
     `full`)."""
     la, ta = record_plain(a, track=True)
     lb, tb = record_plain(b, track=True)
+    ta.refuse_holders(la)  # SPEC 12: arrays inside an unknown object cannot be compared
+    tb.refuse_holders(lb)
     verdict = _Verdict()
     if ta != tb:
         verdict.add(_structure_difference(ta, tb, b))
@@ -369,6 +371,10 @@ def allclose(
     PolicyError
         Two arrays at one path of different libraries or devices, with
         ``namespaces="same"``.
+    StructureError
+        Either model holds an object no registry knows that holds arrays
+        (SPEC 12: its arrays cannot be compared); register it, or
+        ``fk.register_leaf`` it to compare it with ``==``.
 
     Examples
     --------
@@ -413,6 +419,10 @@ def assert_allclose(
     PolicyError
         Two arrays at one path of different libraries or devices, with
         ``namespaces="same"``.
+    StructureError
+        Either model holds an object no registry knows that holds arrays
+        (SPEC 12: its arrays cannot be compared); register it, or
+        ``fk.register_leaf`` it to compare it with ``==``.
 
     Examples
     --------

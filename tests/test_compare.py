@@ -263,3 +263,21 @@ def test_torch_parameters_and_meta_tensors() -> None:
     meta = {"w": torch.ones(2, device="meta")}
     with pytest.raises(TypeError, match="meta"):
         fk.allclose(meta, {"w": torch.ones(2, device="meta")})
+
+
+def test_unknown_holders_are_refused_not_compared(xp: Any) -> None:
+    # SPEC 12: the arrays inside an object no registry knows would be compared by `==` (identity)
+    class Holder:
+        def __init__(self, w: Any) -> None:
+            self.w = w
+
+    a = {"h": Holder(xp.ones(2)), "b": xp.zeros(1)}
+    b = {"h": Holder(xp.ones(2)), "b": xp.zeros(1)}
+    for fn in (fk.allclose, fk.assert_allclose):
+        with pytest.raises(fk.StructureError, match=r"at h: a \S*Holder holds arrays.*fk\.register_leaf\(\S*Holder\)"):
+            fn(a, b)
+        with pytest.raises(fk.StructureError, match=r"at h: a \S*Holder holds arrays"):
+            fn({"h": 1, "b": xp.zeros(1)}, b)  # the second model's holder too
+    fk.register_leaf(Holder)  # a constant on purpose: compared with ==, as every other non-array leaf
+    assert not fk.allclose(a, b)
+    assert fk.allclose(a, a)
