@@ -15,19 +15,17 @@ checkpoint's bytes, in the same run (files in the page cache: memory-speed I/O).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 import functorkit as fk
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_checkpoint
+
 MIB = 2**20
 HIDDEN, INTER, VOCAB = 1024, 2816, 8000
 
@@ -89,25 +87,7 @@ def _model(mb: int, seed: int, bf16: bool) -> dict[str, np.ndarray]:
 
 
 def _child(*args: str) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True, env=env, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
-def _floor(folders: list[Path], out: Path, nbytes: int) -> float:
-    buf = bytearray(64 * MIB)
-    view = memoryview(buf)
-    t0 = time.perf_counter()
-    for folder in folders:
-        for f in sorted(folder.iterdir()):
-            with open(f, "rb", buffering=0) as fh:
-                while fh.readinto(buf):
-                    pass
-    with open(out, "wb", buffering=0) as fh:
-        left = nbytes
-        while left > 0:
-            left -= fh.write(view[: min(left, len(buf))])
-    return time.perf_counter() - t0
+    return bench_checkpoint._child(_CHILD, *args)
 
 
 def measure(mb: int) -> dict[str, dict[str, object]]:
@@ -122,7 +102,7 @@ def measure(mb: int) -> dict[str, dict[str, object]]:
                 folders.append(t / f"ckpt{k}")
                 fk.save(folders[-1], m, shard_size=size // 4)
                 del m
-            floor = min(_floor(folders, t / "floor.bin", size) for _ in range(2))
+            floor = min(bench_checkpoint._floor(folders, t / "floor.bin", size) for _ in range(2))
             rows = {}
             for name, expr in METHODS.items():
                 rows[name] = _child(*map(str, folders), str(t / "merged"), str(size // 4), expr)
