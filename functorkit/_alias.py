@@ -54,7 +54,8 @@ import numpy as np
 from ._errors import StructureError
 from ._keypath import KeyPath
 from ._record import all_distinct
-from .adapters._base import _HOST, Layout, adapter_of, normalise_layout
+from .adapters import adapter_of
+from .adapters._base import _HOST, Layout, normalise_layout
 from .adapters._base import extent as _extent
 
 __all__ = ["Layout", "check_no_aliases", "layouts_overlap", "may_overlap", "memory_layout", "separate_allocations"]

@@ -52,7 +52,7 @@ from ._xp import (
     is_inexact_array,
     namespace,
 )
-from .adapters._base import adapter_of
+from .adapters import adapter_of
 
 __all__ = [
     "add",

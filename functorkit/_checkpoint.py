@@ -36,7 +36,7 @@ from ._errors import StructureError, known_shape
 from ._safetensors_io import CODE_OF, TIES, Checkpoint, header_bytes, stand_in
 from ._state import state_positions
 from ._treedef import TreeDef
-from .adapters._base import adapter_of
+from .adapters import adapter_of
 
 __all__ = ["load", "open", "save"]
 
@@ -521,7 +521,7 @@ def open(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:
     >>> type(avg["w"]).__module__.split(".")[0], avg["w"].compute().tolist()
     ('dask', [2.0, 2.0, 2.0])
     """
-    from .adapters._base import lazy_adapter
+    from .adapters._families import lazy_adapter
 
     ad = lazy_adapter()
     with Checkpoint(path, "open") as ck:

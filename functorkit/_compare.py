@@ -19,10 +19,11 @@ import numpy as np
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._lockstep import _as_array, _reduce_params
+from ._nodedef import aux_equal as _aux_equal
 from ._record import record_plain
-from ._treedef import TreeDef, _aux_equal
+from ._treedef import TreeDef
 from ._xp import describe_array, describe_dtype, describe_namespace, device_of, is_array, namespace, same_device
-from .adapters._base import adapter_of
+from .adapters import adapter_of
 
 __all__ = ["all_finite", "allclose", "assert_allclose"]
 

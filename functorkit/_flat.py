@@ -28,6 +28,7 @@ from ._codegen import CODEGEN_MAX, build_source, compile_source, entry_of_error
 from ._explain import ExplainRow, Explanation, explain_rows
 from ._holders import unknown_holders
 from ._keypath import KeyPath
+from ._persist import use_restructure
 from ._policy import (
     POLICIES,
     Decision,
@@ -558,3 +559,7 @@ _SHARED_STATE = tuple(
     for n in (*Reflatten.__slots__, *Restructure.__slots__)
     if n not in ("__weakref__", "_build", "_fast", "_gen", "_template")
 )
+
+# unpickling (``_persist.restore``, below this module: ``__reduce__`` uses it) builds with this
+# constructor; handed over here, not imported there (no import circle)
+use_restructure(Restructure._make)

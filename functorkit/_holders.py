@@ -19,7 +19,7 @@ remaining objects otherwise.
 from __future__ import annotations
 
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._errors import StructureError
@@ -34,6 +34,7 @@ __all__ = [
     "refuse_unknown_holders",
     "unknown_holder_error",
     "unknown_holders",
+    "use_walk",
 ]
 
 #: how many levels of attributes/items below a leaf are searched for arrays
@@ -73,6 +74,17 @@ def _contents(x: Any) -> list[Any]:
     return out
 
 
+#: the walk (`functorkit._record.record`), handed over by `_record` when it is imported (`use_walk`):
+#: the walk builds on the tree definition, which calls this check, so this module sits below it and
+#: cannot import it (docs/adapters.md, "Import layering")
+_WALK: list[Callable[..., tuple[list[Any], Any]]] = []
+
+
+def use_walk(record: Callable[..., tuple[list[Any], Any]]) -> None:
+    """Set the walk `holds_arrays` looks inside registered containers with (``_record.record``)."""
+    _WALK[:] = [record]
+
+
 def holds_arrays(x: Any, depth: int = DEPTH, seen: set[int] | None = None) -> bool:
     """True if `x`, a leaf to functorkit, is an object no registry knows that holds arrays."""
     t = type(x)
@@ -92,10 +104,8 @@ def holds_arrays(x: Any, depth: int = DEPTH, seen: set[int] | None = None) -> bo
         if type(v) in SCALAR_TYPES:
             continue
         if isinstance(dispatch(v), NodeDef):  # a container functorkit walks: look at its leaves
-            from ._record import record  # (the walk imports this module's users)
-
             try:
-                inner, _ = record(v, track=False)
+                inner, _ = _WALK[0](v, track=False)
             except StructureError:  # a cycle inside: nothing this check can add
                 continue
             if any(is_array(y) or holds_arrays(y, depth - 1, seen) for y in inner):

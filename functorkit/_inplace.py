@@ -18,10 +18,10 @@ from typing import Any
 from ._alias import _clusters, layouts_overlap, memory_layout, separate_allocations
 from ._errors import StructureError
 from ._keypath import KeyPath
-from ._lockstep import _check_same, _describe
 from ._walk import BUILD_NONE, walk
+from ._xp import describe_array as _describe
 from ._xp import is_array, is_inexact_array
-from .adapters._base import adapter_of
+from .adapters import adapter_of
 
 _FIX = {
     "add": "a = fk.add(a, b)",
@@ -33,7 +33,13 @@ _FIX = {
 }
 
 
-def _check_out(fname: str, first: str, path: KeyPath, x: Any, o: Any) -> None:
+#: the lock-step engine's ``_check_same(fname, names, path, x, others)``: each other operand's array
+#: matches the first model's. ``_lockstep`` calls `run_out` and passes it (it cannot be imported
+#: here: that module is above this one, docs/adapters.md, "Import layering")
+CheckSame = Callable[[str, Sequence[str], KeyPath, Any, Sequence[Any]], None]
+
+
+def _check_out(fname: str, first: str, path: KeyPath, x: Any, o: Any, check_same: CheckSame) -> None:
     if not is_array(o):
         msg = (
             f"at {path.display}: fk.{fname}(out=...): `{first}` has a parameter here ({_describe(x)}) but "
@@ -41,7 +47,7 @@ def _check_out(fname: str, first: str, path: KeyPath, x: Any, o: Any) -> None:
             "array of the result's shape, dtype and device at every parameter; fix: pass out=fk.copy(model)."
         )
         raise StructureError(msg)
-    _check_same(fname, (first, "out"), path, x, [o])
+    check_same(fname, (first, "out"), path, x, [o])
     ad = adapter_of(o)
     why = ad.write_problem(o)
     if why is not None:
@@ -138,10 +144,13 @@ def run_out(
     out: Any,
     late: int | None,
     batch: Callable[[list[list[Any]]], list[list[Any]]] | None = None,
+    *,
+    check_same: CheckSame,
 ) -> Any:
     """Write ``fn(path, x, others, o)`` into each parameter `o` of `out`, all checks first; return `out`.
     `late`: the first model index an accumulating kernel reads after writing into `o`.
-    `batch(plan)`: writes the rows it can in one adapter call, returns the others."""
+    `batch(plan)`: writes the rows it can in one adapter call, returns the others.
+    `check_same`: the lock-step engine's operand check (`CheckSame`)."""
     plan: list[list[Any]] = []  # [path, models' arrays, out array, first row of this out array, aside]
     by_out: dict[int, KeyPath] = {}
     first = names[0]
@@ -151,8 +160,8 @@ def run_out(
             return
         ins, o = others[:-1], others[-1]
         if ins:
-            _check_same(fname, names, path, x, ins)
-        _check_out(fname, first, path, x, o)
+            check_same(fname, names, path, x, ins)
+        _check_out(fname, first, path, x, o, check_same)
         if check is not None:
             check(path, x)
         p0 = by_out.get(id(o))

@@ -30,7 +30,7 @@ from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._walk import BUILD_NONE, walk
 from ._xp import MATRIX_MESSAGE, describe_array, describe_dtype, is_array, is_complex, is_inexact_array, namespace
-from .adapters._base import ArrayAdapter, adapter_of
+from .adapters import ArrayAdapter, adapter_of
 
 __all__ = ["Loader", "load_into"]
 

@@ -33,8 +33,7 @@ from ._xp import (
     namespace,
     same_device,
 )
-from .adapters import tracing
-from .adapters._base import adapter_of
+from .adapters import adapter_of, tracing
 
 _PY_SCALARS = (int, float, complex)
 
@@ -276,7 +275,7 @@ def _map_params(
     if out is not None:
         from ._inplace import run_out
 
-        return cast(T, run_out(fname, names, models, fn, check, every, out, late, batch))
+        return cast(T, run_out(fname, names, models, fn, check, every, out, late, batch, check_same=_check_same))
     cols = _columns(models, names, every, fname) if op is not None else None
     if cols is not None and op is not None:
         td, leaves, idx, others = cols

@@ -35,7 +35,7 @@ from ._pertensor import (
 )
 from ._typing import Tree as T
 from ._xp import namespace
-from .adapters._base import adapter_of
+from .adapters import adapter_of
 
 __all__ = ["dare", "model_stock", "slerp", "task_arithmetic", "ties"]
 

@@ -15,18 +15,32 @@ from __future__ import annotations
 
 import importlib
 import pickle
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from ._flat import Restructure
 from ._policy import POLICIES, Kind
 from ._treedef import _restore_treedef as restore_treedef
 from .adapters import KNOWN_NAMESPACES, adapter_for
 
-__all__ = ["portable_kind", "portable_type", "restore"]
+if TYPE_CHECKING:
+    from ._flat import Restructure
+
+__all__ = ["portable_kind", "portable_type", "restore", "use_restructure"]
 
 
 #: the namespaces a pickled Restructure may name (nothing else is imported when unpickling)
 _NAMESPACES = KNOWN_NAMESPACES
+
+#: ``Restructure._make``, handed over by ``_flat`` when it is imported (`use_restructure`): ``_flat``
+#: pickles through this module (`portable_kind`, `restore`), so this module sits below it and cannot
+#: import it (docs/adapters.md, "Import layering"). Unpickling imports ``functorkit`` first, which
+#: imports ``_flat``.
+_MAKE: list[Callable[..., Restructure[Any]]] = []
+
+
+def use_restructure(make: Callable[..., Restructure[Any]]) -> None:
+    """Set the constructor `restore` builds a `Restructure` with (``Restructure._make``)."""
+    _MAKE[:] = [make]
 
 
 def portable_kind(k: Kind) -> tuple[str, Any, Any]:
@@ -107,7 +121,7 @@ def restore(state: Any) -> Restructure[Any]:
         ftype = type(adapter_for(flat_kind.xp).empty(flat_kind.dtype, flat_kind.device, 0))
     except (TypeError, ValueError, RuntimeError):
         ftype = type(None)
-    return Restructure._make(
+    return _MAKE[0](
         td=td,
         template=template,
         param_idx=param_idx,

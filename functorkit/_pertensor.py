@@ -21,7 +21,7 @@ from ._errors import StructureError
 from ._keypath import KeyPath
 from ._lockstep import _describe
 from ._xp import is_complex, namespace
-from .adapters._base import adapter_of
+from .adapters import adapter_of
 
 #: the tolerances of mergekit's formulas (named where they are used)
 EPS_NORM = 1e-8  # slerp: a tensor is normalised only when its norm exceeds this

@@ -15,6 +15,7 @@ import numpy as np
 
 from ._codegen import build_source, compile_source
 from ._errors import StructureError
+from ._holders import use_walk
 from ._keypath import KeyPath, make_path, safe_repr
 from ._messages import _cycle, _visiting
 from ._registry import (
@@ -540,3 +541,8 @@ def _matcher(td: TreeDef) -> Any:
     code, _ = compile_source("\n".join(lines))
     exec(code, glb)
     return glb["match"]
+
+
+# the holder check (``_holders``, below this module: the tree definition calls it) looks inside
+# registered containers with this walk; handed over here, not imported there (no import circle)
+use_walk(record)

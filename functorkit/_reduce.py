@@ -20,7 +20,7 @@ from ._keypath import KeyPath
 from ._lockstep import _as_array, _describe, _map_params, _real_dtype, _reduce_params
 from ._typing import Tree as T
 from ._xp import is_complex, namespace
-from .adapters._base import adapter_of
+from .adapters import adapter_of
 
 __all__ = ["dot", "filter_normalize", "norm", "normalize"]
 

@@ -14,7 +14,6 @@ registered here are exported to JAX and torch ``_pytree`` in turn (see
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
 import threading
 import types
@@ -22,8 +21,14 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, TypeVar
 
+from ._nodedef import DICT as DICT
+from ._nodedef import GENERIC as GENERIC
+from ._nodedef import LIST as LIST
+from ._nodedef import TUPLE as TUPLE
+from ._nodedef import NodeDef as NodeDef
 from ._stdnodes import attrs_def, std_nodes
-from .adapters._base import load_family, tracing
+from .adapters import load_family, tracing
+from .adapters._families import NODE_FAMILIES
 from .adapters._pytrees import EXPORT_TO, PYTREES, TRACEABLE_PYTREES
 
 __all__ = [
@@ -53,83 +58,6 @@ SCALAR = object()
 _LEAF = object()
 
 SCALAR_TYPES = frozenset({bool, int, float, complex, str, bytes, type(None)})
-
-# fast-path codes used by the walk for the built-in containers
-GENERIC, DICT, LIST, TUPLE = 0, 1, 2, 3
-
-
-class NodeDef:
-    """How one node type is taken apart and put back together.
-
-    ``flatten(obj) -> (keys, values, aux, named)`` lists the children in walk
-    order (``named`` is true when the children form a mapping);
-    ``unflatten(aux, keys, values) -> obj`` rebuilds; ``trainable(obj)``
-    returns the set of trainable child keys, or ``None`` for all.
-
-    ``kind`` says which classes count as the same node type when two trees
-    are matched (default: the class itself); torch's parametrized modules
-    (one class made per instance) share the kind of their original class.
-
-    ``owns`` is true when the node object itself holds a strong reference to
-    every child ``flatten`` returns (a container, a namedtuple, a plain
-    dataclass), so the walk need not keep the ``values`` list alive to keep
-    the children's identities unique; ``fast`` marks the built-in
-    containers the walk handles inline.
-
-    ``state_skip(aux)`` (optional) returns the child keys that are not part
-    of the node's state dict (torch: non-persistent buffers), or None.
-
-    ``flatten_slots(obj)`` (default: ``flatten``) is ``flatten`` for a node
-    that leaves out slots holding ``None`` (torch modules: ``bias=None``): it
-    lists them too, as ``None`` children, so that trees differing only in
-    which slots hold ``None`` have one structure. Only ``fk.combine`` uses it.
-
-    ``mutable`` (default true) says whether one object of this type met at
-    several positions is one shared sub-tree even when it holds only scalars
-    (SPEC 12, ``docs/treedef.md`` R2): false for tuples, namedtuples, frozen
-    dataclasses and attrs classes, and mapping proxies.
-    """
-
-    __slots__ = (
-        "cls",
-        "fast",
-        "flatten",
-        "flatten_slots",
-        "kind",
-        "mutable",
-        "owns",
-        "state_skip",
-        "trainable",
-        "unflatten",
-    )
-
-    def __init__(
-        self,
-        cls: type,
-        flatten: Callable[[Any], tuple[list[Any], list[Any], Any, bool]],
-        unflatten: Callable[[Any, list[Any], list[Any]], Any],
-        trainable: Callable[[Any], frozenset[Any] | None] | None = None,
-        fast: int = GENERIC,
-        *,
-        owns: bool = False,
-        kind: Any = None,
-        state_skip: Callable[[Any], Any] | None = None,
-        flatten_slots: Callable[[Any], tuple[list[Any], list[Any], Any, bool]] | None = None,
-        mutable: bool = True,
-    ) -> None:
-        self.cls = cls
-        self.mutable = mutable
-        self.kind = cls if kind is None else kind
-        self.flatten = flatten
-        self.unflatten = unflatten
-        self.trainable = trainable
-        self.fast = fast
-        self.owns = owns
-        self.state_skip = state_skip
-        self.flatten_slots = flatten if flatten_slots is None else flatten_slots
-
-    def __repr__(self) -> str:
-        return f"NodeDef({self.cls.__qualname__})"
 
 
 def node_error(msg: str) -> TypeError:
@@ -331,9 +259,10 @@ TABLES: list[tuple[dict[type, Any], dict[type, Any], set[type], set[type], int]]
 #: (equal to the published snapshot's generation)
 GENERATION: list[int] = [0]
 
-# module name -> adapter module, imported the first time an object of that
-# library is met (only possible once the library itself is imported).
-_ADAPTERS: tuple[tuple[str, str], ...] = (("torch", "functorkit.adapters.torch"),)
+# library module name -> adapter module making node definitions for classes of that library,
+# imported the first time an object of that library is met (only possible once the library itself
+# is imported): the family table's rows with `Family.nodes` (adapters/_families.py).
+_ADAPTERS: tuple[tuple[str, str], ...] = NODE_FAMILIES
 
 # ---------------------------------------------------------------- other libraries' pytree registries
 # (SPEC section 9; docs/interop.md). In: a class that no functorkit rule claims is looked up, when
@@ -384,11 +313,13 @@ def export_pending() -> None:
             if tracing():
                 return  # a lock and another library's registration: left to the next eager call
             with _lock:
-                mod = importlib.import_module(glue)
+                mod = load_family(glue)
                 while _EXPORTED[modname] < len(_EXPORTS):
                     cls, static = _EXPORTS[_EXPORTED[modname]]
                     _EXPORTED[modname] += 1
-                    mod.export(cls, static)
+                    # the glue takes exported nodes apart with `lookup`, handed over here: it sits
+                    # below this module (loaded by it), so it cannot import it
+                    mod.export(cls, static, lookup)
 
 
 def export_static(cls: type) -> None:

@@ -17,9 +17,10 @@ from typing import Any
 from ._errors import PolicyError, StructureError, known_shape
 from ._keypath import KeyPath, safe_repr
 from ._lockstep import _model_list
+from ._nodedef import aux_equal as _aux_equal
 from ._policy import check_policy
 from ._record import record
-from ._treedef import TreeDef, _aux_equal
+from ._treedef import TreeDef
 from ._xp import Kind, describe_kind, device_of, is_array, namespace, same_device
 from .adapters import adapter_of
 

@@ -24,7 +24,7 @@ from ._load import Loader
 from ._record import flatten
 from ._treedef import TreeDef, add_note
 from ._xp import MATRIX_MESSAGE, _is_kind, describe_dtype, is_array, namespace
-from .adapters._base import adapter_of
+from .adapters import adapter_of
 
 __all__ = ["IncompatibleKeys", "load_state_dict", "state_dict"]
 

@@ -56,6 +56,7 @@ from ._holders import refuse_unknown_holders
 from ._keypath import KeyPath, make_path
 from ._match import match_tree
 from ._messages import add_note, describe_found, mismatch
+from ._nodedef import aux_equal as _aux_equal
 from ._registry import DICT, LIST, TUPLE, NodeDef, resolve
 
 __all__ = [
@@ -77,23 +78,6 @@ _ND, _KEYS, _N, _LEAFY, _AUX, _NAMED = range(6)
 
 
 # ============================================================== TreeDef
-
-
-def _aux_equal(a: Any, b: Any) -> bool:
-    """Aux data equality that never raises: identical, or ``==`` answering a plain ``True``."""
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    if type(a) is tuple or type(a) is list:
-        return len(a) == len(b) and all(_aux_equal(x, y) for x, y in zip(a, b))
-    if type(a) is dict:
-        return list(a) == list(b) and all(_aux_equal(a[k], b[k]) for k in a)
-    try:
-        same = a == b
-    except (TypeError, ValueError):
-        return False
-    return same is True
 
 
 def _keys_hash(keys: Any) -> int:

@@ -10,20 +10,26 @@ The one home for describing and comparing dtypes, devices and namespaces
   (SPEC section 4);
 * `is_complex` answers for an array or a `Kind`.
 
-Classification (`is_array`, `is_inexact_array`) is cached per
-type; ``np.matrix`` is refused here, where a leaf is classified, with a
-`TypeError` that says how to fix it (callers add the path).
+Classification (`is_array`, `is_inexact_array`, `namespace`, `Kind`; cached per type, and
+``np.matrix`` refused with a `TypeError` that says how to fix it) lives in ``_classify.py``,
+below the adapters, which warm its caches; it is re-exported here. `device_of` and
+`describe_array` ask an array's adapter, so this module sits above the family table
+(docs/adapters.md, "Import layering").
 """
 
 from __future__ import annotations
 
-import operator
-from typing import Any, NamedTuple
+from typing import Any
 
-import array_api_compat
-import numpy as np
-
-from .adapters._base import adapter_of
+from ._classify import MATRIX_MESSAGE as MATRIX_MESSAGE
+from ._classify import Kind as Kind
+from ._classify import _is_kind as _is_kind
+from ._classify import inexact_flags as inexact_flags
+from ._classify import is_array as is_array
+from ._classify import is_complex as is_complex
+from ._classify import is_inexact_array as is_inexact_array
+from ._classify import namespace as namespace
+from .adapters import adapter_of
 from .adapters._device import same_device  # the rule lives below the adapters that use it
 
 __all__ = [
@@ -42,129 +48,8 @@ __all__ = [
     "same_device",
 ]
 
-_IS_ARRAY: dict[type, bool] = {}
-_NAMESPACE: dict[type, Any] = {}
-_INEXACT: dict[tuple[type, Any], bool] = {}
-_COMPLEX: dict[tuple[type, Any], bool] = {}
-_DTYPE_OF = operator.attrgetter("dtype")
 
-#: why ``np.matrix`` is refused (a constant: one text wherever it is met)
-MATRIX_MESSAGE = (
-    "found an np.matrix, which is not an array API array (it is always 2-D and `*` is a matrix "
-    "product), so functorkit cannot treat it as a parameter or as an array constant. Expected an "
-    "array of an array API library; fix: convert it with np.asarray(m) (same values, an ndarray)."
-)
-
-
-class Kind(NamedTuple):
-    """Namespace, dtype and device of an array (device None: unknown, e.g. a JAX tracer)."""
-
-    xp: Any
-    dtype: Any
-    device: Any
-
-
-# ---------------------------------------------------------------- classification
-
-
-def is_array(x: Any) -> bool:
-    """True for an array of any array-API backend (NumPy scalars are not arrays).
-
-    Raises
-    ------
-    TypeError
-        For an ``np.matrix`` (see `MATRIX_MESSAGE`).
-    """
-    t = type(x)
-    try:
-        return _IS_ARRAY[t]
-    except KeyError:
-        pass
-    if issubclass(t, np.matrix):
-        raise TypeError(MATRIX_MESSAGE)
-    out = bool(array_api_compat.is_array_api_obj(x)) and not isinstance(x, np.generic)
-    _IS_ARRAY[t] = out
-    return out
-
-
-def namespace(x: Any) -> Any:
-    """The array API namespace of array `x` (array_api_compat), cached per type."""
-    t = type(x)
-    try:
-        return _NAMESPACE[t]
-    except KeyError:
-        xp = array_api_compat.array_namespace(x)
-        _NAMESPACE[t] = xp
-        return xp
-
-
-def is_inexact_array(x: Any) -> bool:
-    """True for a real-floating or complex-floating array (any byte order): a parameter candidate."""
-    if not is_array(x):
-        return False
-    key = (type(x), x.dtype)
-    try:
-        return _INEXACT[key]
-    except KeyError:
-        out = _is_kind(namespace(x), x.dtype, ("real floating", "complex floating"))
-        _INEXACT[key] = out
-        return out
-
-
-def inexact_flags(leaves: list[Any]) -> list[bool]:
-    """``is_inexact_array`` of each leaf; when every leaf is an array, in C-level passes over the
-    leaves and one classification per (type, dtype) (bench_scale ``fk.destructure(d)`` and ``fk.add(d, d)`` rows)."""
-    types = list(map(type, leaves))
-    for t, x in dict(zip(types, leaves)).items():  # one leaf of each type
-        if t not in _IS_ARRAY:
-            is_array(x)  # classifies the type (and refuses np.matrix)
-        if not _IS_ARRAY[t]:
-            return list(map(is_inexact_array, leaves))
-    dtypes = list(map(_DTYPE_OF, leaves))
-    if len(set(types)) == 1:  # one array type: classify each dtype once, no tuple per leaf
-        t = types[0]
-        by_dtype = {}
-        for dt, x in dict(zip(dtypes, leaves)).items():
-            if (t, dt) not in _INEXACT:
-                is_inexact_array(x)
-            by_dtype[dt] = _INEXACT[(t, dt)]
-        return list(map(by_dtype.__getitem__, dtypes))
-    keys = list(zip(types, dtypes))
-    for key, x in dict(zip(keys, leaves)).items():
-        if key not in _INEXACT:
-            is_inexact_array(x)
-    return list(map(_INEXACT.__getitem__, keys))
-
-
-def _is_kind(xp: Any, dtype: Any, kind: Any) -> bool:
-    if isinstance(dtype, np.dtype):
-        if not dtype.isnative:
-            dtype = dtype.newbyteorder("=")  # array_api_compat knows native dtypes only
-        if dtype.kind == "V" and _ml_float(dtype):
-            # ml_dtypes' bfloat16/float8 (NumPy and Dask arrays of checkpoints): real floating, which
-            # the array API's isdtype does not know; without this they would be silent constants
-            return "real floating" in ((kind,) if isinstance(kind, str) else kind)
-    try:
-        return bool(xp.isdtype(dtype, kind))
-    except (TypeError, ValueError):  # a dtype outside the array API (structured, object, string)
-        return False
-
-
-def _ml_float(dtype: np.dtype[Any]) -> bool:
-    """A floating dtype of the ``ml_dtypes`` package (``bfloat16``, ``float8_*``...)."""
-    return dtype.type.__module__.startswith("ml_dtypes") and dtype.name.startswith(("float", "bfloat"))
-
-
-def is_complex(x: Any) -> bool:
-    """True if array `x` (or a `Kind`) has a complex floating dtype (cached per type and dtype)."""
-    if type(x) is Kind:
-        return _is_kind(x.xp, x.dtype, "complex floating")
-    key = (type(x), x.dtype)
-    try:
-        return _COMPLEX[key]
-    except KeyError:
-        out = _COMPLEX[key] = _is_kind(namespace(x), x.dtype, "complex floating")
-        return out
+# ---------------------------------------------------------------- devices
 
 
 def device_of(x: Any) -> Any:
@@ -207,11 +92,3 @@ def describe_kind(kind: Kind) -> str:
 def describe_array(x: Any) -> str:
     """``float32 array of shape (2, 3) on cpu``."""
     return f"{describe_dtype(x.dtype)} array of shape {tuple(x.shape)} on {describe_device(device_of(x))}"
-
-
-# Python's own leaf types are classified now: a first call traced by torch.compile would
-# otherwise classify them through array_api_compat's lru_cache, which Dynamo warns about.
-_v: object
-for _v in (None, False, 0, 0.0, 0j, "", b"", [], (), {}):
-    is_array(_v)
-del _v

@@ -364,10 +364,10 @@ FakeCupy.__module__ = "cupy._core.fake"
 @pytest.fixture
 def fake_cupy_adapter(monkeypatch: pytest.MonkeyPatch) -> None:
     """FakeCupy arrays get the CuPy adapter (which imports no cupy), as real ones would."""
-    from functorkit.adapters import _base
+    from functorkit.adapters import _families
     from functorkit.adapters.cupy import Adapter
 
-    monkeypatch.setitem(_base._BY_TYPE, FakeCupy, Adapter(None))
+    monkeypatch.setitem(_families._BY_TYPE, FakeCupy, Adapter(None))
 
 
 @pytest.mark.usefixtures("fake_cupy_adapter")

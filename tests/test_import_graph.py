@@ -4,17 +4,18 @@ The graph is read from the source with `ast`, not from ``sys.modules``: every ``
 ``from ... import`` of a functorkit module, in every functorkit module, as one of
 
 * module-level: run when the module is imported (also inside a top-level ``try``/``if``/class
-  body). These must form a DAG: no circle at all.
-* lazy: inside a function body, run at the first call. A lazy import that closes a circle is a
-  back-edge; each one is listed in `LAZY_BACK_EDGES` below, and that list may only shrink: the
-  graph without the listed edges has no circle (a new back-edge fails), and each listed edge,
-  put back alone, closes one (a listed edge that no longer does fails: take it off).
+  body);
+* lazy: inside a function body, run at the first call; and every string constant that is the
+  full name of a functorkit module (``"functorkit.adapters.torch"`` in the family table): a
+  module named by a string is imported by that name later (`load_family`, ``importlib``).
 
-Imports under ``if TYPE_CHECKING:`` never run and are not edges. Importing
-``functorkit.adapters.x`` runs ``functorkit/adapters/__init__.py`` first, so a sub-package's
-``__init__`` is an edge too (except from a module inside it: its own packages are imported
-before it runs); the root ``functorkit/__init__.py`` (the public facade, above every
-module) is left out, as every submodule import passes through it.
+Together they form a DAG: no circle at all, lazy imports included. Imports under
+``if TYPE_CHECKING:`` never run and are not edges. Importing ``functorkit.adapters.x`` runs
+``functorkit/adapters/__init__.py`` first, so a sub-package's ``__init__`` is an edge too
+(except where a module inside the package imports one of its siblings: its own packages are
+imported before it runs; importing a *name* of its package, ``from . import adapter_of``, is an
+edge); the root ``functorkit/__init__.py`` (the public facade, above every module) is left out,
+as every submodule import passes through it.
 """
 
 from __future__ import annotations
@@ -26,28 +27,6 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "functorkit"
 ROOT = "functorkit"
-
-# Lazy imports that still close a circle, as (importer, imported). Shrink only.
-LAZY_BACK_EDGES = {
-    # the family table in adapters/_base loads a backend's adapter at the first array of that
-    # backend (``import functorkit`` stays backend-free); each adapter builds on ArrayAdapter there.
-    # (An adapter's own lazy imports, e.g. adapters.torch -> _xp to warm the core's caches, close
-    # a circle only through these, so they are not listed; they will be once these go.)
-    ("functorkit.adapters._base", "functorkit.adapters.numpy"),
-    ("functorkit.adapters._base", "functorkit.adapters.torch"),
-    ("functorkit.adapters._base", "functorkit.adapters._torch_probe"),
-    ("functorkit.adapters._base", "functorkit.adapters.jax"),
-    ("functorkit.adapters._base", "functorkit.adapters.cupy"),
-    ("functorkit.adapters._base", "functorkit.adapters.dask"),
-    ("functorkit.adapters._base", "functorkit.adapters._pytree_jax"),
-    ("functorkit.adapters._base", "functorkit.adapters._pytree_optree"),
-    ("functorkit.adapters._base", "functorkit.adapters._pytree_torch"),
-    # the holder check looks inside a registered container with the walk that calls it
-    ("functorkit._holders", "functorkit._record"),
-    # ops that reach a heavier module on a rare path (out=, pickling a Restructure)
-    ("functorkit._lockstep", "functorkit._inplace"),
-    ("functorkit._flat", "functorkit._persist"),
-}
 
 
 def _modules() -> dict[str, Path]:
@@ -94,8 +73,12 @@ def import_graph(mods: dict[str, Path] | None = None) -> dict[tuple[str, str], s
     edges: dict[tuple[str, str], set[str]] = {}
 
     def add(a: str, name: str, kind: str) -> None:
+        named = name
         while name and name not in mods:  # `from .x import f`: f is a name of module .x
             name = name.rpartition(".")[0]
+        if name != named and name != ROOT and name != a and name.startswith(ROOT + "."):
+            # a name defined in module or package `name` is imported: an edge, even from inside
+            edges.setdefault((a, name), set()).add(kind)
         while name and name != ROOT:  # importing a.b.c runs a.b's __init__ (the root left out)
             # the importer's own packages are imported before it: not edges
             if name != a and name.startswith(ROOT + ".") and not a.startswith(name + "."):
@@ -104,7 +87,11 @@ def import_graph(mods: dict[str, Path] | None = None) -> dict[tuple[str, str], s
 
     for mod, path in mods.items():
         is_pkg = path.name == "__init__.py"
-        for node, lazy in _imports(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for c in ast.walk(tree):  # a module named by a string is imported by that name, later
+            if isinstance(c, ast.Constant) and type(c.value) is str and c.value in mods and c.value != mod:
+                add(mod, c.value, "lazy")
+        for node, lazy in _imports(tree):
             kind = "lazy" if lazy else "module"
             if isinstance(node, ast.Import):
                 for alias in node.names:
@@ -170,13 +157,39 @@ def _nodes(edges: dict[tuple[str, str], set[str]]) -> set[str]:
 
 def test_the_graph_is_read() -> None:
     g = import_graph()
-    # a module-level import, one through a sub-package, and a lazy one, all seen
-    assert "module" in g[("functorkit._xp", "functorkit.adapters._base")]
+    # a module-level import, one through a sub-package, a lazy one, and a module named by a string
     assert "module" in g[("functorkit._xp", "functorkit.adapters")]
-    assert g[("functorkit.adapters.torch", "functorkit._xp")] == {"lazy"}
+    assert "module" in g[("functorkit._alias", "functorkit.adapters._base")]
+    assert g[("functorkit.adapters.torch", "functorkit._classify")] == {"lazy"}
+    assert g[("functorkit.adapters._families", "functorkit.adapters.torch")] == {"lazy"}
+    # a name of the own package is an edge; a sibling module alone is not one to the package
+    assert "module" in g[("functorkit.adapters", "functorkit.adapters._families")]
+    assert ("functorkit.adapters.torch", "functorkit.adapters") not in g
     # TYPE_CHECKING imports are not edges (_match names TreeDef only for the type checker)
     assert ("functorkit._match", "functorkit._treedef") not in g
     assert len(_nodes(g)) > 40
+
+
+def test_own_package_names_and_strings_are_edges(tmp_path: Path) -> None:
+    pkg = tmp_path / "functorkit"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .low import f\n")
+    (pkg / "sub" / "low.py").write_text("def g():\n    from . import f\n")
+    (pkg / "sub" / "table.py").write_text("ROWS = ('functorkit.sub.low',)\n")
+    (pkg / "sub" / "sibling.py").write_text("from .low import f\n")
+    mods = {
+        "functorkit": pkg / "__init__.py",
+        "functorkit.sub": pkg / "sub" / "__init__.py",
+        "functorkit.sub.low": pkg / "sub" / "low.py",
+        "functorkit.sub.table": pkg / "sub" / "table.py",
+        "functorkit.sub.sibling": pkg / "sub" / "sibling.py",
+    }
+    g = import_graph(mods)
+    assert g[("functorkit.sub.low", "functorkit.sub")] == {"lazy"}  # `from . import f`: the package's name
+    assert g[("functorkit.sub.table", "functorkit.sub.low")] == {"lazy"}  # named by a string
+    assert ("functorkit.sub.sibling", "functorkit.sub") not in g  # a sibling only
+    assert strongly_connected(_nodes(g), set(g)) == [{"functorkit.sub", "functorkit.sub.low"}]
 
 
 def test_cycle_finder_finds_circles() -> None:
@@ -186,22 +199,50 @@ def test_cycle_finder_finds_circles() -> None:
     assert sorted(map(sorted, got)) == [["a", "b", "c"], ["d", "e"]]
 
 
+def test_no_circle_at_all() -> None:
+    """Module-level, lazy and string-named imports together form a DAG."""
+    g = import_graph()
+    circles = strongly_connected(_nodes(g), set(g))
+    assert not circles, f"import circles (import downward, or hand the function down): {circles}"
+
+
 def test_module_level_imports_form_a_dag() -> None:
     g = import_graph()
     module_level = {e for e, kinds in g.items() if "module" in kinds}
     assert strongly_connected(_nodes(g), module_level) == []
 
 
-def test_lazy_back_edges_only_shrink() -> None:
+def _family_modules() -> list[str]:
+    return sorted(f"{ROOT}.adapters.{p.stem}" for p in (PKG / "adapters").glob("*.py") if not p.stem.startswith("_"))
+
+
+def test_a_family_is_one_module_and_one_row() -> None:
+    """Each public module of ``adapters/`` is the adapter of one row of ``FAMILIES``, and no other
+    module names it (by import or string) but the family table and the family modules: adding a
+    backend is its module and its row."""
+    from functorkit.adapters import FAMILIES
+
+    rows = [f.adapter for f in FAMILIES]
+    assert sorted(rows) == _family_modules()
+    families = set(rows)
     g = import_graph()
-    nodes = _nodes(g)
-    gone = sorted(e for e in LAZY_BACK_EDGES if g.get(e) != {"lazy"})
-    assert not gone, f"no longer lazy-only imports: take them off LAZY_BACK_EDGES: {gone}"
-    rest = set(g) - LAZY_BACK_EDGES
-    circles = strongly_connected(nodes, rest)
-    assert not circles, f"import circles (a new lazy back-edge? import downward instead): {circles}"
-    idle = sorted(e for e in LAZY_BACK_EDGES if not strongly_connected(nodes, rest | {e}))
-    assert not idle, f"these lazy imports no longer close a circle: take them off LAZY_BACK_EDGES: {idle}"
+    outside = sorted((a, b) for a, b in g if b in families and a not in families | {f"{ROOT}.adapters._families"})
+    assert outside == [], f"only the family table names a family module: {outside}"
+
+
+def test_the_adapters_do_not_reach_up() -> None:
+    """The family modules and the modules below them import no module above the family table."""
+    g = import_graph()
+    below = set(_family_modules())
+    frontier = list(below)
+    while frontier:  # everything the family modules import, transitively
+        m = frontier.pop()
+        for a, b in g:
+            if a == m and b not in below:
+                below.add(b)
+                frontier.append(b)
+    above = {f"{ROOT}.adapters", f"{ROOT}.adapters._families", f"{ROOT}._registry", f"{ROOT}._xp"}
+    assert below & above == set()
 
 
 @pytest.mark.parametrize(
@@ -210,6 +251,13 @@ def test_lazy_back_edges_only_shrink() -> None:
         ("functorkit.adapters._base", "functorkit._xp"),  # same_device lives in adapters/_device.py
         ("functorkit._treedef_json", "functorkit._treedef"),  # from_json receives the constructor
         ("functorkit._stdnodes", "functorkit._registry"),  # std_nodes/attrs_def receive NodeDef/_dataclass_def
+        ("functorkit.adapters._base", "functorkit.adapters.torch"),  # the table is in _families, above
+        ("functorkit.adapters._pytree_keys", "functorkit._registry"),  # export receives lookup
+        ("functorkit.adapters._pytree_keys", "functorkit._treedef"),  # aux_equal is in _nodedef
+        ("functorkit.adapters.torch", "functorkit._xp"),  # the caches it warms are in _classify
+        ("functorkit._holders", "functorkit._record"),  # _record hands its walk down (use_walk)
+        ("functorkit._inplace", "functorkit._lockstep"),  # run_out receives check_same
+        ("functorkit._persist", "functorkit._flat"),  # _flat hands Restructure._make down
     ],
 )
 def test_removed_back_edges_stay_removed(importer: str, imported: str) -> None:

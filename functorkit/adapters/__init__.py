@@ -2,17 +2,18 @@
 namespaces (or, for ``torch.nn.Module`` nodes, classes) is met.
 
 ``adapter_for(xp)`` / ``adapter_of(x)`` give the `ArrayAdapter` of a namespace or
-array; see ``docs/adapters.md`` for the protocol and the table of families.
+array; see ``docs/adapters.md`` for the protocol, the table of families and the import layering
+(``_base.py`` below the family modules, ``_families.py`` above them).
 """
 
-from ._base import FAMILIES as FAMILIES
-from ._base import KNOWN_NAMESPACES as KNOWN_NAMESPACES
 from ._base import ArrayAdapter as ArrayAdapter
 from ._base import Layout as Layout
-from ._base import adapter_for as adapter_for
-from ._base import adapter_of as adapter_of
-from ._base import load_family as load_family
-from ._base import tracing as tracing
+from ._families import FAMILIES as FAMILIES
+from ._families import KNOWN_NAMESPACES as KNOWN_NAMESPACES
+from ._families import adapter_for as adapter_for
+from ._families import adapter_of as adapter_of
+from ._families import load_family as load_family
+from ._families import tracing as tracing
 
 __all__ = [
     "FAMILIES",

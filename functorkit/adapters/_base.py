@@ -1,4 +1,4 @@
-"""The array-ops protocol every backend adapter implements, and the lookup.
+"""The array-ops protocol every backend adapter implements, and the helpers adapters share.
 
 `ArrayAdapter` is both the protocol and the generic implementation:
 its methods use only the array API standard (plus DLPack to see host
@@ -9,23 +9,16 @@ subclasses it and overrides a method only where the generic code is slower
 (each override names the benchmark row) or wrong for that library (each
 names the reason).
 
-Lookup: `adapter_for` maps an array namespace to its adapter through
-`FAMILIES`, a table from the namespace's module name to the adapter
-module, imported the first time such a namespace is met; so ``import
-functorkit`` imports no backend. The family modules are imported by
-``import`` statements (`load_family`), not `importlib.import_module`, because
-``torch.compile`` runs an ``import`` statement it meets while tracing but cannot trace
-``importlib``: a model first met inside a compiled function loads its adapter there. Results are kept in plain
-dicts without a lock: two threads racing on a first lookup may each build an
-adapter, one of which is kept; adapters hold no state but their namespace,
-so either is right.
+This module sits *below* the family modules: it imports none of them, and no functorkit
+module above the adapters. The lookup (`FAMILIES`, `adapter_for`, `adapter_of`, `tracing`)
+lives above them, in ``adapters/_families.py`` (docs/adapters.md, "Import layering"); an
+adapter that meets another library's array reaches it through `adapter_of` here, which the
+lookup installs.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -36,36 +29,17 @@ from ._device import same_device
 from ._kernels import Kernels
 
 __all__ = [
-    "FAMILIES",
-    "KNOWN_NAMESPACES",
     "TRACING_PROBES",
     "ArrayAdapter",
     "Layout",
-    "adapter_for",
+    "MethodSlices",
     "adapter_of",
-    "load_family",
+    "extent",
+    "method_view_source",
+    "method_views",
     "normalise_layout",
-    "tracing",
+    "self_overlap",
 ]
-
-#: namespace module name -> adapter module (anything else: the generic `ArrayAdapter`)
-FAMILIES: dict[str, str] = {
-    "array_api_compat.numpy": "functorkit.adapters.numpy",
-    "numpy": "functorkit.adapters.numpy",
-    "array_api_compat.torch": "functorkit.adapters.torch",
-    "torch": "functorkit.adapters.torch",
-    "jax.numpy": "functorkit.adapters.jax",
-    "jax.experimental.array_api": "functorkit.adapters.jax",
-    "array_api_compat.cupy": "functorkit.adapters.cupy",
-    "cupy": "functorkit.adapters.cupy",
-    "array_api_compat.dask.array": "functorkit.adapters.dask",
-}
-
-#: every namespace module name functorkit knows (a pickled Restructure may name only these)
-KNOWN_NAMESPACES: frozenset[str] = frozenset(FAMILIES) | {"array_api_strict"}
-
-_BY_NAMESPACE: dict[str, ArrayAdapter] = {}
-_BY_TYPE: dict[type, ArrayAdapter] = {}
 
 #: what a backend raises for an operation it does not support on this array (narrow on purpose)
 _UNSUPPORTED = (TypeError, ValueError, RuntimeError, AttributeError, NotImplementedError, BufferError)
@@ -74,101 +48,16 @@ _UNSUPPORTED = (TypeError, ValueError, RuntimeError, AttributeError, NotImplemen
 #: ``() -> bool`` tests added by family modules when imported (torch: ``torch.compiler.is_compiling``)
 TRACING_PROBES: list[Callable[[], bool]] = []
 
-
-def tracing() -> bool:
-    """True while a tracer that cannot run functorkit's code generation is tracing the caller.
-
-    ``torch.compile`` (Dynamo) traces Python bytecode but not ``compile``/``exec`` or locks:
-    one-time work (generating ``re(p)``'s code, a matcher for a container tree) is skipped
-    under it and done by the first eager call instead. Checked only on those cold paths.
-
-    A family's small probe module (not its adapter) is loaded here once its library is imported,
-    so the answer does not depend on whether functorkit has met one of its objects yet (a module
-    first met inside ``torch.compile``).
-    """
-    for modname, adapter in _PROBED_FAMILIES:
-        if adapter not in sys.modules and sys.modules.get(modname) is not None:
-            load_family(adapter)  # an import statement: traced
-    return any(probe() for probe in TRACING_PROBES)
-
-
-#: (library, family adapter module) of the families that add a tracing probe when loaded
-_PROBED_FAMILIES: tuple[tuple[str, str], ...] = (("torch", "functorkit.adapters._torch_probe"),)
-
-
-def load_family(modname: str) -> Any:
-    """The adapter module `modname` (one of `FAMILIES`' values, or a pytree glue module of
-    ``_pytrees.PYTREES``), imported if needed (an
-    ``import`` statement waits for another thread's import of the module to finish)."""
-    if modname == "functorkit.adapters.numpy":
-        from . import numpy as np_adapter
-
-        return np_adapter
-    if modname == "functorkit.adapters.torch":
-        from . import torch as torch_adapter
-
-        return torch_adapter
-    if modname == "functorkit.adapters._torch_probe":
-        from . import _torch_probe
-
-        return _torch_probe
-    if modname == "functorkit.adapters.jax":
-        from . import jax as jax_adapter
-
-        return jax_adapter
-    if modname == "functorkit.adapters.cupy":
-        from . import cupy as cupy_adapter
-
-        return cupy_adapter
-    if modname == "functorkit.adapters.dask":
-        from . import dask as dask_adapter
-
-        return dask_adapter
-    if modname == "functorkit.adapters._pytree_jax":
-        from . import _pytree_jax
-
-        return _pytree_jax
-    if modname == "functorkit.adapters._pytree_optree":
-        from . import _pytree_optree
-
-        return _pytree_optree
-    if modname == "functorkit.adapters._pytree_torch":
-        from . import _pytree_torch
-
-        return _pytree_torch
-    msg = f"unknown adapter module {modname!r}"
-    raise ValueError(msg)
-
-
-def adapter_for(xp: Any) -> ArrayAdapter:
-    """The adapter of array namespace `xp` (made once per namespace, family module imported lazily).
-
-    Cached by the namespace's name, checked by identity (``torch.compile`` cannot hash a
-    module object as a dict key while tracing)."""
-    name = str(getattr(xp, "__name__", ""))
-    hit = _BY_NAMESPACE.get(name)
-    if hit is not None and hit.xp is xp:
-        return hit
-    modname = FAMILIES.get(name)
-    adapter = ArrayAdapter(xp) if modname is None else load_family(modname).Adapter(xp)
-    _BY_NAMESPACE[name] = adapter
-    return adapter
-
-
-def lazy_adapter() -> ArrayAdapter:
-    """The adapter of the lazy family (Dask) that ``fk.open`` builds arrays with (imports Dask)."""
-    return adapter_for(importlib.import_module("array_api_compat.dask.array"))
+#: the family table's lookup (`functorkit.adapters.adapter_of`), installed by `functorkit.adapters._families`
+#: when it is imported (the package's ``__init__`` imports it, so before any adapter module runs)
+_LOOKUP: list[Callable[[Any], ArrayAdapter]] = []
 
 
 def adapter_of(x: Any) -> ArrayAdapter:
-    """The adapter of array `x` (``adapter_for(namespace(x))``, cached per type)."""
-    try:
-        return _BY_TYPE[type(x)]
-    except KeyError:
-        pass
-    adapter = adapter_for(array_api_compat.array_namespace(x))
-    _BY_TYPE[type(x)] = adapter
-    return adapter
+    """The adapter of array `x` of any family, for an adapter method that meets another library's
+    array (`ArrayAdapter.stage`). The lookup sits above the family modules, since it loads them,
+    so it is handed down to them here instead of imported (docs/adapters.md, "Import layering")."""
+    return _LOOKUP[0](x)
 
 
 # ------------------------------------------------------------------ memory layouts

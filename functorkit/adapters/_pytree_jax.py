@@ -19,12 +19,13 @@ Loaded by ``functorkit/_registry.py`` only once ``jax`` is in ``sys.modules``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
 
-from .._registry import NodeDef
-from ._pytree_keys import ExportAux, exported_flatten, exported_unflatten, named_keys
+from .._nodedef import NodeDef
+from ._pytree_keys import ExportAux, Lookup, exported_flatten, exported_unflatten, named_keys
 
 __all__ = ["export", "node_for"]
 
@@ -78,26 +79,28 @@ def _key(k: Any, named: bool) -> Any:
     return _tu.GetAttrKey(k) if type(k) is str and k.isidentifier() else _tu.DictKey(k)
 
 
-def _flatten_with_keys(x: Any) -> tuple[list[tuple[Any, Any]], ExportAux]:
-    keys, values, aux = exported_flatten(x)
+def _flatten_with_keys(lookup: Lookup, x: Any) -> tuple[list[tuple[Any, Any]], ExportAux]:
+    keys, values, aux = exported_flatten(lookup, x)
     return [(_key(k, aux.named), v) for k, v in zip(keys, values, strict=True)], aux
 
 
-def _flatten(x: Any) -> tuple[list[Any], ExportAux]:
-    _, values, aux = exported_flatten(x)
+def _flatten(lookup: Lookup, x: Any) -> tuple[list[Any], ExportAux]:
+    _, values, aux = exported_flatten(lookup, x)
     return values, aux
 
 
-def _unflatten(aux: ExportAux, children: Any) -> Any:
-    return exported_unflatten(aux, children)
+def _unflatten(lookup: Lookup, aux: ExportAux, children: Any) -> Any:
+    return exported_unflatten(lookup, aux, children)
 
 
-def export(cls: type, static: bool) -> None:
+def export(cls: type, static: bool, lookup: Lookup) -> None:
     """Register `cls` with JAX (a functorkit node, or a static object if `static`); skip it if JAX
-    knows it already."""
+    knows it already. `lookup`: the registry's, to take the node apart with."""
     if _tu.default_registry.is_node(cls):
         return
     if static:
         _tu.register_pytree_node(cls, _static_flatten, _static_unflatten)
     else:
-        _tu.register_pytree_with_keys(cls, _flatten_with_keys, _unflatten, _flatten)
+        _tu.register_pytree_with_keys(
+            cls, partial(_flatten_with_keys, lookup), partial(_unflatten, lookup), partial(_flatten, lookup)
+        )

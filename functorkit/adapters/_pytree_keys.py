@@ -1,15 +1,16 @@
 """What the pytree bridges (``_pytree_jax.py``, ``_pytree_optree.py``, ``_pytree_torch.py``) share:
 key entries mapped to path entries, and the aux data of a functorkit node exported to another
-library. Imports no backend."""
+library. Imports no backend, and no functorkit module above the adapters: the registry, which loads
+these modules, hands its ``lookup`` to each ``export`` (docs/adapters.md, "Import layering")."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from .._registry import NodeDef, lookup
-from .._treedef import _aux_equal
+from .._nodedef import NodeDef, aux_equal
 
-__all__ = ["ExportAux", "exported_flatten", "exported_unflatten", "named_keys"]
+__all__ = ["ExportAux", "Lookup", "exported_flatten", "exported_unflatten", "named_keys"]
 
 
 def named_keys(entries: list[tuple[bool, Any] | None]) -> list[Any] | None:
@@ -49,14 +50,18 @@ class ExportAux:
             self.cls is other.cls
             and self.named == other.named
             and self.keys == other.keys
-            and _aux_equal(self.aux, other.aux)
+            and aux_equal(self.aux, other.aux)
         )
 
     def __repr__(self) -> str:
         return f"ExportAux({self.cls.__qualname__}, keys={self.keys!r})"
 
 
-def _node(cls: type) -> NodeDef:
+#: the registry's ``lookup(cls)``: the dispatch entry of a class (a NodeDef for a node)
+Lookup = Callable[[type], Any]
+
+
+def _node(lookup: Lookup, cls: type) -> NodeDef:
     nd = lookup(cls)
     if not isinstance(nd, NodeDef):
         msg = (
@@ -68,12 +73,12 @@ def _node(cls: type) -> NodeDef:
     return nd
 
 
-def exported_flatten(x: Any) -> tuple[list[Any], list[Any], ExportAux]:
+def exported_flatten(lookup: Lookup, x: Any) -> tuple[list[Any], list[Any], ExportAux]:
     """Take a functorkit node apart for another library: keys, children, aux."""
-    keys, values, aux, named = _node(type(x)).flatten(x)
+    keys, values, aux, named = _node(lookup, type(x)).flatten(x)
     return list(keys), list(values), ExportAux(type(x), tuple(keys), aux, named)
 
 
-def exported_unflatten(aux: ExportAux, children: Any) -> Any:
+def exported_unflatten(lookup: Lookup, aux: ExportAux, children: Any) -> Any:
     """Rebuild a functorkit node from another library's children."""
-    return _node(aux.cls).unflatten(aux.aux, list(aux.keys), list(children))
+    return _node(lookup, aux.cls).unflatten(aux.aux, list(aux.keys), list(children))

@@ -19,7 +19,7 @@ from typing import Any
 
 import optree
 
-from .._registry import NodeDef
+from .._nodedef import NodeDef
 from ._pytree_keys import named_keys
 
 __all__ = ["node_for"]

@@ -21,12 +21,13 @@ Loaded by ``functorkit/_registry.py`` only once ``torch`` is in ``sys.modules``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch.utils._pytree as pytree
 
-from .._registry import NodeDef
-from ._pytree_keys import ExportAux, exported_flatten, exported_unflatten, named_keys
+from .._nodedef import NodeDef
+from ._pytree_keys import ExportAux, Lookup, exported_flatten, exported_unflatten, named_keys
 
 __all__ = ["export", "node_for"]
 
@@ -87,23 +88,23 @@ def _key(k: Any, named: bool) -> Any:
     return pytree.GetAttrKey(k) if type(k) is str and k.isidentifier() else pytree.MappingKey(k)
 
 
-def _flatten(x: Any) -> tuple[list[Any], ExportAux]:
-    _, values, aux = exported_flatten(x)
+def _flatten(lookup: Lookup, x: Any) -> tuple[list[Any], ExportAux]:
+    _, values, aux = exported_flatten(lookup, x)
     return values, aux
 
 
-def _flatten_with_keys(x: Any) -> tuple[list[tuple[Any, Any]], ExportAux]:
-    keys, values, aux = exported_flatten(x)
+def _flatten_with_keys(lookup: Lookup, x: Any) -> tuple[list[tuple[Any, Any]], ExportAux]:
+    keys, values, aux = exported_flatten(lookup, x)
     return [(_key(k, aux.named), v) for k, v in zip(keys, values, strict=True)], aux
 
 
-def _unflatten(values: Any, aux: ExportAux) -> Any:
-    return exported_unflatten(aux, values)
+def _unflatten(lookup: Lookup, values: Any, aux: ExportAux) -> Any:
+    return exported_unflatten(lookup, aux, values)
 
 
-def export(cls: type, static: bool) -> None:
+def export(cls: type, static: bool, lookup: Lookup) -> None:
     """Register `cls` with torch's ``_pytree`` (a functorkit node, or a static object if `static`);
-    skip it if torch knows it already."""
+    skip it if torch knows it already. `lookup`: the registry's, to take the node apart with."""
     if cls in pytree.SUPPORTED_NODES:
         return
     if static:
@@ -111,4 +112,9 @@ def export(cls: type, static: bool) -> None:
             cls, _static_flatten, _static_unflatten, flatten_with_keys_fn=_static_flatten_with_keys
         )
     else:
-        pytree.register_pytree_node(cls, _flatten, _unflatten, flatten_with_keys_fn=_flatten_with_keys)
+        pytree.register_pytree_node(
+            cls,
+            partial(_flatten, lookup),
+            partial(_unflatten, lookup),
+            flatten_with_keys_fn=partial(_flatten_with_keys, lookup),
+        )

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .._registry import NodeDef
+from .._nodedef import NodeDef
 
 __all__ = ["claims", "node_for"]
 

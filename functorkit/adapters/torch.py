@@ -618,7 +618,7 @@ def _warm_caches() -> None:
     """Fill the core's per-type caches for plain tensors and parameters now, at import (which
     runs eagerly even when a compiled function's first call imports this module): the cold path
     calls ``array_api_compat.array_namespace``, whose ``lru_cache`` Dynamo warns about."""
-    from .._xp import is_inexact_array
+    from .._classify import is_inexact_array
 
     for dt in (
         torch.float16,

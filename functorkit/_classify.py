@@ -1,0 +1,159 @@
+"""Array classification through the array API: which objects are arrays, their namespace, which
+are floating (parameter candidates) or complex; cached per type (and dtype).
+
+Below the adapters and the core alike (it imports no functorkit module): an adapter warms these
+caches when it is imported (``adapters/torch.py``), and ``functorkit._xp`` re-exports every name
+here with the descriptions and the device helpers (docs/adapters.md, "Import layering").
+``np.matrix`` is refused here, where a leaf is classified, with a `TypeError` that says how to fix
+it (callers add the path).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, NamedTuple
+
+import array_api_compat
+import numpy as np
+
+__all__ = [
+    "MATRIX_MESSAGE",
+    "Kind",
+    "inexact_flags",
+    "is_array",
+    "is_complex",
+    "is_inexact_array",
+    "namespace",
+]
+
+_IS_ARRAY: dict[type, bool] = {}
+_NAMESPACE: dict[type, Any] = {}
+_INEXACT: dict[tuple[type, Any], bool] = {}
+_COMPLEX: dict[tuple[type, Any], bool] = {}
+_DTYPE_OF = operator.attrgetter("dtype")
+
+#: why ``np.matrix`` is refused (a constant: one text wherever it is met)
+MATRIX_MESSAGE = (
+    "found an np.matrix, which is not an array API array (it is always 2-D and `*` is a matrix "
+    "product), so functorkit cannot treat it as a parameter or as an array constant. Expected an "
+    "array of an array API library; fix: convert it with np.asarray(m) (same values, an ndarray)."
+)
+
+
+class Kind(NamedTuple):
+    """Namespace, dtype and device of an array (device None: unknown, e.g. a JAX tracer)."""
+
+    xp: Any
+    dtype: Any
+    device: Any
+
+
+# ---------------------------------------------------------------- classification
+
+
+def is_array(x: Any) -> bool:
+    """True for an array of any array-API backend (NumPy scalars are not arrays).
+
+    Raises
+    ------
+    TypeError
+        For an ``np.matrix`` (see `MATRIX_MESSAGE`).
+    """
+    t = type(x)
+    try:
+        return _IS_ARRAY[t]
+    except KeyError:
+        pass
+    if issubclass(t, np.matrix):
+        raise TypeError(MATRIX_MESSAGE)
+    out = bool(array_api_compat.is_array_api_obj(x)) and not isinstance(x, np.generic)
+    _IS_ARRAY[t] = out
+    return out
+
+
+def namespace(x: Any) -> Any:
+    """The array API namespace of array `x` (array_api_compat), cached per type."""
+    t = type(x)
+    try:
+        return _NAMESPACE[t]
+    except KeyError:
+        xp = array_api_compat.array_namespace(x)
+        _NAMESPACE[t] = xp
+        return xp
+
+
+def is_inexact_array(x: Any) -> bool:
+    """True for a real-floating or complex-floating array (any byte order): a parameter candidate."""
+    if not is_array(x):
+        return False
+    key = (type(x), x.dtype)
+    try:
+        return _INEXACT[key]
+    except KeyError:
+        out = _is_kind(namespace(x), x.dtype, ("real floating", "complex floating"))
+        _INEXACT[key] = out
+        return out
+
+
+def inexact_flags(leaves: list[Any]) -> list[bool]:
+    """``is_inexact_array`` of each leaf; when every leaf is an array, in C-level passes over the
+    leaves and one classification per (type, dtype) (bench_scale ``fk.destructure(d)`` and ``fk.add(d, d)`` rows)."""
+    types = list(map(type, leaves))
+    for t, x in dict(zip(types, leaves)).items():  # one leaf of each type
+        if t not in _IS_ARRAY:
+            is_array(x)  # classifies the type (and refuses np.matrix)
+        if not _IS_ARRAY[t]:
+            return list(map(is_inexact_array, leaves))
+    dtypes = list(map(_DTYPE_OF, leaves))
+    if len(set(types)) == 1:  # one array type: classify each dtype once, no tuple per leaf
+        t = types[0]
+        by_dtype = {}
+        for dt, x in dict(zip(dtypes, leaves)).items():
+            if (t, dt) not in _INEXACT:
+                is_inexact_array(x)
+            by_dtype[dt] = _INEXACT[(t, dt)]
+        return list(map(by_dtype.__getitem__, dtypes))
+    keys = list(zip(types, dtypes))
+    for key, x in dict(zip(keys, leaves)).items():
+        if key not in _INEXACT:
+            is_inexact_array(x)
+    return list(map(_INEXACT.__getitem__, keys))
+
+
+def _is_kind(xp: Any, dtype: Any, kind: Any) -> bool:
+    if isinstance(dtype, np.dtype):
+        if not dtype.isnative:
+            dtype = dtype.newbyteorder("=")  # array_api_compat knows native dtypes only
+        if dtype.kind == "V" and _ml_float(dtype):
+            # ml_dtypes' bfloat16/float8 (NumPy and Dask arrays of checkpoints): real floating, which
+            # the array API's isdtype does not know; without this they would be silent constants
+            return "real floating" in ((kind,) if isinstance(kind, str) else kind)
+    try:
+        return bool(xp.isdtype(dtype, kind))
+    except (TypeError, ValueError):  # a dtype outside the array API (structured, object, string)
+        return False
+
+
+def _ml_float(dtype: np.dtype[Any]) -> bool:
+    """A floating dtype of the ``ml_dtypes`` package (``bfloat16``, ``float8_*``...)."""
+    return dtype.type.__module__.startswith("ml_dtypes") and dtype.name.startswith(("float", "bfloat"))
+
+
+def is_complex(x: Any) -> bool:
+    """True if array `x` (or a `Kind`) has a complex floating dtype (cached per type and dtype)."""
+    if type(x) is Kind:
+        return _is_kind(x.xp, x.dtype, "complex floating")
+    key = (type(x), x.dtype)
+    try:
+        return _COMPLEX[key]
+    except KeyError:
+        out = _COMPLEX[key] = _is_kind(namespace(x), x.dtype, "complex floating")
+        return out
+
+
+# Python's own leaf types are classified now: a first call traced by torch.compile would
+# otherwise classify them through array_api_compat's lru_cache, which Dynamo warns about.
+_v: object
+for _v in (None, False, 0, 0.0, 0j, "", b"", [], (), {}):
+    is_array(_v)
+del _v

@@ -1,0 +1,109 @@
+"""What a node is: `NodeDef` (how one node type is taken apart and rebuilt) and the equality of
+its aux data (`aux_equal`).
+
+At the bottom of the import graph (it imports no functorkit module): the registry (``_registry.py``,
+the table of NodeDefs), the tree definition and the pytree and ``nn.Module`` glue modules of the
+adapters (which the registry loads) all build on it; ``_registry`` re-exports `NodeDef` and the
+fast-path codes (docs/adapters.md, "Import layering").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["DICT", "GENERIC", "LIST", "TUPLE", "NodeDef", "aux_equal"]
+
+# fast-path codes used by the walk for the built-in containers
+GENERIC, DICT, LIST, TUPLE = 0, 1, 2, 3
+
+
+class NodeDef:
+    """How one node type is taken apart and put back together.
+
+    ``flatten(obj) -> (keys, values, aux, named)`` lists the children in walk
+    order (``named`` is true when the children form a mapping);
+    ``unflatten(aux, keys, values) -> obj`` rebuilds; ``trainable(obj)``
+    returns the set of trainable child keys, or ``None`` for all.
+
+    ``kind`` says which classes count as the same node type when two trees
+    are matched (default: the class itself); torch's parametrized modules
+    (one class made per instance) share the kind of their original class.
+
+    ``owns`` is true when the node object itself holds a strong reference to
+    every child ``flatten`` returns (a container, a namedtuple, a plain
+    dataclass), so the walk need not keep the ``values`` list alive to keep
+    the children's identities unique; ``fast`` marks the built-in
+    containers the walk handles inline.
+
+    ``state_skip(aux)`` (optional) returns the child keys that are not part
+    of the node's state dict (torch: non-persistent buffers), or None.
+
+    ``flatten_slots(obj)`` (default: ``flatten``) is ``flatten`` for a node
+    that leaves out slots holding ``None`` (torch modules: ``bias=None``): it
+    lists them too, as ``None`` children, so that trees differing only in
+    which slots hold ``None`` have one structure. Only ``fk.combine`` uses it.
+
+    ``mutable`` (default true) says whether one object of this type met at
+    several positions is one shared sub-tree even when it holds only scalars
+    (SPEC 12, ``docs/treedef.md`` R2): false for tuples, namedtuples, frozen
+    dataclasses and attrs classes, and mapping proxies.
+    """
+
+    __slots__ = (
+        "cls",
+        "fast",
+        "flatten",
+        "flatten_slots",
+        "kind",
+        "mutable",
+        "owns",
+        "state_skip",
+        "trainable",
+        "unflatten",
+    )
+
+    def __init__(
+        self,
+        cls: type,
+        flatten: Callable[[Any], tuple[list[Any], list[Any], Any, bool]],
+        unflatten: Callable[[Any, list[Any], list[Any]], Any],
+        trainable: Callable[[Any], frozenset[Any] | None] | None = None,
+        fast: int = GENERIC,
+        *,
+        owns: bool = False,
+        kind: Any = None,
+        state_skip: Callable[[Any], Any] | None = None,
+        flatten_slots: Callable[[Any], tuple[list[Any], list[Any], Any, bool]] | None = None,
+        mutable: bool = True,
+    ) -> None:
+        self.cls = cls
+        self.mutable = mutable
+        self.kind = cls if kind is None else kind
+        self.flatten = flatten
+        self.unflatten = unflatten
+        self.trainable = trainable
+        self.fast = fast
+        self.owns = owns
+        self.state_skip = state_skip
+        self.flatten_slots = flatten if flatten_slots is None else flatten_slots
+
+    def __repr__(self) -> str:
+        return f"NodeDef({self.cls.__qualname__})"
+
+
+def aux_equal(a: Any, b: Any) -> bool:
+    """Aux data equality that never raises: identical, or ``==`` answering a plain ``True``."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if type(a) is tuple or type(a) is list:
+        return len(a) == len(b) and all(aux_equal(x, y) for x, y in zip(a, b))
+    if type(a) is dict:
+        return list(a) == list(b) and all(aux_equal(a[k], b[k]) for k in a)
+    try:
+        same = a == b
+    except (TypeError, ValueError):
+        return False
+    return same is True
