@@ -101,7 +101,7 @@ def test_save_streams_elementwise_tensors_and_computes_reductions_whole(
 
 
 def test_merges_with_reductions_share_work_and_linear_ones_stream() -> None:
-    from functorkit.adapters._base import adapter_of
+    from functorkit.adapters import adapter_of
 
     base, ms = _models()
     lb, lms = _lazy(base), [_lazy(m) for m in ms]
