@@ -289,6 +289,28 @@ FLOOR = {
 HELD = "fk.fmap(f, h) (h: a copy of t whose leaves are also held in a list)"
 
 
+def _explicit_stack(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` with the recursive walk switched off (``_record.RECURSIVE``): the explicit-stack walk."""
+    from functorkit import _record
+
+    def run(*args: Any) -> Any:
+        _record.RECURSIVE = False
+        try:
+            return fn(*args)
+        finally:
+            _record.RECURSIVE = True
+
+    return run
+
+
+#: the recursive walk's on/off rows: (group, the call with it on, the same call with it off)
+WALK_ONOFF = (
+    ("leaves", "fk.flatten(t)", "fk.flatten(t), recursive walk off (explicit stack)"),
+    ("leaves", "fk.leaves(t)", "fk.leaves(t), recursive walk off (explicit stack)"),
+    ("map (1 tree)", "fk.fmap(f, t)", "fk.fmap(f, t), recursive walk off (explicit stack)"),
+)
+
+
 def time_tree(tree: Any, rounds: int) -> tuple[int, dict[str, dict[str, float]]]:
     """Time every contender on `tree`; returns (number of leaves, group -> call -> seconds).
 
@@ -309,6 +331,10 @@ def time_tree(tree: Any, rounds: int) -> tuple[int, dict[str, dict[str, float]]]
     calls[FLOOR["map (1 tree)"]] = lambda: list(map(_ident, flat))
     calls[FLOOR["map (2 trees)"]] = lambda: list(map(_first, flat, flat_u))
     calls[HELD] = lambda: fk.fmap(_ident, held)
+    off_fns = {"fk.flatten(t)": fk.flatten, "fk.leaves(t)": fk.leaves, "fk.fmap(f, t)": lambda t: fk.fmap(_ident, t)}
+    for group, on, off in WALK_ONOFF:
+        calls[off] = functools.partial(_explicit_stack(off_fns[on]), tree)
+        where[off] = group
     where[FLOOR["map (1 tree)"]] = "map (1 tree)"
     where[FLOOR["map (2 trees)"]] = "map (2 trees)"
     where[HELD] = "map (1 tree)"
@@ -325,6 +351,15 @@ def time_tree(tree: Any, rounds: int) -> tuple[int, dict[str, dict[str, float]]]
     for call, t in best.items():
         res[where[call]][call] = t
     return len(flat), res
+
+
+def onoff_table(res: dict[str, dict[str, float]]) -> str:
+    """The recursive walk on and off (the explicit stack), same run: the gain that keeps it."""
+    rows = ["| operation | recursive walk µs | explicit stack µs | gain |", "|---|---:|---:|---:|"]
+    for group, on, off in WALK_ONOFF:
+        t_on, t_off = res[group][on], res[group][off]
+        rows.append(f"| {on} | {_us(t_on)} | {_us(t_off)} | {(t_off / t_on - 1) * 100:+.0f}% |")
+    return "\n".join(rows)
 
 
 def tree_table(n: int, res: dict[str, dict[str, float]]) -> str:
@@ -400,6 +435,7 @@ def time_module(rounds: int) -> tuple[int, int, dict[str, float]]:
     assert torch.equal(flat, vec)
     calls: dict[str, Callable[[], Any]] = {
         "fk.leaves(m)": lambda: fk.leaves(m),
+        "fk.leaves(m), recursive walk off (explicit stack)": lambda: _explicit_stack(fk.leaves)(m),
         "m.state_dict()": m.state_dict,
         "list(m.named_parameters())": lambda: list(m.named_parameters()),
         "recursive Python leaves (m._parameters, m._modules)": lambda: _mod_leaves(m, []),
@@ -423,6 +459,7 @@ _MODULE_TARGETS = (  # (what, functorkit call, torch call, target fk/torch or No
     ("leaves", "fk.leaves(m)", "m.state_dict()", 1.0),
     ("leaves", "fk.leaves(m)", "list(m.named_parameters())", None),
     ("leaves", "fk.leaves(m)", "recursive Python leaves (m._parameters, m._modules)", None),
+    ("leaves: recursive walk on / off", "fk.leaves(m)", "fk.leaves(m), recursive walk off (explicit stack)", None),
     ("fmap(identity)", "fk.fmap(f, m)", "m.state_dict()", None),
     ("rebuild from a vector", "re(flat)", "vector_to_parameters(flat, m.parameters())", 1.5),
     ("flatten to a vector", "fk.destructure(m)", "parameters_to_vector(m.parameters())", 1.5),
@@ -686,6 +723,12 @@ nothing); the second lists every contender.
 
 {target_table(res_big)}
 
+The walk is recursive (one Python call per node, a layer's leaves taken in one C-level `extend`;
+`functorkit/_record.py`), with the explicit-stack walk for deep trees, cycles and shared
+sub-trees; on and off, same run:
+
+{onoff_table(res_big)}
+
 {tree_table(n_big, res_big)}
 
 ### (d) The same transformer with 12 blocks: {n_small} leaves, {n_small_nodes} dicts
@@ -693,6 +736,8 @@ nothing); the second lists every contender.
 The per-step case: a small model mapped again and again (the steady state, as in (b)).
 
 {target_table(res_small, fmap_target=1.2)}
+
+{onoff_table(res_small)}
 
 {tree_table(n_small, res_small)}
 

@@ -21,6 +21,7 @@ from ._messages import _cycle, _visiting
 from ._registry import (
     DICT,
     LIST,
+    SCALAR,
     SCALAR_TYPES,
     TABLES,
     TUPLE,
@@ -46,8 +47,235 @@ def record(
     the definition then counts every leaf as trainable. With ``slots=True`` nodes that have
     a ``flatten_slots`` (torch modules) list their ``None`` slots as ``None`` leaves
     (``fk.combine``)."""
+    if is_leaf is None and not slots:
+        fast = _record_recursive(tree, track)
+        if fast is not None:
+            return fast
     rec = _Recorder(is_leaf, track, slots)
     return rec.finish(rec.run(tree))
+
+
+# ============================================================== the recursive walk
+#
+# The common case, walked at Python's floor: one recursive call per node, the children of a node
+# whose children are all leaves taken in one C-level ``extend``, no per-node bookkeeping beyond its
+# program entry. It records exactly the program `_Recorder` records, under one assumption it checks
+# at the end instead of at every node: no node object is met twice (then no node is shared and no
+# cycle closes). Every node met is kept in one list, and one `all_distinct` over it (together with the
+# leaves, whose ties `finish` resolves) confirms it; if a node was met twice, or the tree is deeper
+# than `RECURSIVE_DEPTH`, the explicit-stack `_Recorder` walks the tree instead (it records sharing,
+# names cycles and has no depth limit). bench_walk's model-shaped rows measure the two
+# (``fk.flatten(t)`` with `RECURSIVE` on and off); tests/test_walk.py checks that the recursive walk
+# is taken on such a tree and gives the same definition as the explicit one on every tree.
+
+#: tests and benchmarks switch the recursive walk off to compare it with the explicit stack
+RECURSIVE = True
+#: deeper trees (and cycles, which recurse until here) are walked by the explicit stack
+RECURSIVE_DEPTH = 200
+
+
+class _Deep(Exception):
+    """The recursive walk went deeper than `RECURSIVE_DEPTH` (a deep tree, or a cycle)."""
+
+
+class _KeyTrail(Exception):
+    """Carries the path of a failure out of the recursive walk (keys innermost first)."""
+
+
+def _record_recursive(tree: Any, track: bool) -> tuple[list[Any], TreeDef] | None:
+    """`record` by recursion (see above), or None when the explicit stack must walk `tree`."""
+    if not RECURSIVE:
+        return None
+    tables = TABLES[0]  # one snapshot of the node table for the whole walk
+    _, disp, leaf_types, known_types, _ = tables
+    t0 = type(tree)
+    if t0 in leaf_types:
+        nd0 = None
+    else:
+        nd0 = disp.get(t0, _MISS)
+        if nd0 is _MISS:
+            nd0 = resolve(t0, tables)
+    if not isinstance(nd0, NodeDef):
+        return None  # a leaf at the root: nothing to gain
+    flat: list[Any] = []
+    prog: list[Any] = []
+    nodes: list[Any] = []
+    tsets: dict[int, frozenset[Any]] = {}
+    flat_append = flat.append
+    flat_extend = flat.extend
+    prog_append = prog.append
+    nodes_append = nodes.append
+    trail: list[tuple[Any, Any, Any]] = []  # (keys, children, child) of each frame a failure left
+    disp_get = disp.get
+    leaves_of = leaf_types.issuperset
+    known = known_types.issuperset
+
+    def visit(c: Any, nd: NodeDef, depth: int) -> None:
+        nodes_append(c)
+        fast = nd.fast
+        if fast == DICT:
+            ckeys: Any = [*c]
+            cvals: Any = c.values()
+            aux = _NO_AUX
+            named = True
+        elif fast in (LIST, TUPLE):
+            ckeys = None
+            cvals = c
+            aux = _NO_AUX
+            named = False
+        else:
+            ckeys, cvals, aux, named = nd.flatten(c)
+        n = len(cvals)
+        tset = None
+        if track and nd.trainable is not None:
+            tset = nd.trainable(c)
+            if tset is not None and not tset.issubset(range(n) if ckeys is None else ckeys):
+                raise _KeyTrail(c, tset, ckeys, n)
+        if leaves_of(map(type, cvals)) or (
+            not known(map(type, cvals)) and _resolve_all(cvals, disp, tables) and leaves_of(map(type, cvals))
+        ):
+            flat_extend(cvals)
+            entry = (nd, ckeys, n, True, aux, named)
+            if tset is not None:
+                tsets[id(entry)] = tset
+            prog_append(entry)
+            return
+        if depth >= RECURSIVE_DEPTH:
+            raise _Deep
+        depth += 1
+        v = None
+        try:
+            for v in cvals:
+                t = type(v)
+                if t in leaf_types:
+                    flat_append(v)
+                    prog_append(None)
+                    continue
+                vnd = disp_get(t)  # not a leaf type: a NodeDef once resolved
+                if vnd is None or vnd is SCALAR:  # (or not resolved yet, or resolved meanwhile)
+                    vnd = resolve(t, tables)
+                    if not isinstance(vnd, NodeDef):
+                        flat_append(v)
+                        prog_append(None)
+                        continue
+                if vnd.fast == DICT and not (track and vnd.trainable is not None):
+                    vv = v.values()  # a dict of leaves, inline (most nodes of a model: one layer)
+                    if leaves_of(map(type, vv)):
+                        nodes_append(v)
+                        flat_extend(vv)
+                        prog_append((vnd, [*v], len(vv), True, _NO_AUX, True))
+                        continue
+                visit(v, vnd, depth)
+        except _Deep:
+            raise
+        except BaseException:
+            trail.append((ckeys, cvals, v))
+            raise
+        entry = (nd, ckeys, n, False, aux, named)
+        if tset is not None:
+            tsets[id(entry)] = tset
+        prog_append(entry)
+
+    try:
+        try:
+            visit(tree, nd0, 0)
+        finally:
+            visit = None  # type: ignore[assignment]  # the closure refers to itself (a cycle): break it so the nodes it holds go now
+    except (_Deep, RecursionError):  # deeper than the recursion allows (or a cycle)
+        return None
+    except _KeyTrail as e:  # a `trainable` function named keys that are not children
+        raise _unknown_trainable(_trail_path(trail), *e.args) from None
+    except StructureError:
+        raise
+    except TypeError as e:
+        path = _trail_path(trail)
+        if getattr(e, "functorkit_needs_path", False):  # a registered node's function broke its contract
+            raise TypeError(f"at {path.display}: {e}") from None
+        add_note(e, _visiting(path))
+        raise
+    except Exception as e:
+        add_note(e, _visiting(_trail_path(trail)))
+        raise
+    if all_distinct(flat + nodes):
+        return _finish(flat, prog, None, None, tsets, True)
+    if not all_distinct(nodes):
+        return None  # a node met twice: a shared sub-tree; the explicit stack records it
+    return _finish(flat, prog, None, None, tsets, False)
+
+
+def _resolve_all(children: Iterable[Any], disp: dict[type, Any], tables: Any) -> bool:
+    """Resolve the types among `children` never met before (into the snapshot); True."""
+    for ct in set(map(type, children)):
+        if ct not in disp:
+            resolve(ct, tables)
+    return True
+
+
+def _trail_path(trail: list[tuple[Any, Any, Any]]) -> KeyPath:
+    """The path a failure in the recursive walk left, from its frames (innermost first)."""
+    keys = []
+    for ckeys, cvals, v in reversed(trail):
+        i = next(j for j, x in enumerate(cvals) if x is v)
+        keys.append(i if ckeys is None else ckeys[i])
+    return make_path(tuple(keys))
+
+
+def _unknown_trainable(path: KeyPath, c: Any, tset: frozenset[Any], keys: Any, n: int) -> StructureError:
+    children = list(range(n)) if keys is None else list(keys)
+    unknown = sorted((k for k in tset if k not in children), key=repr)
+    msg = (
+        f"at {path.display}: the `trainable` function registered for {type(c).__qualname__} named "
+        f"{', '.join(safe_repr(k) for k in unknown)}, which {'is' if len(unknown) == 1 else 'are'} not among "
+        f"its children [{', '.join(safe_repr(k) for k in children)}]. Expected child keys; "
+        "fix the `trainable` function (fk.register) to return keys of the mapping or indices of the "
+        "sequence `children` returns."
+    )
+    return StructureError(msg)
+
+
+def _finish(
+    flat: list[Any],
+    prog: list[Any],
+    refs: list[int] | None,
+    forced: set[int] | None,
+    tsets: dict[int, frozenset[Any]],
+    distinct: bool | None,
+) -> tuple[list[Any], TreeDef]:
+    """The distinct leaves and the `TreeDef` of a walk's program and positions (`distinct`: whether
+    the objects at the positions are known to be distinct; None: not known)."""
+    npos = len(flat)
+    pos_leaf: tuple[int, ...] | None = None
+    if distinct or (distinct is None and all_distinct(flat)):
+        leaves = flat
+    else:
+        leaves = []
+        first: dict[int, int] = {}
+        pl: list[int] = []
+        scalars = SCALAR_TYPES
+        for x in flat:
+            if type(x) in scalars:
+                pl.append(len(leaves))
+                leaves.append(x)
+                continue
+            j = first.get(id(x))
+            if j is None:
+                j = first[id(x)] = len(leaves)
+                leaves.append(x)
+            pl.append(j)
+        if len(leaves) != npos:
+            pos_leaf = tuple(pl)
+    td = TreeDef._make(
+        prog,
+        npos,
+        len(leaves),
+        pos_leaf,
+        None,
+        frozenset(refs) if refs else _NO_REFS,
+        frozenset(forced) if forced else _NO_REFS,
+    )
+    if tsets:
+        td._trainable = _trainable(td, tsets)
+    return leaves, td
 
 
 class _Recorder:
@@ -153,7 +381,7 @@ class _Recorder:
                     if track and nd.trainable is not None:
                         tset = nd.trainable(c)
                         if tset is not None and not tset.issubset(range(n) if ckeys is None else ckeys):
-                            raise self._unknown_trainable(c, tset, ckeys, n)
+                            raise _unknown_trainable(self.path(), c, tset, ckeys, n)
                     if is_leaf is None:
                         ts = set(map(type, cvals))  # one pass over the children; the tests below are on types
                         if ts <= leaf_types:
@@ -207,46 +435,8 @@ class _Recorder:
             raise
         return flat
 
-    def _unknown_trainable(self, c: Any, tset: frozenset[Any], keys: Any, n: int) -> StructureError:
-        children = list(range(n)) if keys is None else list(keys)
-        unknown = sorted((k for k in tset if k not in children), key=repr)
-        msg = (
-            f"at {self.path().display}: the `trainable` function registered for {type(c).__qualname__} named "
-            f"{', '.join(safe_repr(k) for k in unknown)}, which {'is' if len(unknown) == 1 else 'are'} not among "
-            f"its children [{', '.join(safe_repr(k) for k in children)}]. Expected child keys; "
-            "fix the `trainable` function (fk.register) to return keys of the mapping or indices of the "
-            "sequence `children` returns."
-        )
-        return StructureError(msg)
-
     def finish(self, flat: list[Any]) -> tuple[list[Any], TreeDef]:
-        npos = len(flat)
-        pos_leaf: tuple[int, ...] | None = None
-        if all_distinct(flat):
-            leaves = flat
-        else:
-            leaves = []
-            first: dict[int, int] = {}
-            pl: list[int] = []
-            scalars = SCALAR_TYPES
-            for x in flat:
-                if type(x) in scalars:
-                    pl.append(len(leaves))
-                    leaves.append(x)
-                    continue
-                j = first.get(id(x))
-                if j is None:
-                    j = first[id(x)] = len(leaves)
-                    leaves.append(x)
-                pl.append(j)
-            if len(leaves) != npos:
-                pos_leaf = tuple(pl)
-        refs = frozenset(self.refs) if self.refs else _NO_REFS
-        forced = frozenset(self.forced) if self.forced else _NO_REFS
-        td = TreeDef._make(self.prog, npos, len(leaves), pos_leaf, None, refs, forced)
-        if self.tsets:
-            td._trainable = _trainable(td, self.tsets)
-        return leaves, td
+        return _finish(flat, self.prog, self.refs, self.forced, self.tsets, None)
 
 
 _NO_REFS: frozenset[int] = frozenset()

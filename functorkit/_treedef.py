@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterable
+from itertools import islice
 from typing import Any
 
 from ._errors import StructureError
@@ -420,8 +421,10 @@ class TreeDef:
 
     def build(self, vals: list[Any], mode: int = BUILD_SAME) -> Any:
         """Run the program over `vals` (one value per position): the tree (or plain structure)."""
-        if self._fast_build is not None and mode == BUILD_SAME:
-            return self._fast_build(vals)
+        if mode == BUILD_SAME:
+            if self._fast_build is not None:
+                return self._fast_build(vals)
+            return self._build_same(vals)
         prog = self._prog
         refs = self._refs
         memo: dict[int, Any] = {}
@@ -466,6 +469,59 @@ class TreeDef:
                 else:
                     out = ch
                 if idx in refs:
+                    memo[idx] = out
+                push(out)
+        except Exception as e:
+            add_note(e, f"(functorkit: raised while visiting {self.entry_path(idx).display})")
+            raise
+        return stack[0]
+
+    def _build_same(self, vals: list[Any]) -> Any:
+        """`build` in its common mode (the tree's own node types): the children of a node of leaves
+        are taken straight from one iterator over `vals` (``zip`` stops at the keys, so it takes
+        exactly ``n``), with no slice and no position count (bench_walk's fmap rows)."""
+        refs = self._refs
+        memo: dict[int, Any] = {}
+        stack: list[Any] = []
+        push = stack.append
+        it = iter(vals)
+        nxt = it.__next__
+        idx = 0
+        try:
+            for idx, e in enumerate(self._prog):
+                if e is None:
+                    push(nxt())
+                    continue
+                if type(e) is int:
+                    push(memo[e])
+                    continue
+                nd, keys, n, leafy, aux, _ = e
+                fast = nd.fast
+                out: Any
+                if leafy:
+                    if fast == DICT:
+                        out = dict(zip(keys, it))
+                    elif fast == LIST:
+                        out = list(islice(it, n))
+                    elif fast == TUPLE:
+                        out = tuple(islice(it, n))
+                    else:
+                        out = nd.unflatten(aux, keys if keys is not None else list(range(n)), list(islice(it, n)))
+                else:
+                    if n:
+                        ch = stack[-n:]
+                        del stack[-n:]
+                    else:
+                        ch = []
+                    if fast == DICT:
+                        out = dict(zip(keys, ch))
+                    elif fast == LIST:
+                        out = ch
+                    elif fast == TUPLE:
+                        out = tuple(ch)
+                    else:
+                        out = nd.unflatten(aux, keys if keys is not None else list(range(n)), ch)
+                if refs and idx in refs:
                     memo[idx] = out
                 push(out)
         except Exception as e:

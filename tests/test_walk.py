@@ -210,8 +210,18 @@ def test_non_array_leaves_are_passed_to_f(xp: Any) -> None:
         pass
 
     thing, fn = Thing(), (lambda: 1)
-    tree = {"s": "text", "n": None, "i": 3, "f": 0.5, "c": 2j, "b": b"x", "t": True, "obj": thing, "fn": fn,
-            "w": xp.asarray([1.0])}
+    tree = {
+        "s": "text",
+        "n": None,
+        "i": 3,
+        "f": 0.5,
+        "c": 2j,
+        "b": b"x",
+        "t": True,
+        "obj": thing,
+        "fn": fn,
+        "w": xp.asarray([1.0]),
+    }
     got: list[Any] = []
     out = fk.fmap(lambda x: got.append(x) or Tag(x), tree)
     assert [type(x) for x in got] == [type(v) for v in tree.values()]
@@ -223,10 +233,28 @@ def test_non_array_leaves_are_passed_to_f(xp: Any) -> None:
 def test_scalars_are_never_identity_cached(xp: Any) -> None:
     big = 10**30
     s = "a string"
-    tree = {"i1": big, "i2": big, "s1": s, "s2": s, "n1": None, "n2": None, "t1": True, "t2": True,
-            "f1": 1.5, "f2": 1.5, "c1": 1j, "c2": 1j, "b1": b"x", "b2": b"x"}
-    for fn in (lambda f, t: fk.fmap(f, t), lambda f, t: fk.fmap(f, t, is_leaf=lambda x: False),
-               lambda f, t: fk.fmap_with_path(lambda p, x: f(x), t), lambda f, t: fk.fmap(f, t, t)):
+    tree = {
+        "i1": big,
+        "i2": big,
+        "s1": s,
+        "s2": s,
+        "n1": None,
+        "n2": None,
+        "t1": True,
+        "t2": True,
+        "f1": 1.5,
+        "f2": 1.5,
+        "c1": 1j,
+        "c2": 1j,
+        "b1": b"x",
+        "b2": b"x",
+    }
+    for fn in (
+        lambda f, t: fk.fmap(f, t),
+        lambda f, t: fk.fmap(f, t, is_leaf=lambda x: False),
+        lambda f, t: fk.fmap_with_path(lambda p, x: f(x), t),
+        lambda f, t: fk.fmap(f, t, t),
+    ):
         calls, f = recording()
         fn(f, tree)
         assert len(calls) == len(tree)
@@ -416,9 +444,16 @@ def test_trainable_only_maps_float_arrays_reached_through_trainable_children(xp:
     m = xp.asarray([True, False])
     fixed_w = xp.asarray([5.0])
     deep_fixed = xp.asarray([6.0])
-    tree = {"w": w, "i": i, "m": m, "s": 1.5, "n": 3, "none": None,
-            "node": Frozenish(xp.asarray([3.0]), fixed_w),
-            "inner": Frozenish([xp.asarray([4.0])], {"deep": deep_fixed})}
+    tree = {
+        "w": w,
+        "i": i,
+        "m": m,
+        "s": 1.5,
+        "n": 3,
+        "none": None,
+        "node": Frozenish(xp.asarray([3.0]), fixed_w),
+        "inner": Frozenish([xp.asarray([4.0])], {"deep": deep_fixed}),
+    }
     calls: list[Any] = []
     out = fk.fmap(lambda x: calls.append(x) or x * 2, tree, trainable_only=True)
     assert len(calls) == 3
@@ -507,26 +542,35 @@ def _mismatch_cases(xp: Any) -> list[tuple[str, Any, Any, str]]:
     x = xp.asarray([1.0])
     leaf = type(x).__name__
     return [
-        ("dict keys",
-         {"layers": [{"bias": {"w": x, "b": x}}, {"bias": {"w": x, "b": x}}]},
-         {"layers": [{"bias": {"w": x, "b": x}}, {"bias": {"w": x}}]},
-         "at layers[1].bias: dict keys {'w', 'b'} vs {'w'}"),
+        (
+            "dict keys",
+            {"layers": [{"bias": {"w": x, "b": x}}, {"bias": {"w": x, "b": x}}]},
+            {"layers": [{"bias": {"w": x, "b": x}}, {"bias": {"w": x}}]},
+            "at layers[1].bias: dict keys {'w', 'b'} vs {'w'}",
+        ),
         ("leaf vs node", {"a": x}, {"a": [x]}, f"at a: leaf ({leaf}) vs list of length 1"),
         ("node vs leaf", {"a": [x]}, {"a": x}, f"at a: list of length 1 vs leaf ({leaf})"),
         ("list length", [x, x], [x], "at <root>: list of length 2 vs list of length 1"),
         ("tuple vs list", {"t": (x,)}, {"t": [x]}, "at t: tuple of length 1 vs list of length 1"),
         ("namedtuple vs tuple", [Point(x, x)], [(x, x)], "at [0]: Point keys {'x', 'y'} vs tuple of length 2"),
-        ("dataclass types", {"l": Layer(x, x)}, {"l": Frozen(x, x)},
-         "at l: Layer keys {'weight', 'bias'} vs Frozen keys {'a', 'b'}"),
-        ("dict vs OrderedDict", {"d": {"a": x}}, {"d": collections.OrderedDict(a=x)},
-         "at d: dict keys {'a'} vs OrderedDict keys {'a'}"),
+        (
+            "dataclass types",
+            {"l": Layer(x, x)},
+            {"l": Frozen(x, x)},
+            "at l: Layer keys {'weight', 'bias'} vs Frozen keys {'a', 'b'}",
+        ),
+        (
+            "dict vs OrderedDict",
+            {"d": {"a": x}},
+            {"d": collections.OrderedDict(a=x)},
+            "at d: dict keys {'a'} vs OrderedDict keys {'a'}",
+        ),
         ("registered", Seq(x, x), Seq(x), "at <root>: Seq of length 2 vs Seq of length 1"),
         ("root leaf vs node", x, [x], f"at <root>: leaf ({leaf}) vs list of length 1"),
     ]
 
 
-@pytest.mark.parametrize("engine", ["fmap", "fmapstructure", "fmap_with_path", "is_leaf", "trainable_only",
-                                    "no_cache"])
+@pytest.mark.parametrize("engine", ["fmap", "fmapstructure", "fmap_with_path", "is_leaf", "trainable_only", "no_cache"])
 def test_mismatch_names_path_and_both_sides(xp: Any, engine: str) -> None:
     runs = {
         "fmap": lambda a, b: fk.fmap(lambda *z: z[0], a, b),
@@ -635,8 +679,17 @@ def _bottom(t: Any, depth: int) -> Any:
 
 @pytest.mark.parametrize(
     "walk_name",
-    ["fmap", "fmap_two_trees", "fmap_is_leaf", "fmap_trainable", "fmap_nocache", "fmapstructure", "fmap_with_path",
-     "leaves", "leaves_with_path"],
+    [
+        "fmap",
+        "fmap_two_trees",
+        "fmap_is_leaf",
+        "fmap_trainable",
+        "fmap_nocache",
+        "fmapstructure",
+        "fmap_with_path",
+        "leaves",
+        "leaves_with_path",
+    ],
 )
 def test_depth_10_000_in_every_walk(xp: Any, walk_name: str) -> None:
     depth = 10_000
@@ -896,8 +949,9 @@ def _trees() -> Any:
         restricted = [False]
 
         def leaf() -> Any:
-            kind = draw(st.sampled_from(["float", "int_array", "int", "str", "none", "float_scalar", "object",
-                                         "reuse"]))
+            kind = draw(
+                st.sampled_from(["float", "int_array", "int", "str", "none", "float_scalar", "object", "reuse"])
+            )
             if kind == "reuse" and leaves:
                 return leaves[draw(st.integers(0, len(leaves) - 1))]
             if kind == "int_array":
@@ -1001,9 +1055,28 @@ def _recorder() -> tuple[list[Any], Any]:
     return calls, f
 
 
-
-
 # --------------------------------------------------------------------------- small trees, planned
+
+
+def _count_walks(monkeypatch: pytest.MonkeyPatch, walks: list[int]) -> None:
+    """Append to `walks` at every walk of a tree (recursive or explicit-stack), not at plan matches."""
+    from functorkit import _record
+
+    real = _record._record_recursive
+
+    def recursive(t: Any, track: bool) -> Any:
+        out = real(t, track)
+        if out is not None:  # None: the explicit stack walks it instead (counted there)
+            walks.append(1)
+        return out
+
+    class Counting(_record._Recorder):
+        def run(self, t: Any) -> list[Any]:
+            walks.append(1)
+            return super().run(t)
+
+    monkeypatch.setattr(_record, "_Recorder", Counting)
+    monkeypatch.setattr(_record, "_record_recursive", recursive)
 
 
 def test_small_container_trees_take_the_planned_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1016,12 +1089,7 @@ def test_small_container_trees_take_the_planned_path(monkeypatch: pytest.MonkeyP
 
     walks: list[int] = []
 
-    class Counting(_record._Recorder):
-        def run(self, t: Any) -> list[Any]:
-            walks.append(1)
-            return super().run(t)
-
-    monkeypatch.setattr(_record, "_Recorder", Counting)
+    _count_walks(monkeypatch, walks)
     monkeypatch.setattr(_record, "_PLANS", {})
     for _ in range(3):
         fk.fmap(lambda x: x, tree())
@@ -1069,12 +1137,7 @@ def test_wide_container_trees_take_the_planned_matcher(monkeypatch: pytest.Monke
 
     walks: list[int] = []
 
-    class Counting(_record._Recorder):
-        def run(self, t: Any) -> list[Any]:
-            walks.append(1)
-            return super().run(t)
-
-    monkeypatch.setattr(_record, "_Recorder", Counting)
+    _count_walks(monkeypatch, walks)
     monkeypatch.setattr(_record, "_PLANS", {})
     if not planned:
         monkeypatch.setattr(_record, "PLAN_NODES", 0)
