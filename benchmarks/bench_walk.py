@@ -289,26 +289,50 @@ FLOOR = {
 HELD = "fk.fmap(f, h) (h: a copy of t whose leaves are also held in a list)"
 
 
-def _explicit_stack(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` with the recursive walk switched off (``_record.RECURSIVE``): the explicit-stack walk."""
-    from functorkit import _record
+#: the walk's fast paths, each with the settings that switch it off (module, attribute, value)
+SWITCHES: dict[str, tuple[tuple[str, str, Any], ...]] = {
+    "recursive walk": (("functorkit._record", "RECURSIVE", False),),
+    "generated matcher and builder": (("functorkit._record", "PLAN_NODES", 0),),
+    # off: the plain tie test, a set of ids (the fast path sorts the objects' words in NumPy)
+    "object-word tie sort": (
+        ("functorkit._record", "OBJECT_WORDS", False),
+        ("functorkit._record", "_DISTINCT_SORT", 1 << 62),
+    ),
+}
+
+
+def switched_off(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` with the fast path `name` switched off for the call (`SWITCHES`)."""
+    import importlib
+
+    settings = [(importlib.import_module(mod), attr, value) for mod, attr, value in SWITCHES[name]]
 
     def run(*args: Any) -> Any:
-        _record.RECURSIVE = False
+        old = [getattr(mod, attr) for mod, attr, _ in settings]
+        for mod, attr, value in settings:
+            setattr(mod, attr, value)
         try:
             return fn(*args)
         finally:
-            _record.RECURSIVE = True
+            for (mod, attr, _), v in zip(settings, old, strict=True):
+                setattr(mod, attr, v)
 
     return run
 
 
-#: the recursive walk's on/off rows: (group, the call with it on, the same call with it off)
-WALK_ONOFF = (
-    ("leaves", "fk.flatten(t)", "fk.flatten(t), recursive walk off (explicit stack)"),
-    ("leaves", "fk.leaves(t)", "fk.leaves(t), recursive walk off (explicit stack)"),
-    ("map (1 tree)", "fk.fmap(f, t)", "fk.fmap(f, t), recursive walk off (explicit stack)"),
+#: on/off rows: (group, the call as timed with every fast path on, the fast path switched off)
+ONOFF = (
+    ("leaves", "fk.flatten(t)", "recursive walk"),
+    ("leaves", "fk.leaves(t)", "recursive walk"),
+    ("map (1 tree)", "fk.fmap(f, t)", "recursive walk"),
+    ("leaves", "fk.flatten(t)", "object-word tie sort"),
+    ("leaves", "fk.leaves(t)", "generated matcher and builder"),
+    ("map (1 tree)", "fk.fmap(f, t)", "generated matcher and builder"),
 )
+
+
+def _off_call(on: str, switch: str) -> str:
+    return f"{on}, {switch} off"
 
 
 def time_tree(tree: Any, rounds: int) -> tuple[int, dict[str, dict[str, float]]]:
@@ -332,8 +356,9 @@ def time_tree(tree: Any, rounds: int) -> tuple[int, dict[str, dict[str, float]]]
     calls[FLOOR["map (2 trees)"]] = lambda: list(map(_first, flat, flat_u))
     calls[HELD] = lambda: fk.fmap(_ident, held)
     off_fns = {"fk.flatten(t)": fk.flatten, "fk.leaves(t)": fk.leaves, "fk.fmap(f, t)": lambda t: fk.fmap(_ident, t)}
-    for group, on, off in WALK_ONOFF:
-        calls[off] = functools.partial(_explicit_stack(off_fns[on]), tree)
+    for group, on, switch in ONOFF:
+        off = _off_call(on, switch)
+        calls[off] = functools.partial(switched_off(switch, off_fns[on]), tree)
         where[off] = group
     where[FLOOR["map (1 tree)"]] = "map (1 tree)"
     where[FLOOR["map (2 trees)"]] = "map (2 trees)"
@@ -354,11 +379,11 @@ def time_tree(tree: Any, rounds: int) -> tuple[int, dict[str, dict[str, float]]]
 
 
 def onoff_table(res: dict[str, dict[str, float]]) -> str:
-    """The recursive walk on and off (the explicit stack), same run: the gain that keeps it."""
-    rows = ["| operation | recursive walk µs | explicit stack µs | gain |", "|---|---:|---:|---:|"]
-    for group, on, off in WALK_ONOFF:
-        t_on, t_off = res[group][on], res[group][off]
-        rows.append(f"| {on} | {_us(t_on)} | {_us(t_off)} | {(t_off / t_on - 1) * 100:+.0f}% |")
+    """Each fast path of the walk on and off, same run: the gain that keeps it (issue #21, item 5)."""
+    rows = ["| fast path | call | on µs | off µs | gain |", "|---|---|---:|---:|---:|"]
+    for group, on, switch in ONOFF:
+        t_on, t_off = res[group][on], res[group][_off_call(on, switch)]
+        rows.append(f"| {switch} | {on} | {_us(t_on)} | {_us(t_off)} | {(t_off / t_on - 1) * 100:+.0f}% |")
     return "\n".join(rows)
 
 
@@ -435,7 +460,7 @@ def time_module(rounds: int) -> tuple[int, int, dict[str, float]]:
     assert torch.equal(flat, vec)
     calls: dict[str, Callable[[], Any]] = {
         "fk.leaves(m)": lambda: fk.leaves(m),
-        "fk.leaves(m), recursive walk off (explicit stack)": lambda: _explicit_stack(fk.leaves)(m),
+        "fk.leaves(m), recursive walk off": lambda: switched_off("recursive walk", fk.leaves)(m),
         "m.state_dict()": m.state_dict,
         "list(m.named_parameters())": lambda: list(m.named_parameters()),
         "recursive Python leaves (m._parameters, m._modules)": lambda: _mod_leaves(m, []),
@@ -459,7 +484,7 @@ _MODULE_TARGETS = (  # (what, functorkit call, torch call, target fk/torch or No
     ("leaves", "fk.leaves(m)", "m.state_dict()", 1.0),
     ("leaves", "fk.leaves(m)", "list(m.named_parameters())", None),
     ("leaves", "fk.leaves(m)", "recursive Python leaves (m._parameters, m._modules)", None),
-    ("leaves: recursive walk on / off", "fk.leaves(m)", "fk.leaves(m), recursive walk off (explicit stack)", None),
+    ("leaves: recursive walk on / off", "fk.leaves(m)", "fk.leaves(m), recursive walk off", None),
     ("fmap(identity)", "fk.fmap(f, m)", "m.state_dict()", None),
     ("rebuild from a vector", "re(flat)", "vector_to_parameters(flat, m.parameters())", 1.5),
     ("flatten to a vector", "fk.destructure(m)", "parameters_to_vector(m.parameters())", 1.5),
@@ -698,9 +723,20 @@ so the rows measure the steady state of a training loop. All contenders interlea
 process, best of
 {rounds} rounds each.
 
+Each section ends its functorkit rows with the walk's fast paths switched off one at a time, in
+the same run (issue #21, item 5: a fast path stays only if its own workload shows it):
+the **recursive walk** (one Python call per node, a layer's leaves taken in one C-level
+`extend`; the explicit-stack walk takes deep trees, cycles and shared sub-trees), the
+**generated matcher and builder** (a small container tree met before is matched and rebuilt by
+straight-line code instead of being walked), and the **object-word tie sort** (the ties of many
+leaves found by sorting their object words in NumPy instead of a set of ids). A switch that shows
+little gain in one section is kept for the section whose shape it serves.
+
 ### (a) A wide tree: {n_wide:,} leaves, dicts of lists of tuples, 3 levels
 
 {headline(res_wide)}.
+
+{onoff_table(res_wide)}
 
 {tree_table(n_wide, res_wide)}
 
@@ -709,6 +745,8 @@ process, best of
 Here the fixed cost per call dominates.
 
 {headline(res_mlp)}.
+
+{onoff_table(res_mlp)}
 
 {tree_table(n_mlp, res_mlp)}
 
@@ -722,10 +760,6 @@ the targets of issue #21 (the recursive-Python column is the floor of a walk tha
 nothing); the second lists every contender.
 
 {target_table(res_big)}
-
-The walk is recursive (one Python call per node, a layer's leaves taken in one C-level `extend`;
-`functorkit/_record.py`), with the explicit-stack walk for deep trees, cycles and shared
-sub-trees; on and off, same run:
 
 {onoff_table(res_big)}
 
