@@ -1,0 +1,53 @@
+"""The sharded-array protocol shared by the core and the adapters (imports no backend).
+
+Sharded arrays (torch ``DTensor``, JAX arrays sharded over a ``Mesh``) need three things from
+functorkit's core, each asked of the array's adapter through an optional method (a family
+without sharded arrays simply does not define it):
+
+* ``sharded_reduce(kind, xs, ys, ord)``: the global total of a reduction over the parameters
+  `xs` (``kind="dot"``: ``sum(vdot(x, y))`` over `xs`/`ys`; ``kind="norm"``: the sum of
+  ``|x|**ord``, or the max/min/count for ``ord`` inf/-inf/0, before the root), made with at most
+  one reduction across ranks; None when none of `xs` is sharded (the core's own path runs).
+* ``first_sharded(arrays)``: ``(index, why)`` for the first of `arrays` (all of one type) that
+  cannot be put whole into one flat vector in this process (a ``DTensor``, a JAX array split over
+  several devices), `why` naming the alternative; None otherwise, decided in C-level passes
+  (no Python step per array). ``fk.destructure`` and ``re.flatten`` refuse such an array by its
+  path (`first_sharded`, called by ``functorkit._dense.check_dense``).
+* the adapter's usual methods (``stage``, ``to_host``, ``lerp_many_``...) handle sharded arrays
+  themselves where they can, and refuse them by name where they cannot.
+
+`ShardRefusal` carries the index of the offending array out of an adapter, so that the core can
+name its path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["ShardRefusal", "first_sharded", "sharded_reduce"]
+
+
+class ShardRefusal(Exception):
+    """Raised by an adapter's ``sharded_reduce``: the `index`-th array cannot take part (`why`,
+    with the fix). The core turns it into a `PolicyError` naming that array's path."""
+
+    def __init__(self, index: int, why: str) -> None:
+        super().__init__(why)
+        self.index = index
+        self.why = why
+
+
+def sharded_reduce(ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float) -> Any:
+    """The adapter's ``sharded_reduce`` of `xs` (and `ys`), or None (no sharded array, or a family
+    without sharded arrays)."""
+    hook = getattr(ad, "sharded_reduce", None)
+    if hook is None:
+        return None
+    return hook(kind, xs, ys, o)
+
+
+def first_sharded(ad: Any, arrays: Sequence[Any]) -> tuple[int, str] | None:
+    """The adapter's ``first_sharded`` of `arrays` (None for a family without sharded arrays)."""
+    hook = getattr(ad, "first_sharded", None)
+    return None if hook is None else hook(arrays)
