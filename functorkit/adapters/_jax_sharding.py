@@ -8,8 +8,8 @@ What functorkit does with them (docs/sharded.md):
   their device sets), so ``fk.norm``/``fk.dot`` of a model whose arrays are sharded differently
   reduce them together;
 * `reduce`: where an array is split over several devices (a concrete array that is not fully
-  replicated, or a tracer whose type carries a sharded spec, as on an Explicit-axes mesh under
-  ``jit``), each array is reduced by JAX's ``sum``/``max``/``min`` without a reshape (a reshape of
+  replicated), and always under ``jit`` (a tracer on an Auto-axes mesh does not say how it is
+  split), each array is reduced by JAX's ``sum``/``max``/``min`` without a reshape (a reshape of
   an array sharded along a non-leading axis is a ``ShardingTypeError`` on an Explicit mesh) and
   the scalars are combined: the result is a replicated 0-d array;
 * `first_sharded` (``fk.destructure``, ``re.flatten``): an array split over several devices is
@@ -63,10 +63,13 @@ def first_sharded(arrays: Sequence[Any]) -> tuple[int, str] | None:
 
 
 def _any_split(xs: Sequence[Any]) -> bool:
-    """Whether one of `xs` is split over several devices: one look per distinct sharding (the
-    ``sharding`` attribute of every array is read in a C-level pass), per array for tracers (at
-    trace time only)."""
-    if any(isinstance(x, jax.core.Tracer) for x in xs[:1]) or len(set(map(type, xs))) > 1:
+    """Whether one of `xs` may be split over several devices: one look per distinct sharding (the
+    ``sharding`` attribute of every array is read in a C-level pass). Under ``jit`` always (a
+    tracer on an Auto-axes mesh does not say how it is split, and XLA would all-gather the
+    arrays to concatenate them; reduced one by one, XLA fuses the reductions into one program)."""
+    if isinstance(xs[0], jax.core.Tracer):
+        return True
+    if len(set(map(type, xs))) > 1:
         return any(map(is_split, xs))
     return any(len(s.device_set) > 1 and not s.is_fully_replicated for s in set(map(_SHARDING, xs)))
 
