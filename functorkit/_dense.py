@@ -68,7 +68,8 @@ def check_whole(arrays: Sequence[Any], firsts: dict[type, Any], where: Callable[
         found = first_sharded(ad, arrays if idx is None else [arrays[i] for i in idx])
         if found is not None:
             j, why = found
-            msg = f"at {where(j if idx is None else idx[j])}: {what} builds one flat vector of the whole model, but {why}."
+            at = where(j if idx is None else idx[j])
+            msg = f"at {at}: {what} builds one flat vector of the whole model, but {why}."
             raise TypeError(msg)
 
 

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._keypath import KeyPath
 from ._errors import PolicyError
+from ._keypath import KeyPath
 from ._lockstep import _as_array, _describe, _map_params, _real_dtype, _reduce_params, _run
 from ._typing import Tree as T
 from ._walk import BUILD_NONE

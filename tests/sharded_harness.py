@@ -52,8 +52,13 @@ def run_torch_ranks(script: str, world: int = 2) -> list[dict[str, Any]]:
     procs = []
     for rank in range(world):
         env = _env(
-            {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-             "OMP_NUM_THREADS": "1"}
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "OMP_NUM_THREADS": "1",
+            }
         )
         procs.append(
             subprocess.Popen(
@@ -80,7 +85,11 @@ def run_jax(script: str, devices: int = 8) -> dict[str, Any]:
     """Run `script` (in tests/) in one process that sees `devices` JAX CPU devices."""
     env = _env({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"})
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / script)], env=env, capture_output=True, text=True, timeout=TIMEOUT,
+        [sys.executable, str(ROOT / "tests" / script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
         check=False,
     )
     return _results(done.stdout, done.stderr, done.returncode, "the JAX process")

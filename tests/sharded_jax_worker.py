@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
+def main() -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -57,13 +57,16 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
         def kept(out: Any, model: Any = d) -> bool:
             """Every array has its input's sharding (equivalent specs: P() and P(None,) are one)."""
             return all(
-                o.sharding.is_equivalent_to(x.sharding, o.ndim) for o, x in zip(fk.leaves(out), fk.leaves(model), strict=True)
+                o.sharding.is_equivalent_to(x.sharding, o.ndim)
+                for o, x in zip(fk.leaves(out), fk.leaves(model), strict=True)
             )
 
         def err(out: Any, want: dict[str, Any]) -> float:
             return max(float(np.abs(np.asarray(out[k], dtype=np.float64) - want[k]).max()) for k in want)
 
-        def elementwise(op: Callable[[], Any], want: dict[str, Any]) -> dict[str, Any]:
+        def elementwise(
+            op: Callable[[], Any], want: dict[str, Any], mesh_kinds: list[str] = mesh_kinds
+        ) -> dict[str, Any]:
             out = op()
             return {"kept": kept(out), "err": err(out, want), "mesh": mesh_kinds}
 
@@ -73,11 +76,17 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
             "add": (lambda d=d, e=e: fk.add(d, e), {k: ref[k] + ref2[k] for k in ref}),
             "sub": (lambda d=d, e=e: fk.sub(d, e), {k: ref[k] - ref2[k] for k in ref}),
             "scale": (lambda d=d: fk.scale(0.5, d), {k: 0.5 * ref[k] for k in ref}),
-            "lincomb": (lambda d=d, e=e: fk.lincomb([0.25, 0.75], [d, e]), {k: 0.25 * ref[k] + 0.75 * ref2[k] for k in ref}),
+            "lincomb": (
+                lambda d=d, e=e: fk.lincomb([0.25, 0.75], [d, e]),
+                {k: 0.25 * ref[k] + 0.75 * ref2[k] for k in ref},
+            ),
             "mean": (lambda d=d, e=e: fk.mean([d, e]), {k: (ref[k] + ref2[k]) / 2 for k in ref}),
             "lerp": (lambda d=d, e=e: fk.lerp(d, e, 0.1), {k: ref[k] + 0.1 * (ref2[k] - ref[k]) for k in ref}),
             "copy": (lambda d=d: fk.copy(d), ref),
-            "jit_lerp": (lambda d=d, e=e: jax.jit(fk.lerp)(d, e, 0.1), {k: ref[k] + 0.1 * (ref2[k] - ref[k]) for k in ref}),
+            "jit_lerp": (
+                lambda d=d, e=e: jax.jit(fk.lerp)(d, e, 0.1),
+                {k: ref[k] + 0.1 * (ref2[k] - ref[k]) for k in ref},
+            ),
         }
         for name, (op, want) in ops.items():
             check(f"{kind}.{name}", lambda op=op, want=want: elementwise(op, want))
@@ -85,8 +94,10 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
         def stack(d: Any = d, e: Any = e) -> dict[str, Any]:
             out = fk.stack([d, e])
             specs_out = {k: tuple(out[k].sharding.spec) for k in out}
-            return {"specs": {k: [str(s) for s in v] for k, v in specs_out.items()},
-                    "err": err(out, {k: np.stack([ref[k], ref2[k]]) for k in ref})}
+            return {
+                "specs": {k: [str(s) for s in v] for k, v in specs_out.items()},
+                "err": err(out, {k: np.stack([ref[k], ref2[k]]) for k in ref}),
+            }
 
         check(f"{kind}.stack", stack)
 
@@ -96,8 +107,12 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
                 def norm(o: float = o, how: str = how, d: Any = d) -> dict[str, Any]:
                     f = fk.norm if how == "eager" else jax.jit(fk.norm, static_argnames="ord")
                     r = f(d, ord=o)
-                    return {"value": float(r), "ref": float(np.linalg.norm(flat(ref), ord=o)),
-                            "devices": len(r.sharding.device_set), "ndim": r.ndim}
+                    return {
+                        "value": float(r),
+                        "ref": float(np.linalg.norm(flat(ref), ord=o)),
+                        "devices": len(r.sharding.device_set),
+                        "ndim": r.ndim,
+                    }
 
                 check(f"{kind}.norm_{o}.{how}", norm)
 
@@ -115,8 +130,11 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
             out = {}
             for name, f, args in (("norm", fk.norm, (d,)), ("dot", fk.dot, (d, e))):
                 txt = jax.jit(f).lower(*args).compile().as_text()
-                out[name] = {"all_reduce": len(re.findall(r" all-reduce(?:-start)?\(", txt)),
-                             "all_gather": txt.count("all-gather("), "all_to_all": txt.count("all-to-all(")}
+                out[name] = {
+                    "all_reduce": len(re.findall(r" all-reduce(?:-start)?\(", txt)),
+                    "all_gather": txt.count("all-gather("),
+                    "all_to_all": txt.count("all-to-all("),
+                }
             return out
 
         check(f"{kind}.compiled", compiled)
@@ -136,8 +154,10 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
             rep = {k: jax.device_put(jnp.asarray(ref[k], dtype=jnp.float32), NamedSharding(mesh, P())) for k in ref}
             flat_v, re = fk.destructure(rep)
             back = re(flat_v * 2)
-            return {"err": err(back, {k: 2 * v for k, v in ref.items()}),
-                    "devices": [len(back[k].sharding.device_set) for k in back]}
+            return {
+                "err": err(back, {k: 2 * v for k, v in ref.items()}),
+                "devices": [len(back[k].sharding.device_set) for k in back],
+            }
 
         check(f"{kind}.destructure_replicated", replicated_destructure)
 
@@ -148,8 +168,12 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
                 like = fk.load(path, like=d)
                 whole = fk.load(path)
                 opened = fk.open(path)
-                return {"kept": kept(like), "err": err(like, ref), "whole_err": err(whole, ref),
-                        "open_err": err({k: np.asarray(v.compute()) for k, v in opened.items()}, ref)}
+                return {
+                    "kept": kept(like),
+                    "err": err(like, ref),
+                    "whole_err": err(whole, ref),
+                    "open_err": err({k: np.asarray(v.compute()) for k, v in opened.items()}, ref),
+                }
 
         check(f"{kind}.save_load", save_load)
 

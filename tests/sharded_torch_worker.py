@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 
-def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
+def main() -> None:
     import os
     import tempfile
 
@@ -37,8 +37,20 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
     results: dict[str, Any] = {}
 
     eager: dict[str, int] = {}
-    names = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
-             "all_to_all_single", "scatter", "gather", "reduce", "send", "recv", "barrier")
+    names = (
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "broadcast",
+        "all_to_all_single",
+        "scatter",
+        "gather",
+        "reduce",
+        "send",
+        "recv",
+        "barrier",
+    )
     originals = {n: getattr(dist, n) for n in names}
 
     def counting(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
@@ -105,7 +117,9 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
 
     check("placements", lambda: {"placements": base_places, "local_rows": int(d["w"].to_local().shape[0])})
     check("fmap", lambda: elementwise(lambda: fk.fmap(lambda x: 2 * x, d), {k: 2 * v for k, v in refs.items()}))
-    check("fmap2", lambda: elementwise(lambda: fk.fmap(lambda x, y: x - y, d, e), {k: refs[k] - refs2[k] for k in refs}))
+    check(
+        "fmap2", lambda: elementwise(lambda: fk.fmap(lambda x, y: x - y, d, e), {k: refs[k] - refs2[k] for k in refs})
+    )
     arith = {
         "add": (lambda: fk.add(d, e), {k: refs[k] + refs2[k] for k in refs}),
         "sub": (lambda: fk.sub(d, e), {k: refs[k] - refs2[k] for k in refs}),
@@ -132,8 +146,12 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
         op, ref = ops[name]
         with count() as c:
             out = op()
-        return {"same": out is a and all(out[k] is a[k] for k in a), "placements": placements(out),
-                "err": err(out, ref), "comms": c}
+        return {
+            "same": out is a and all(out[k] is a[k] for k in a),
+            "placements": placements(out),
+            "err": err(out, ref),
+            "comms": c,
+        }
 
     for name in ("add", "sub", "scale", "lincomb", "mean", "lerp"):
         check(f"{name}_out", lambda name=name: inplace(name))
@@ -150,8 +168,13 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
         dst = fk.scale(0.0, d)
         with count() as c:
             out = fk.load_into(dst, d)
-        return {"same": out is dst, "placements": placements(out), "err": err(out, refs), "comms": c,
-                "no_alias": all(out[k].to_local().data_ptr() != d[k].to_local().data_ptr() for k in d)}
+        return {
+            "same": out is dst,
+            "placements": placements(out),
+            "err": err(out, refs),
+            "comms": c,
+            "no_alias": all(out[k].to_local().data_ptr() != d[k].to_local().data_ptr() for k in d),
+        }
 
     check("load_into", load_dtensor)
 
@@ -186,16 +209,27 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
         def norm_check(o: float = o) -> dict[str, Any]:
             with count() as c:
                 r = fk.norm(d, ord=o)
-            return {"value": float(r), "ref": float(torch.linalg.vector_norm(flat_ref(refs), ord=o)), "comms": c,
-                    "type": type(r).__name__, "placements": str(tuple(r.placements)), "ndim": r.ndim}
+            return {
+                "value": float(r),
+                "ref": float(torch.linalg.vector_norm(flat_ref(refs), ord=o)),
+                "comms": c,
+                "type": type(r).__name__,
+                "placements": str(tuple(r.placements)),
+                "ndim": r.ndim,
+            }
 
         check(f"norm_{o}", norm_check)
 
     def dot_check() -> dict[str, Any]:
         with count() as c:
             r = fk.dot(d, e)
-        return {"value": float(r), "ref": float(flat_ref(refs) @ flat_ref(refs2)), "comms": c,
-                "type": type(r).__name__, "placements": str(tuple(r.placements))}
+        return {
+            "value": float(r),
+            "ref": float(flat_ref(refs) @ flat_ref(refs2)),
+            "comms": c,
+            "type": type(r).__name__,
+            "placements": str(tuple(r.placements)),
+        }
 
     check("dot", dot_check)
 
@@ -275,9 +309,10 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
 
     torch.manual_seed(1)
     ref_m, ref_m2 = MLP(), MLP()
-    ref_sd, ref_sd2 = {k: v.detach().clone() for k, v in ref_m.state_dict().items()}, {
-        k: v.detach().clone() for k, v in ref_m2.state_dict().items()
-    }
+    ref_sd, ref_sd2 = (
+        {k: v.detach().clone() for k, v in ref_m.state_dict().items()},
+        {k: v.detach().clone() for k, v in ref_m2.state_dict().items()},
+    )
 
     def fsdp(ref: MLP) -> MLP:
         import copy
@@ -293,9 +328,15 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
     def fsdp_fmap() -> dict[str, Any]:
         with count() as c:
             out = fk.fmap(lambda x: 2 * x, m)
-        return {"cls": [type(out).__name__, type(out.fc1).__name__], "orig_cls": type(m).__name__,
-                "placements": placements(out), "orig": placements(m),
-                "err": err(out, {k: 2 * v for k, v in ref_sd.items()}), "comms": c, "fresh": out is not m}
+        return {
+            "cls": [type(out).__name__, type(out.fc1).__name__],
+            "orig_cls": type(m).__name__,
+            "placements": placements(out),
+            "orig": placements(m),
+            "err": err(out, {k: 2 * v for k, v in ref_sd.items()}),
+            "comms": c,
+            "fresh": out is not m,
+        }
 
     check("fsdp_fmap", fsdp_fmap)
 
@@ -313,8 +354,10 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
 
     check("fsdp_dot", fsdp_dot)
 
-    check("fsdp_state_dict", lambda: {"fk": list(fk.state_dict(m)), "torch": list(m.state_dict()),
-                                      "ref": list(ref_m.state_dict())})
+    check(
+        "fsdp_state_dict",
+        lambda: {"fk": list(fk.state_dict(m)), "torch": list(m.state_dict()), "ref": list(ref_m.state_dict())},
+    )
 
     def fsdp_ema() -> dict[str, Any]:
         ema = fk.copy(m)
@@ -333,8 +376,14 @@ def main() -> None:  # noqa: C901, PLR0915 -- one script of many small checks
         finally:
             torch_adapter.foreach_lerp_ = fe
         ref = {k: torch.lerp(ref_sd[k], ref_sd2[k], 0.1) for k in ref_sd}
-        return {"same": out is ema, "err": err(out, ref), "comms": c, "foreach": calls,
-                "placements": placements(out), "orig": placements(m)}
+        return {
+            "same": out is ema,
+            "err": err(out, ref),
+            "comms": c,
+            "foreach": calls,
+            "placements": placements(out),
+            "orig": placements(m),
+        }
 
     check("fsdp_ema", fsdp_ema)
 

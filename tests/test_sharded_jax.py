@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("jax")
 
-from sharded_harness import run_jax  # noqa: E402
+from sharded_harness import run_jax
 
 MESHES = ["auto", "explicit"]
 

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from sharded_harness import gloo_available, run_torch_ranks  # noqa: E402
+from sharded_harness import gloo_available, run_torch_ranks
 
 pytestmark = pytest.mark.skipif(not gloo_available(), reason="torch.distributed with gloo is not available")
 

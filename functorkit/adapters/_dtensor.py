@@ -37,7 +37,7 @@ from ._sharding import ShardRefusal
 __all__ = ["dtensor_type", "has_dtensor", "host_problem", "lerp_many_", "reduce", "sharded_problem", "stage"]
 
 
-def dtensor_type() -> type | None:
+def dtensor_type() -> Any:
     """``torch.distributed.tensor.DTensor`` if that module is imported (else no DTensor exists)."""
     mod = sys.modules.get("torch.distributed.tensor")
     found = getattr(mod, "DTensor", None)
@@ -93,7 +93,7 @@ def _counted(x: Any) -> bool:
     return all(c == 0 for c, p in zip(coord, x.placements, strict=True) if p.is_replicate())
 
 
-def _check(k: int, x: Any, dt: type, mesh: Any, y: Any) -> None:
+def _check(k: int, x: Any, dt: Any, mesh: Any, y: Any) -> None:
     if not isinstance(x, dt):
         msg = (
             f"this is a plain {type(x).__name__} among DTensors, so whether every rank holds it whole or a "
@@ -115,9 +115,7 @@ def _check(k: int, x: Any, dt: type, mesh: Any, y: Any) -> None:
             "Shard or Replicate placements; fix: x.redistribute(x.device_mesh, [Replicate()]) first"
         )
         raise ShardRefusal(k, msg)
-    if y is not None and (
-        not isinstance(y, dt) or y.device_mesh != mesh or tuple(y.placements) != tuple(x.placements)
-    ):
+    if y is not None and (not isinstance(y, dt) or y.device_mesh != mesh or tuple(y.placements) != tuple(x.placements)):
         found = _describe(y) if isinstance(y, dt) else f"a plain {type(y).__name__}"
         msg = (
             f"`a` holds {_describe(x)} here but `b` {found}: their local shards hold different "
@@ -168,7 +166,7 @@ def reduce(ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: f
     else:
         stacked = torch.stack(parts)
         total = stacked.amax() if op == "max" else stacked.amin() if op == "min" else stacked.sum()
-    partial = dt.from_local(total, mesh, [Partial(op)] * mesh.ndim, run_check=False)  # type: ignore[attr-defined]
+    partial = dt.from_local(total, mesh, [Partial(op)] * mesh.ndim, run_check=False)
     return partial.redistribute(mesh, [Replicate()] * mesh.ndim)
 
 
