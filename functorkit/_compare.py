@@ -20,6 +20,7 @@ from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._lockstep import _as_array, _reduce_params
 from ._record import record_plain
+from ._reduce import sharded_total
 from ._treedef import TreeDef, _aux_equal
 from ._xp import describe_array, describe_dtype, describe_namespace, device_of, is_array, namespace, same_device
 from .adapters._base import adapter_of
@@ -447,8 +448,12 @@ def assert_allclose(
         raise AssertionError(msg)
 
 
-def _leaf_finite(xp: Any, x: Any, others: list[Any]) -> Any:
-    return xp.all(xp.isfinite(x))
+def _leaf_same(xp: Any, x: Any, others: list[Any]) -> Any:
+    return x
+
+
+def _same(x: Any) -> Any:
+    return x
 
 
 def _finite(x: Any) -> Any:
@@ -486,11 +491,15 @@ def all_finite(model: Any, /, *, trainable_only: bool = True) -> Any:
     (True, True)
     """
     try:
-        xp, parts = _reduce_params("all_finite", ("model",), (model,), _leaf_finite, trainable_only, _finite)
+        xp, xs = _reduce_params("all_finite", ("model",), (model,), _leaf_same, trainable_only, _same)
     except ValueError as e:
         if type(e) is ValueError and "has no parameters" in str(e):
             return np.asarray(True)
         raise
+    total = sharded_total("all_finite", ("model",), (model,), trainable_only, adapter_of(xs[0]), xs, None, 0.0)
+    if total is not None:  # sharded (torch DTensor): local shards, one all-reduce (docs/sharded.md)
+        return _as_array(total)
+    parts = list(map(_finite, xs))
     if len(parts) == 1:
         return _as_array(parts[0])
     return _as_array(xp.all(xp.stack(parts)))

@@ -102,14 +102,14 @@ def dot(a: T, b: T, /, *, trainable_only: bool = True) -> Any:
 
     xp, xs = _reduce_params("dot", ("a", "b"), (a, b), leaf, trainable_only)
     ad = adapter_of(xs[0])
-    r = _global("dot", ("a", "b"), (a, b), trainable_only, ad, xs, ys, 2.0)
+    r = sharded_total("dot", ("a", "b"), (a, b), trainable_only, ad, xs, ys, 2.0)
     if r is None:
         parts = list(map(ad.vdot, xs, ys))
         r = parts[0] if len(parts) == 1 else xp.sum(xp.stack(parts))
     return _as_array(_narrow_back(xp, ad, r, xs[0].dtype))
 
 
-def _global(
+def sharded_total(
     fname: str,
     names: tuple[str, ...],
     models: tuple[Any, ...],
@@ -122,7 +122,8 @@ def _global(
     """The total over sharded parameters made by their adapter with at most one reduction across
     ranks (``adapters._sharding``), or None when none is sharded; a refusal names the path."""
     try:
-        return sharded_reduce(ad, "dot" if ys is not None else "norm", xs, ys, o)
+        kind = "all_finite" if fname == "all_finite" else "dot" if ys is not None else "norm"
+        return sharded_reduce(ad, kind, xs, ys, o)
     except ShardRefusal as e:
         path = _param_paths(fname, names, models, trainable_only)[e.index]
         msg = f"at {path.display}: fk.{fname} on a sharded model: {e.why}."
@@ -290,7 +291,7 @@ def _norm_acc(a: Any, o: float, fname: str, trainable_only: bool) -> tuple[Any, 
     ad = adapter_of(xs[0])
     x0 = xs[0]
     dt = _real_dtype(xp, x0.dtype) if is_complex(x0) else x0.dtype
-    total = _global(fname, ("a",), (a,), trainable_only, ad, xs, None, o)
+    total = sharded_total(fname, ("a",), (a,), trainable_only, ad, xs, None, o)
     if total is not None:  # sharded: the global sum (or max, min, count), on every rank
         if o == 2:
             return _as_array(_root(xp, ad, total, 2.0)), x0.dtype

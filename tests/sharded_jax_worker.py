@@ -125,6 +125,15 @@ def main() -> None:
 
             check(f"{kind}.dot.{how}", dot)
 
+        def all_finite(d: Any = d) -> dict[str, Any]:
+            bad = dict(d)
+            a = np.asarray(ref["a"], dtype=np.float32)
+            a[7, 3] = np.nan  # on one device's shard only
+            bad["a"] = jax.device_put(a, d["a"].sharding)
+            return {"bad": bool(fk.all_finite(bad)), "ok": bool(fk.all_finite(d)), "kept": kept(bad)}
+
+        check(f"{kind}.all_finite", all_finite)
+
         def compiled(d: Any = d, e: Any = e) -> dict[str, Any]:
             """The collectives XLA compiles into jit(fk.norm) and jit(fk.dot): reductions, no gather."""
             out = {}

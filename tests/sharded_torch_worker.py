@@ -233,6 +233,26 @@ def main() -> None:
 
     check("dot", dot_check)
 
+    def all_finite_check() -> dict[str, Any]:
+        bad = fk.copy(d)
+        if rank == 1:  # a NaN in rank 1's shard only: every rank must answer False
+            with torch.no_grad():
+                bad["w"].to_local()[0, 0] = float("nan")
+        with count() as c:
+            r_bad = fk.all_finite(bad)
+        with count() as c_ok:
+            r_ok = fk.all_finite(d)
+        return {
+            "bad": bool(r_bad),
+            "ok": bool(r_ok),
+            "comms": c,
+            "comms_ok": c_ok,
+            "dtype": str(r_ok.dtype),
+            "placements": str(tuple(r_bad.placements)),
+        }
+
+    check("all_finite", all_finite_check)
+
     def normalize_check() -> dict[str, Any]:
         with count() as c:
             out = fk.normalize(d)

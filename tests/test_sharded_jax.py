@@ -75,6 +75,12 @@ def test_dot_of_differently_sharded_arrays_is_global(res: dict[str, Any], mesh: 
 
 
 @pytest.mark.parametrize("mesh", MESHES)
+def test_all_finite_sees_every_shard(res: dict[str, Any], mesh: str) -> None:
+    r = _ok(res, f"{mesh}.all_finite")
+    assert (r["bad"], r["ok"], r["kept"]) == (False, True, True)
+
+
+@pytest.mark.parametrize("mesh", MESHES)
 def test_jitted_reductions_compile_to_reductions_without_gathers(res: dict[str, Any], mesh: str) -> None:
     r = _ok(res, f"{mesh}.compiled")
     for name in ("norm", "dot"):

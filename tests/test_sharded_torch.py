@@ -113,6 +113,14 @@ def test_dot_is_global_with_one_all_reduce(ranks: list[dict[str, Any]]) -> None:
     assert res[0]["value"] == res[1]["value"]
 
 
+def test_all_finite_is_global_with_one_all_reduce(ranks: list[dict[str, Any]]) -> None:
+    for res in _ok(ranks, "all_finite"):
+        assert res["bad"] is False  # the NaN is on rank 1 only
+        assert res["ok"] is True
+        assert res["comms"] == res["comms_ok"] == ONE_ALL_REDUCE
+        assert (res["dtype"], res["placements"]) == ("torch.bool", "(Replicate(),)")
+
+
 def test_normalize_makes_one_all_reduce(ranks: list[dict[str, Any]]) -> None:
     for res in _ok(ranks, "normalize"):
         assert res["placements"] == SHARDED

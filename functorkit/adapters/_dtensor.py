@@ -7,7 +7,7 @@ What functorkit does with DTensors (docs/sharded.md):
 * elementwise work (``fk.fmap``, the arithmetic with and without ``out=``, ``fk.copy``,
   ``fk.stack``) runs through DTensor's own operators, which act on the local shards with no
   communication and keep the placements;
-* `reduce` (``fk.norm``, ``fk.dot``): each rank reduces its local shards to one scalar (a shard
+* `reduce` (``fk.norm``, ``fk.dot``, ``fk.all_finite``): each rank reduces its local shards to one scalar (a shard
   replicated over a mesh dimension is counted on that dimension's coordinate 0 only, so that no
   value counts twice), and the scalars are combined by one all-reduce per mesh dimension (one on
   FSDP2's 1-D mesh): the result is a 0-d ``Replicate`` DTensor holding the global value on every
@@ -69,15 +69,16 @@ def sharded_problem(x: Any) -> str | None:
 
 
 def host_problem(x: Any) -> str | None:
-    """Why ``fk.save`` cannot write the DTensor `x` (with the alternatives); None for others."""
+    """Why the DTensor `x` cannot be read whole on the host (``fk.save``), with the alternatives;
+    None for others."""
     dt = dtensor_type()
     if dt is None or not isinstance(x, dt):
         return None
     return (
-        f"it is {_describe(x)}, and fk.save writes whole tensors. Expected plain tensors; fix: save "
-        "the shards of every rank with torch.distributed.checkpoint.save(fk.state_dict(model), "
-        "checkpoint_id=path) (the same keys; it reshards on load), or gather a small model first: "
-        "fk.save(path, fk.fmap(lambda x: x.full_tensor(), model)) on one rank"
+        f"it is {_describe(x)}, and its values are read whole on the host here (fk.save writes whole "
+        "tensors). Expected plain tensors; fix: save the shards of every rank with "
+        "torch.distributed.checkpoint.save(fk.state_dict(model), checkpoint_id=path) (the same keys; it "
+        "reshards on load), or gather a small model first: fk.fmap(lambda x: x.full_tensor(), model)"
     )
 
 
@@ -127,6 +128,8 @@ def _check(k: int, x: Any, dt: Any, mesh: Any, y: Any) -> None:
 
 def _local_part(ad: Any, kind: str, x: Any, y: Any, o: float) -> Any:
     lx = x.to_local()
+    if kind == "all_finite":
+        return torch.isfinite(lx).all().to(torch.int32)  # combined by min (an all-reduce of ints)
     if kind == "dot":
         return ad.vdot(lx, y.to_local())
     if o == 2:
@@ -145,8 +148,8 @@ def _local_part(ad: Any, kind: str, x: Any, y: Any, o: float) -> Any:
 
 
 def reduce(ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float) -> Any:
-    """The global total of a reduction over the DTensors `xs` (`ys`: ``fk.dot``'s second model), a 0-d
-    ``Replicate`` DTensor: local shards reduced on each rank, then one all-reduce per mesh dimension
+    """The global total of a reduction over the DTensors `xs` (`ys`: ``fk.dot``'s second model;
+    `kind` "dot", "norm" or "all_finite", the last a 0-d bool), a 0-d ``Replicate`` DTensor: local shards reduced on each rank, then one all-reduce per mesh dimension
     (`Partial` -> `Replicate`). None when no DTensor is among `xs`. A problem is a `ShardRefusal`."""
     dt = dtensor_type()
     if dt is None or not has_dtensor(xs):
@@ -154,7 +157,10 @@ def reduce(ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: f
     from torch.distributed.tensor import Partial, Replicate
 
     mesh = next(x for x in xs if isinstance(x, dt)).device_mesh
-    op = "max" if o == math.inf and kind == "norm" else "min" if o == -math.inf and kind == "norm" else "sum"
+    if kind == "all_finite":
+        op = "min"
+    else:
+        op = "max" if o == math.inf and kind == "norm" else "min" if o == -math.inf and kind == "norm" else "sum"
     parts = []
     for k, x in enumerate(xs):
         y = None if ys is None else ys[k]
@@ -167,7 +173,8 @@ def reduce(ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: f
         stacked = torch.stack(parts)
         total = stacked.amax() if op == "max" else stacked.amin() if op == "min" else stacked.sum()
     partial = dt.from_local(total, mesh, [Partial(op)] * mesh.ndim, run_check=False)
-    return partial.redistribute(mesh, [Replicate()] * mesh.ndim)
+    out = partial.redistribute(mesh, [Replicate()] * mesh.ndim)
+    return out == 1 if kind == "all_finite" else out
 
 
 # ---------------------------------------------------------------- fk.load_into

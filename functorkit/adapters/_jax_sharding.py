@@ -113,7 +113,7 @@ def _part(kind: str, x: Any, y: Any, o: float) -> Any:
 def reduce(kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float) -> Any:
     """The total of a reduction over `xs` (and `ys`) when one of them is split over several devices
     (JAX reductions without a reshape, combined into one replicated scalar); None otherwise."""
-    if not _any_split(xs):
+    if kind not in ("dot", "norm") or not _any_split(xs):  # all_finite: JAX's own all() is global
         return None
     parts = [_part(kind, x, None if ys is None else ys[k], o) for k, x in enumerate(xs)]
     if len(parts) == 1:

@@ -6,8 +6,10 @@ without sharded arrays simply does not define it):
 
 * ``sharded_reduce(kind, xs, ys, ord)``: the global total of a reduction over the parameters
   `xs` (``kind="dot"``: ``sum(vdot(x, y))`` over `xs`/`ys`; ``kind="norm"``: the sum of
-  ``|x|**ord``, or the max/min/count for ``ord`` inf/-inf/0, before the root), made with at most
-  one reduction across ranks; None when none of `xs` is sharded (the core's own path runs).
+  ``|x|**ord``, or the max/min/count for ``ord`` inf/-inf/0, before the root; ``kind="all_finite"``:
+  a 0-d bool, every element of `xs` finite), made with at most one reduction across ranks; None
+  when none of `xs` is sharded, or the family's own operations are already global (the core's
+  own path runs).
 * ``first_sharded(arrays)``: ``(index, why)`` for the first of `arrays` (all of one type) that
   cannot be put whole into one flat vector in this process (a ``DTensor``, a JAX array split over
   several devices), `why` naming the alternative; None otherwise, decided in C-level passes
