@@ -149,8 +149,9 @@ def _local_part(ad: Any, kind: str, x: Any, y: Any, o: float) -> Any:
 
 def reduce(ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float) -> Any:
     """The global total of a reduction over the DTensors `xs` (`ys`: ``fk.dot``'s second model;
-    `kind` "dot", "norm" or "all_finite", the last a 0-d bool), a 0-d ``Replicate`` DTensor: local shards reduced on each rank, then one all-reduce per mesh dimension
-    (`Partial` -> `Replicate`). None when no DTensor is among `xs`. A problem is a `ShardRefusal`."""
+    `kind` "dot", "norm" or "all_finite", the last a 0-d bool), a 0-d ``Replicate`` DTensor: local
+    shards reduced on each rank, then one all-reduce per mesh dimension (`Partial` -> `Replicate`).
+    None when no DTensor is among `xs`. A problem is a `ShardRefusal`."""
     dt = dtensor_type()
     if dt is None or not has_dtensor(xs):
         return None
