@@ -12,6 +12,8 @@ dense (every one but torch) is not looked at.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,13 +61,21 @@ def check_dense(arrays: Sequence[Any], where: Callable[[int], str], what: str) -
 
 def check_whole(arrays: Sequence[Any], firsts: dict[type, Any], where: Callable[[int], str], what: str) -> None:
     """A `TypeError` naming the first of `arrays` that is sharded: asked once per array type of an
-    adapter that has sharded arrays (torch, JAX: ``adapters._sharding.first_sharded``), in C-level passes."""
+    adapter that has sharded arrays (torch, JAX: ``adapters._sharding.first_sharded``), the arrays
+    of each type picked out in C-level passes (no Python step per array)."""
+    types: list[type] | None = None
     for t, x in firsts.items():
         if not is_array(x):
             continue
         ad = adapter_of(x)
-        idx = None if len(firsts) == 1 else [i for i, y in enumerate(arrays) if type(y) is t]
-        found = first_sharded(ad, arrays if idx is None else [arrays[i] for i in idx])
+        if getattr(ad, "first_sharded", None) is None:
+            continue
+        idx: list[int] | None = None
+        if len(firsts) > 1:
+            if types is None:
+                types = list(map(type, arrays))
+            idx = list(itertools.compress(range(len(arrays)), map(operator.is_, types, itertools.repeat(t))))
+        found = first_sharded(ad, arrays if idx is None else list(map(arrays.__getitem__, idx)))
         if found is not None:
             j, why = found
             at = where(j if idx is None else idx[j])

@@ -374,6 +374,21 @@ def main() -> None:
 
     check("fsdp_dot", fsdp_dot)
 
+    def fsdp_grad_norm() -> dict[str, Any]:
+        """fk.norm is differentiable (its gradient is p / |p|), and the norm of the gradients is global."""
+        g = fsdp(ref_m)
+        fk.norm(g).backward()
+        with count() as c:
+            gn = fk.norm(fk.fmap(lambda p: p.grad, g))
+        ref_norm = float(fk.norm(ref_m))
+        return {
+            "grad_err": err(fk.fmap(lambda p: p.grad, g), {k: v / ref_norm for k, v in ref_sd.items()}),
+            "grad_norm": float(gn),
+            "comms": c,
+        }
+
+    check("fsdp_grad_norm", fsdp_grad_norm)
+
     check(
         "fsdp_state_dict",
         lambda: {"fk": list(fk.state_dict(m)), "torch": list(m.state_dict()), "ref": list(ref_m.state_dict())},

@@ -167,6 +167,15 @@ def test_fsdp2_reductions_equal_the_unsharded_module(ranks: list[dict[str, Any]]
     assert res[0]["value"] == res[1]["value"]
 
 
+def test_fsdp2_norm_is_differentiable_and_a_gradient_norm_is_global(ranks: list[dict[str, Any]]) -> None:
+    res = _ok(ranks, "fsdp_grad_norm")
+    for r in res:
+        assert r["grad_err"] <= 1e-6  # d|p|/dp = p / |p|, gathered and compared with the reference
+        assert r["grad_norm"] == pytest.approx(1.0, rel=1e-5)  # |p / |p|| = 1
+        assert r["comms"] == ONE_ALL_REDUCE
+    assert res[0]["grad_norm"] == res[1]["grad_norm"]
+
+
 def test_fsdp2_state_dict_keys_equal_torchs(ranks: list[dict[str, Any]]) -> None:
     for res in _ok(ranks, "fsdp_state_dict"):
         assert res["fk"] == res["torch"] == res["ref"]

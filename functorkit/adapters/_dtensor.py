@@ -126,12 +126,18 @@ def _check(k: int, x: Any, dt: Any, mesh: Any, y: Any) -> None:
         raise ShardRefusal(k, msg)
 
 
+def _reduced_local(x: Any) -> Any:
+    """The local shard of DTensor `x` for a reduction: ``to_local()`` (differentiable) where autograd
+    records `x`, else `_local` (a gradient's norm, ``no_grad``: no autograd Function call)."""
+    return x.to_local() if x.requires_grad and torch.is_grad_enabled() else _local(x)
+
+
 def _local_part(ad: Any, kind: str, x: Any, y: Any, o: float) -> Any:
-    lx = x.to_local()
+    lx = _reduced_local(x)
     if kind == "all_finite":
         return torch.isfinite(lx).all().to(torch.int32)  # combined by min (an all-reduce of ints)
     if kind == "dot":
-        return ad.vdot(lx, y.to_local())
+        return ad.vdot(lx, _reduced_local(y))
     if o == 2:
         return ad.sum_squares(lx)
     acc = ad.accumulate_dtype(lx.dtype)
@@ -214,6 +220,14 @@ def stage(dst: Any, src: Any, plain: Callable[[Any, Any], Any]) -> Any:
 # ---------------------------------------------------------------- the in-place EMA
 
 
+def _local(x: Any) -> Any:
+    """The local shard of DTensor `x` for a write without autograd: its ``_local_tensor`` (private:
+    ``to_local()`` goes through an autograd Function, ~10 µs a call: bench_sharded's EMA row),
+    feature-detected per call, else ``to_local()``."""
+    t = getattr(x, "_local_tensor", None)
+    return t if type(t) is torch.Tensor else x.to_local()
+
+
 def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float) -> bool:
     """``torch._foreach_lerp_`` over the local shards when every pair of `xs`/`ys` is a DTensor of one
     mesh and placements (the local shards then hold the same elements: no communication); False
@@ -227,8 +241,8 @@ def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float) -
             return False
         if x.device_mesh != y.device_mesh or tuple(x.placements) != tuple(y.placements):
             return False
-        lx.append(x.to_local())
-        ly.append(y.to_local())
+        lx.append(_local(x))
+        ly.append(_local(y))
     dev = lx[0].device
     if any(a.device != dev or type(a) is not torch.Tensor for a in (*lx, *ly)):
         return False
