@@ -253,6 +253,30 @@ def main() -> None:
 
     check("all_finite", all_finite_check)
 
+    def allclose_check() -> dict[str, Any]:
+        bad = fk.copy(d)
+        if rank == 1:  # a difference in rank 1's shard only: every rank must answer False
+            with torch.no_grad():
+                bad["w"].to_local()[0, 0] += 1.0
+        other = dict(d)
+        other["v"] = distribute_tensor(refs["v"], mesh, [Shard(0)])
+        with count() as c:
+            same = fk.allclose(d, fk.copy(d))
+        try:
+            fk.assert_allclose(d, bad)
+            message = None
+        except AssertionError as e:
+            message = str(e)
+        return {
+            "same": same,
+            "bad": fk.allclose(d, bad),
+            "other_placements": fk.allclose(d, other),
+            "message": message,
+            "comms": c,
+        }
+
+    check("allclose", allclose_check)
+
     def normalize_check() -> dict[str, Any]:
         with count() as c:
             out = fk.normalize(d)

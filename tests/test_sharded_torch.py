@@ -121,6 +121,17 @@ def test_all_finite_is_global_with_one_all_reduce(ranks: list[dict[str, Any]]) -
         assert (res["dtype"], res["placements"]) == ("torch.bool", "(Replicate(),)")
 
 
+def test_allclose_compares_shards_and_every_rank_gives_one_answer(ranks: list[dict[str, Any]]) -> None:
+    res = _ok(ranks, "allclose")
+    for r in res:
+        assert r["same"] is True
+        assert r["bad"] is False  # the difference is on rank 1 only
+        assert r["other_placements"] is False
+        assert r["comms"] == ONE_ALL_REDUCE
+    assert "at w:" in res[1]["message"]
+    assert "another rank found a difference" in res[0]["message"]
+
+
 def test_normalize_makes_one_all_reduce(ranks: list[dict[str, Any]]) -> None:
     for res in _ok(ranks, "normalize"):
         assert res["placements"] == SHARDED

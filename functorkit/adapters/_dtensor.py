@@ -34,7 +34,17 @@ import torch
 
 from ._sharding import ShardRefusal
 
-__all__ = ["dtensor_type", "has_dtensor", "host_problem", "lerp_many_", "reduce", "sharded_problem", "stage"]
+__all__ = [
+    "any_rank",
+    "dtensor_type",
+    "has_dtensor",
+    "host_problem",
+    "lerp_many_",
+    "local_pair",
+    "reduce",
+    "sharded_problem",
+    "stage",
+]
 
 
 def dtensor_type() -> Any:
@@ -249,3 +259,49 @@ def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float) -
     with torch.no_grad():
         fe(lx, ly, t)
     return True
+
+
+# ---------------------------------------------------------------- fk.allclose, fk.assert_allclose
+
+
+def local_pair(x: Any, y: Any) -> tuple[Any, Any] | str:
+    """The local shards of DTensors `x` and `y` (compared on each rank), or why they cannot be
+    compared shard by shard (the same answer on every rank: placements are global)."""
+    dt = dtensor_type()
+    xd, yd = dt is not None and isinstance(x, dt), dt is not None and isinstance(y, dt)
+    if not (xd or yd):
+        return x, y
+    if not (xd and yd):
+        d = x if xd else y
+        return (
+            f"{_describe(d)} in `{'a' if xd else 'b'}` but a plain tensor in `{'b' if xd else 'a'}`: a rank "
+            "holds only a shard of one of them. Compare models of the same placements, or gather "
+            "(fk.fmap(lambda t: t.full_tensor(), model))"
+        )
+    if x.device_mesh != y.device_mesh or tuple(x.placements) != tuple(y.placements):
+        return (
+            f"`a` holds {_describe(x)} but `b` {_describe(y)}: their shards hold different elements. "
+            "Compare after b.redistribute(a.device_mesh, a.placements)"
+        )
+    if any(p.is_partial() for p in x.placements):
+        return f"{_describe(x)}: a Partial placement holds unreduced sums; redistribute it first"
+    return x.to_local(), y.to_local()
+
+
+def any_rank(leaves: Sequence[Any]) -> Callable[[bool], bool] | None:
+    """For `leaves` holding a DTensor: a function ``flag -> bool``, True when `flag` is True on any
+    rank of that DTensor's mesh (one all-reduce of one integer); None otherwise."""
+    dt = dtensor_type()
+    if dt is None or not has_dtensor(leaves):
+        return None
+    first = next(x for x in leaves if isinstance(x, dt))
+    mesh = first.device_mesh
+
+    def agree(flag: bool) -> bool:
+        from torch.distributed.tensor import Partial, Replicate
+
+        local = torch.tensor(int(flag), device=first.to_local().device)
+        partial = dt.from_local(local, mesh, [Partial("max")] * mesh.ndim, run_check=False)
+        return bool(partial.redistribute(mesh, [Replicate()] * mesh.ndim).to_local().item())
+
+    return agree

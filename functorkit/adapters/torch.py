@@ -575,6 +575,18 @@ class Adapter(ArrayAdapter):
         why = _dtensor.sharded_problem(arrays[0])
         return None if why is None else (0, why)
 
+    def local_pair(self, x: Any, y: Any) -> tuple[Any, Any] | str:
+        """``fk.allclose``: DTensors `x`, `y` as their local shards (same mesh and placements, else
+        why not); plain tensors as they are (`functorkit.adapters._dtensor.local_pair`)."""
+        if type(x) in _PLAIN and type(y) in _PLAIN:
+            return x, y
+        return _dtensor.local_pair(x, y)
+
+    def any_rank(self, leaves: Sequence[Any]) -> Callable[[bool], bool] | None:
+        """``fk.allclose``: for leaves holding a DTensor, ``flag -> flag on any rank`` (one
+        all-reduce over its mesh); None otherwise."""
+        return _dtensor.any_rank(leaves)
+
     def vdot(self, x: Any, y: Any) -> Any:
         """BLAS ``vdot`` for the dtypes it supports (bench_arith ``dot`` torch rows; ``vecdot``
         multiplies, then sums)."""
