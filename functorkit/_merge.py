@@ -25,6 +25,7 @@ from ._pertensor import (
     cast_back,
     check_density,
     check_real,
+    check_whole,
     count_kept,
     elementwise,
     keep_mask,
@@ -181,6 +182,8 @@ def _mix(
 
     def fn(path: KeyPath, x: Any, others: list[Any], _out: Any = None) -> Any:
         check_real(fname, path, x)
+        if sparsify is not None:
+            check_whole(fname, path, x)  # thresholds and masks need the whole tensor (not a shard)
         xp = namespace(x)
         wv = [ws[i].get(path) for i in range(len(others))]
         lam = sc.get(path)

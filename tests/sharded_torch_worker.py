@@ -277,6 +277,33 @@ def main() -> None:
 
     check("allclose", allclose_check)
 
+    def per_tensor_check() -> dict[str, Any]:
+        with count() as c_dots:
+            dots = fk.tensor_dots(d, e)
+        with count() as c_norms:
+            norms = fk.tensor_norms(d)
+        return {
+            "dots": {k: float(v) for k, v in dots.items()},
+            "dots_ref": {k: float((refs[k].double() * refs2[k].double()).sum()) for k in refs},
+            "norms": {k: float(v) for k, v in norms.items()},
+            "norms_ref": {k: float(torch.linalg.vector_norm(refs[k].double())) for k in refs},
+            "comms_dots": c_dots,
+            "comms_norms": c_norms,
+        }
+
+    check("per_tensor", per_tensor_check)
+
+    def merges() -> dict[str, Any]:
+        with count() as c:
+            ta = fk.task_arithmetic(d, [e, fk.scale(2.0, e)], [0.5, 0.25])
+        ref = {k: refs[k] + 0.5 * (refs2[k] - refs[k]) + 0.25 * (2 * refs2[k] - refs[k]) for k in refs}
+        return {"placements": placements(ta), "err": err(ta, ref), "comms": c}
+
+    check("task_arithmetic", merges)
+    check("ties", lambda: (fk.ties(d, [e, e], [0.5, 0.5], density=0.5), {})[1])
+    check("dare", lambda: (fk.dare(d, [e, e], [0.5, 0.5], density=0.5, seed=0), {})[1])
+    check("thresholds", lambda: (fk.tensor_thresholds(d, 0.5), {})[1])
+
     def normalize_check() -> dict[str, Any]:
         with count() as c:
             out = fk.normalize(d)

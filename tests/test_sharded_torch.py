@@ -132,6 +132,29 @@ def test_allclose_compares_shards_and_every_rank_gives_one_answer(ranks: list[di
     assert "another rank found a difference" in res[0]["message"]
 
 
+def test_per_tensor_reductions_are_global(ranks: list[dict[str, Any]]) -> None:
+    res = _ok(ranks, "per_tensor")
+    for r in res:
+        for k in ("w", "v", "r"):
+            assert r["dots"][k] == pytest.approx(r["dots_ref"][k], rel=1e-5, abs=1e-6)
+            assert r["norms"][k] == pytest.approx(r["norms_ref"][k], rel=1e-5)
+        # one all-reduce per sharded tensor; the replicated one needs none
+        assert r["comms_dots"] == r["comms_norms"] == {"all_reduce": 2}
+    assert res[0]["dots"] == res[1]["dots"]
+
+
+def test_task_arithmetic_is_elementwise_on_the_shards(ranks: list[dict[str, Any]]) -> None:
+    for r in _ok(ranks, "task_arithmetic"):
+        assert r["placements"] == SHARDED
+        assert r["err"] <= 1e-6
+        assert r["comms"] == {}
+
+
+@pytest.mark.parametrize("name", ["ties", "dare", "thresholds"])
+def test_whole_tensor_selections_are_refused_by_path(ranks: list[dict[str, Any]], name: str) -> None:
+    _refused(ranks, name, "TypeError", "at w:", "on a sharded model", "selects over each whole tensor", "full_tensor")
+
+
 def test_normalize_makes_one_all_reduce(ranks: list[dict[str, Any]]) -> None:
     for res in _ok(ranks, "normalize"):
         assert res["placements"] == SHARDED

@@ -42,8 +42,10 @@ __all__ = [
     "lerp_many_",
     "local_pair",
     "reduce",
+    "settle",
     "sharded_problem",
     "stage",
+    "whole_tensor_problem",
 ]
 
 
@@ -305,3 +307,31 @@ def any_rank(leaves: Sequence[Any]) -> Callable[[bool], bool] | None:
         return bool(partial.redistribute(mesh, [Replicate()] * mesh.ndim).to_local().item())
 
     return agree
+
+
+# ---------------------------------------------------------------- per-tensor merges (fk.ties, fk.dare...)
+
+
+def whole_tensor_problem(x: Any) -> str | None:
+    """Why a per-tensor selection over the whole of DTensor `x` (a top-k threshold, DARE's masks
+    keyed by each element's global index) is not made on its shards; None for other tensors."""
+    dt = dtensor_type()
+    if dt is None or not isinstance(x, dt):
+        return None
+    return (
+        f"this is {_describe(x)}, and this method selects over each whole tensor (a top-k threshold, or "
+        "masks keyed by every element's index), which the local shards cannot do alone. Expected plain "
+        "tensors; fix: merge with fk.task_arithmetic/fk.lincomb (element-wise: on the shards), or gather "
+        "the models first (fk.fmap(lambda t: t.full_tensor(), model), a collective)"
+    )
+
+
+def settle(r: Any) -> Any:
+    """A per-tensor result `r` whose DTensor placements are `Partial` (an unreduced sum: each rank
+    holds its own part) reduced to `Replicate` (one all-reduce); anything else as it is."""
+    dt = dtensor_type()
+    if dt is None or not isinstance(r, dt) or not any(p.is_partial() for p in r.placements):
+        return r
+    from torch.distributed.tensor import Replicate
+
+    return r.redistribute(r.device_mesh, [Replicate()] * r.device_mesh.ndim)

@@ -15,6 +15,9 @@ without sharded arrays simply does not define it):
   several devices), `why` naming the alternative; None otherwise, decided in C-level passes
   (no Python step per array). ``fk.destructure`` and ``re.flatten`` refuse such an array by its
   path (`first_sharded`, called by ``functorkit._dense.check_dense``).
+* ``whole_tensor_problem(x)`` (``fk.ties``, ``fk.dare``, ``fk.tensor_thresholds``: selections over a
+  whole tensor) and ``settle(r)`` (a per-tensor result with a pending reduction made whole, as
+  ``fk.tensor_dots`` returns it): `whole_tensor_problem`, `settle`;
 * the adapter's usual methods (``stage``, ``to_host``, ``lerp_many_``...) handle sharded arrays
   themselves where they can, and refuse them by name where they cannot.
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ShardRefusal", "first_sharded", "sharded_reduce"]
+__all__ = ["ShardRefusal", "first_sharded", "settle", "sharded_reduce", "whole_tensor_problem"]
 
 
 class ShardRefusal(Exception):
@@ -53,3 +56,15 @@ def first_sharded(ad: Any, arrays: Sequence[Any]) -> tuple[int, str] | None:
     """The adapter's ``first_sharded`` of `arrays` (None for a family without sharded arrays)."""
     hook = getattr(ad, "first_sharded", None)
     return None if hook is None else hook(arrays)
+
+
+def whole_tensor_problem(ad: Any, x: Any) -> str | None:
+    """The adapter's ``whole_tensor_problem`` of `x` (None for a family without it)."""
+    hook = getattr(ad, "whole_tensor_problem", None)
+    return None if hook is None else hook(x)
+
+
+def settle(ad: Any, r: Any) -> Any:
+    """The adapter's ``settle`` of the per-tensor result `r` (`r` itself for a family without it)."""
+    hook = getattr(ad, "settle", None)
+    return r if hook is None else hook(r)

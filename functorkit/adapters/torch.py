@@ -587,6 +587,15 @@ class Adapter(ArrayAdapter):
         all-reduce over its mesh); None otherwise."""
         return _dtensor.any_rank(leaves)
 
+    def whole_tensor_problem(self, x: Any) -> str | None:
+        """Why a selection over the whole of `x` (``fk.ties``, ``fk.dare``) cannot be made here: a
+        DTensor (`functorkit.adapters._dtensor.whole_tensor_problem`); None for plain tensors."""
+        return None if type(x) in _PLAIN else _dtensor.whole_tensor_problem(x)
+
+    def settle(self, r: Any) -> Any:
+        """A per-tensor 0-d result with pending (`Partial`) reductions made whole (``fk.tensor_dots``)."""
+        return r if type(r) in _PLAIN else _dtensor.settle(r)
+
     def vdot(self, x: Any, y: Any) -> Any:
         """BLAS ``vdot`` for the dtypes it supports (bench_arith ``dot`` torch rows; ``vecdot``
         multiplies, then sums)."""
