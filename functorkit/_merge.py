@@ -37,6 +37,7 @@ from ._pertensor import (
 from ._typing import Tree as T
 from ._xp import namespace
 from .adapters._base import adapter_of
+from .adapters._sharding import new_array_device
 
 __all__ = ["dare", "model_stock", "slerp", "task_arithmetic", "ties"]
 
@@ -49,7 +50,7 @@ def _zero(xp: Any, like: Any) -> Any:
 
 def _scalar(xp: Any, v: float, like: Any) -> Any:
     """A 0-d array of `like`'s dtype and device (``where`` on 0-d reductions takes no Python numbers)."""
-    return xp.asarray(v, dtype=like.dtype, device=adapter_of(like).device(like))
+    return xp.asarray(v, dtype=like.dtype, device=new_array_device(adapter_of(like), like))
 
 
 def _models(models: Any, fname: str, least: int = 1) -> list[Any]:

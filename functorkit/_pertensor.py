@@ -22,7 +22,7 @@ from ._keypath import KeyPath
 from ._lockstep import _describe
 from ._xp import is_complex, namespace
 from .adapters._base import adapter_of
-from .adapters._sharding import settle, whole_tensor_problem
+from .adapters._sharding import new_array_device, settle, whole_tensor_problem
 
 #: the tolerances of mergekit's formulas (named where they are used)
 EPS_NORM = 1e-8  # slerp: a tensor is normalised only when its norm exceeds this
@@ -320,7 +320,7 @@ def keep_mask(xp: Any, x: Any, density: float, keys: tuple[int, int], path: KeyP
     if _chunked(x):
         fn = functools.partial(_keep_block, shape, keys, thr)
         return x.map_blocks(fn, dtype=bool, meta=np.empty((0,) * len(shape), dtype=bool))
-    dev = adapter_of(x).device(x)
+    dev = new_array_device(adapter_of(x), x)
     return _bits(xp, flat_index(xp, shape, shape, (0,) * len(shape), dev), keys, thr)
 
 

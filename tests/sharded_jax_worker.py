@@ -134,6 +134,30 @@ def main() -> None:
 
         check(f"{kind}.all_finite", all_finite)
 
+        def merges(d: Any = d, e: Any = e, kind: str = kind) -> dict[str, Any]:
+            """The merge methods on sharded arrays against the same merge of NumPy arrays."""
+            host = {k: np.asarray(v) for k, v in d.items()}
+            host2 = {k: np.asarray(v) for k, v in e.items()}
+            calls = {
+                "slerp": (lambda m, n: fk.slerp(m, n, 0.3)),
+                "task_arithmetic": (lambda m, n: fk.task_arithmetic(m, [n, fk.scale(2.0, n)], [0.5, 0.25])),
+                "ties": (lambda m, n: fk.ties(m, [n, fk.scale(2.0, n)], [0.5, 0.5], density=0.5)),
+                "dare": (lambda m, n: fk.dare(m, [n, fk.scale(2.0, n)], [0.5, 0.5], density=0.5, seed=0)),
+                "tensor_dots": (lambda m, n: fk.tensor_dots(m, n)),
+            }
+            out: dict[str, Any] = {}
+            for name, f in calls.items():
+                try:
+                    got = f(d, e)
+                except TypeError as ex:
+                    out[name] = {"refused": str(ex)}
+                    continue
+                want = {k: np.asarray(v, dtype=np.float64) for k, v in f(host, host2).items()}
+                out[name] = {"err": err(got, want), "kept": name == "tensor_dots" or kept(got)}
+            return out
+
+        check(f"{kind}.merges", merges)
+
         def compiled(d: Any = d, e: Any = e) -> dict[str, Any]:
             """The collectives XLA compiles into jit(fk.norm) and jit(fk.dot): reductions, no gather."""
             out = {}

@@ -81,6 +81,20 @@ def test_all_finite_sees_every_shard(res: dict[str, Any], mesh: str) -> None:
 
 
 @pytest.mark.parametrize("mesh", MESHES)
+def test_merges_on_sharded_arrays(res: dict[str, Any], mesh: str) -> None:
+    r = _ok(res, f"{mesh}.merges")
+    works = ["slerp", "task_arithmetic", "tensor_dots"] + (["ties", "dare"] if mesh == "auto" else [])
+    for name in works:
+        assert "refused" not in r[name], r[name]
+        assert r[name]["err"] <= 1e-5, (name, r[name])
+        assert r[name]["kept"] is True, name
+    if mesh == "explicit":
+        for name in ("ties", "dare"):
+            assert r[name]["refused"].startswith(f"at a: fk.{name} on a sharded model:"), r[name]
+            assert "Explicit axes" in r[name]["refused"] and "AxisType.Auto" in r[name]["refused"]
+
+
+@pytest.mark.parametrize("mesh", MESHES)
 def test_jitted_reductions_compile_to_reductions_without_gathers(res: dict[str, Any], mesh: str) -> None:
     r = _ok(res, f"{mesh}.compiled")
     for name in ("norm", "dot"):

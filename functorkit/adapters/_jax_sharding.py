@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["first_sharded", "is_split", "reduce"]
+__all__ = ["first_sharded", "is_split", "reduce", "whole_tensor_problem"]
 
 _SHARDING = operator.attrgetter("sharding")
 
@@ -124,3 +124,24 @@ def reduce(kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float) -> 
     if kind == "norm" and o == -math.inf:
         return jnp.min(stacked)
     return jnp.sum(stacked)
+
+
+def whole_tensor_problem(x: Any) -> str | None:
+    """Why ``fk.ties``/``fk.dare`` (a top-k selection, masks built from index arrays) cannot run on
+    `x`: an array on a mesh with Explicit axes, where JAX refuses a top-k over a sharded axis and
+    constants of other shapes; None otherwise (Auto axes: XLA places the work)."""
+    if isinstance(x, jax.core.Tracer):
+        sharding = getattr(jax.typeof(x), "sharding", None)
+    else:
+        sharding = getattr(x, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    types = getattr(mesh, "axis_types", ())
+    if not any("Explicit" in str(t) for t in types) or getattr(mesh, "size", 1) <= 1:
+        return None
+    return (
+        f"this is a JAX array of shape {tuple(x.shape)} on a mesh with Explicit axes ({sharding}), where "
+        "this method's whole-tensor selections (a top-k threshold, masks from index arrays) are refused by "
+        "JAX's sharding rules. Expected a mesh with Auto axes; fix: make the mesh with "
+        "axis_types=(AxisType.Auto, ...), or replicate the arrays first "
+        "(jax.device_put(model, NamedSharding(mesh, PartitionSpec())))"
+    )

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ShardRefusal", "first_sharded", "settle", "sharded_reduce", "whole_tensor_problem"]
+__all__ = ["ShardRefusal", "first_sharded", "new_array_device", "settle", "sharded_reduce", "whole_tensor_problem"]
 
 
 class ShardRefusal(Exception):
@@ -68,3 +68,12 @@ def settle(ad: Any, r: Any) -> Any:
     """The adapter's ``settle`` of the per-tensor result `r` (`r` itself for a family without it)."""
     hook = getattr(ad, "settle", None)
     return r if hook is None else hook(r)
+
+
+def new_array_device(ad: Any, like: Any) -> Any:
+    """The device to make a new array on that will be combined with `like` (a 0-d constant, an
+    index array): `like`'s device, or the adapter's ``new_array_device`` where it has one (JAX: None
+    for an array split over devices, whose sharding no array of another shape can take; JAX places
+    an uncommitted array where it is used)."""
+    hook = getattr(ad, "new_array_device", None)
+    return ad.device(like) if hook is None else hook(like)

@@ -68,6 +68,15 @@ class Adapter(ArrayAdapter):
         """`functorkit.adapters._jax_sharding.first_sharded` (a flat vector is refused for them)."""
         return _jax_sharding.first_sharded(arrays)
 
+    def whole_tensor_problem(self, x: Any) -> str | None:
+        """`functorkit.adapters._jax_sharding.whole_tensor_problem` (Explicit-axes meshes)."""
+        return _jax_sharding.whole_tensor_problem(x)
+
+    def new_array_device(self, like: Any) -> Any:
+        """None (an uncommitted array, placed where it is used) for `like` split over several devices
+        (its sharding fits only its own shape); else `like`'s device."""
+        return None if _jax_sharding.is_split(like) else self.device(like)
+
     def copy(self, x: Any) -> Any:
         """Immutable: ``x.copy()`` gives a new buffer (same values)."""
         return x.copy()
