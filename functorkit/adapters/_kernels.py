@@ -7,10 +7,11 @@ ufuncs with ``out=`` in cache-sized blocks; torch: in-place methods under ``no_g
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Kernels"]
+__all__ = ["Kernels", "spans_disjoint"]
 
 _PY_NUMBERS = (int, float, complex)
 _NO = object()
@@ -30,6 +31,17 @@ def _lerp(x: Any, y: Any, t: Any) -> Any:
             return x + (y - x) * t
         return y - (y - x) * (1 - t)
     return x + (y - x) * t
+
+
+def spans_disjoint(los: list[int], his: list[int]) -> bool:
+    """No two of the byte ranges ``[los[i], his[i])`` overlap: sorted by start, each ends where the
+    next one starts or before (C-level passes; an empty range inside another counts as overlapping,
+    which only sends the caller down its exact path)."""
+    spans = sorted(zip(los, his))
+    if len(spans) < 2:
+        return True
+    lo, hi = zip(*spans)
+    return all(map(operator.le, hi[:-1], lo[1:]))
 
 
 def _itemsize(xp: Any, dtype: Any) -> int:
@@ -142,6 +154,14 @@ class Kernels:
             return acc / n
 
         return self._elementwise(f, xs, out)
+
+    def out_fast(self, outs: list[Any], arrays: list[Any]) -> bool:
+        """True if every array of `outs` can certainly be written in place with distinct values
+        (``write_problem`` and ``overlap_problem`` would find nothing) and the distinct arrays
+        `arrays` (`outs` and the inputs, all of this adapter) certainly share no memory with each
+        other, decided in C-level passes over the lists (``fk.*(out=)``'s column path); False: not
+        known here (``fk.*(out=)`` then checks each array and names the one that fails)."""
+        return False
 
     def lerp_many_(self, xs: list[Any], ys: list[Any], t: float) -> bool:
         """``x <- lerp(x, y, t)`` in place for every pair, in one call where the library has one
