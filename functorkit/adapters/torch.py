@@ -536,19 +536,18 @@ class Adapter(ArrayAdapter):
         )
 
     def out_fast(self, outs: list[Any], arrays: list[Any]) -> bool:
-        """Plain dense contiguous tensors of one (non-meta) device outside ``torch.func``; no
-        inference tensor in `outs`; the byte ranges (``data_ptr``, ``nbytes``) of `arrays` do not
-        meet. Not while ``torch.compile`` traces (the per-leaf path traces)."""
-        if compiling() or not self._plain_one_device(arrays) or arrays[0].device.type == "meta":
+        """Plain contiguous tensors of a device that has memory (not ``meta``), with storage
+        (``data_ptr`` raises for ``torch.func`` wrappers); no inference tensor in `outs`; the byte
+        ranges (``data_ptr``, ``nbytes``) of `arrays` do not meet. Not while ``torch.compile``
+        traces (the per-leaf path traces)."""
+        if compiling() or not set(map(type, arrays)) <= _PLAIN_SET or arrays[0].device.type == "meta":
             return False
-        if (
-            not all(map(operator.is_, map(_LAYOUT, arrays), repeat(torch.strided)))
-            or any(map(_IS_NESTED, arrays))
-            or not all(map(torch.Tensor.is_contiguous, arrays))
-            or any(map(torch.Tensor.is_inference, outs))
-        ):
+        if not all(map(torch.Tensor.is_contiguous, arrays)) or any(map(torch.Tensor.is_inference, outs)):
             return False
-        los = list(map(torch.Tensor.data_ptr, arrays))
+        try:
+            los = list(map(torch.Tensor.data_ptr, arrays))
+        except RuntimeError:  # no storage: a torch.func wrapper (the per-leaf path looks at each)
+            return False
         return spans_disjoint(los, list(map(operator.add, los, map(_NBYTES, arrays))))
 
     def lerp_many_(self, xs: list[Any], ys: list[Any], t: float) -> bool:
