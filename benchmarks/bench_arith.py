@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 import functorkit as fk
+from functorkit import _inplace
 
 COEFS = (0.5, -0.25, 2.0)
 T_EMA = 0.001
@@ -87,13 +88,15 @@ def copy_bandwidth(nbytes: int, rounds: int) -> float:
 
 
 def timed(contenders: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Best time of each contender, interleaved round by round."""
+    """Best time of each contender, interleaved round by round, in the listed order and then in the
+    reverse one (so that no contender always follows the same one)."""
     best = dict.fromkeys(contenders, math.inf)
     gc_was = gc.isenabled()
     gc.disable()
+    items = list(contenders.items())
     try:
-        for _ in range(rounds):
-            for name, f in contenders.items():
+        for r in range(rounds):
+            for name, f in items if r % 2 == 0 else items[::-1]:
                 t0 = time.perf_counter()
                 out = f()
                 dt = time.perf_counter() - t0
@@ -128,6 +131,13 @@ def numpy_contenders(ms: list[Any]) -> dict[str, dict[str, Callable[[], Any]]]:
     ema = fk.copy(ms[0])
     le = fk.leaves(ema)
     out["lincomb"]["fk, out="] = lambda: fk.lincomb(COEFS, ms, out=dst)
+    dl = fk.leaves(dst)
+    # what a fresh result costs by itself: one model written into new memory (first-touch page
+    # faults) against the same copy into memory already touched
+    out["lincomb"]["copy of one model into new memory"] = lambda: [np.copyto(np.empty_like(a), a) for a in la]
+    out["lincomb"]["copy of one model into touched memory"] = lambda: [
+        np.copyto(d, a) for d, a in zip(dl, la, strict=True)
+    ]
     out["ema step"] = {
         "fk, out=": lambda: fk.lerp(ema, ms[1], T_EMA, out=ema),
         "hand loop": lambda: [np.add(e, (m - e) * T_EMA, out=e) for e, m in zip(le, lb, strict=True)],
@@ -190,6 +200,7 @@ def torch_contenders(ms: list[Any]) -> dict[str, dict[str, Callable[[], Any]]]:
     out["lincomb"]["torch._foreach, into dst"] = foreach_lincomb_out
     out["ema step"] = {
         "fk, out=": lambda: fk.lerp(ema, tms[1], T_EMA, out=ema),
+        "fk, out= (per-leaf path)": per_leaf(lambda: fk.lerp(ema, tms[1], T_EMA, out=ema)),
         "hand loop": lambda: [e.lerp_(m, T_EMA) for e, m in zip(el, lb, strict=True)],
         "torch._foreach": lambda: torch._foreach_lerp_(el, lb, T_EMA),
         "fk.load_into(fk.lerp)": lambda: fk.load_into(ema, fk.lerp(ema, tms[1], T_EMA)),
@@ -200,6 +211,19 @@ def torch_contenders(ms: list[Any]) -> dict[str, dict[str, Callable[[], Any]]]:
         return out
     out["lincomb"]["optree.tree_map"] = lambda: optree.tree_map(lambda a, b, c: c1 * a + c2 * b + c3 * c, *tms)
     return out
+
+
+def per_leaf(f: Callable[[], Any]) -> Callable[[], Any]:
+    """`f` with the column path of ``out=`` off (``functorkit._inplace.FAST``): the per-leaf path."""
+
+    def g() -> Any:
+        _inplace.FAST[0] = False
+        try:
+            return f()
+        finally:
+            _inplace.FAST[0] = True
+
+    return g
 
 
 def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
@@ -222,6 +246,7 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
     out["MLP lincomb, NumPy"] = {
         "fk": rep(lambda: fk.lincomb(COEFS, mlps)),
         "fk, out=": rep(lambda: fk.lincomb(COEFS, mlps, out=npd)),
+        "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lincomb(COEFS, mlps, out=npd))),
         "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*mlps, strict=True)]),
     }
     try:
@@ -241,11 +266,14 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
     out["MLP lincomb, torch"] = {
         "fk": rep(lambda: fk.lincomb(COEFS, tm)),
         "fk, out=": rep(lambda: fk.lincomb(COEFS, tm, out=td)),
+        "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lincomb(COEFS, tm, out=td))),
         "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*tm, strict=True)]),
         "torch._foreach": rep(foreach_lc),
     }
     out["MLP EMA step, torch"] = {
         "fk, out=": rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema)),
+        "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema))),
+        "walk only: fk.leaves of both": rep(lambda: (fk.leaves(tema), fk.leaves(tm[1]))),
         "hand loop": rep(lambda: [e.lerp_(m, T_EMA) for e, m in zip(tema, tm[1], strict=True)]),
         "torch._foreach": rep(lambda: torch._foreach_lerp_(tema, tm[1], T_EMA)),
     }
@@ -272,6 +300,8 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
 
     out["12-block nn.Module EMA step"] = {
         "fk, out=": rep(lambda: fk.lerp(ema_net, net, T_EMA, out=ema_net)),
+        "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lerp(ema_net, net, T_EMA, out=ema_net))),
+        "walk only: fk.leaves of both": rep(lambda: (fk.leaves(ema_net), fk.leaves(net))),
         "hand loop": rep(hand),
         "torch._foreach": rep(foreach_ema),
     }
@@ -321,6 +351,11 @@ def _run(quick: bool) -> str:
     rows = []
     ratios: dict[tuple[str, str], float] = {}
     foreach: list[str] = []
+    targets: list[str] = []  # issue #22's rows: | row | measured | target |
+
+    def target(row: str, value: float, limit: float) -> None:
+        targets.append(f"| {row} | {value:.2f}x | {'<=' if value <= limit else '**>**'} {limit:.1f}x |")
+
     for backend, ops in backends.items():
         for op, contenders in ops.items():
             best = timed(contenders, rounds)
@@ -335,13 +370,30 @@ def _run(quick: bool) -> str:
                     ratios[(backend, op)] = t / ref
                 rows.append(
                     f"| {op} | {backend} | {'**fk**' if name == 'fk' else name} | {t * 1e3:.1f} | "
-                    f"{t / ref:.2f} | {t / floor:.1f} |"
+                    f"{t / ref:.2f} | {t / floor:.2f} |"
+                )
+            if op == "lincomb" and backend == "NumPy":
+                target("lincomb of 3 models, NumPy, `fk` / traffic floor", best["fk"] / floor, 1.5)
+                target("lincomb of 3 models, NumPy, `fk, out=` / traffic floor", best["fk, out="] / floor, 1.5)
+            if op == "lincomb" and "torch._foreach" in best:
+                target("lincomb of 3 models, torch, `fk` / `torch._foreach`", best["fk"] / best["torch._foreach"], 1.0)
+                into = best["torch._foreach, into dst"]
+                target(
+                    "lincomb of 3 models, torch, `fk, out=` / `torch._foreach`, into dst", best["fk, out="] / into, 1
+                )
+                target("lincomb of 3 models, torch, `fk, out=` / traffic floor", best["fk, out="] / floor, 1.5)
+            if op == "ema step" and "torch._foreach" in best:
+                target(
+                    "EMA step, torch, `fk, out=` / `torch._foreach_lerp_`",
+                    best["fk, out="] / best["torch._foreach"],
+                    1.0,
                 )
     small_rows = []
     for op, contenders in small_contenders().items():
         best = timed(contenders, rounds)
         ref = best["hand loop"]
         fe = best.get("torch._foreach")
+        target(f"{op}, `fk, out=` per call / hand loop", best["fk, out="] / ref, 1.5)
         for name, t in best.items():
             small_rows.append(
                 f"| {op} | {'**' + name + '**' if name.startswith('fk') else name} | {t / SMALL_CALLS * 1e6:.1f} | "
@@ -366,6 +418,12 @@ cores and the times stop meaning anything. `loss-landscapes` is not installed
 here and is not timed.
 
 fk time / hand loop time: {summary} (target: at most 1.5).
+
+Issue #22's targets, from the rows below (this run):
+
+| row | measured | target |
+|---|---:|---:|
+{chr(10).join(targets)}
 
 | operation | backend | contender | best (ms) | / hand loop | / traffic floor |
 |---|---|---|---:|---:|---:|

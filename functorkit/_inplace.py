@@ -24,9 +24,9 @@ parameter of each kind). Paths are built only for a message.
 from __future__ import annotations
 
 import operator
-from itertools import chain
 from collections.abc import Callable, Sequence
-from typing import Any
+from itertools import chain
+from typing import Any, cast
 
 from ._alias import _clusters, layouts_overlap, memory_layout, separate_allocations
 from ._errors import StructureError
@@ -145,6 +145,8 @@ def _check_overlaps(fname: str, names: Sequence[str], plan: list[list[Any]], lat
 #: the column path of `run_out` is on (tests turn it off to compare both paths)
 FAST = [True]
 _DTYPE = operator.attrgetter("dtype")
+#: a row's path, built only when a message shows it (``_PathAt`` stands in for a KeyPath)
+_path_at: Callable[[Any, int], KeyPath] = cast(Any, _PathAt)
 _DEVICE = operator.attrgetter("device")
 
 
@@ -206,7 +208,7 @@ def _fast_plan(
         kinds = zip(map(_DTYPE, xs)) if ad.one_device else zip(map(_DTYPE, xs), map(_DEVICE, xs))
         first = dict(zip(reversed(list(kinds)), range(len(xs) - 1, -1, -1)))
         for i in sorted(first.values()):
-            check(_PathAt(td, idx[i]), xs[i])
+            check(_path_at(td, idx[i]), xs[i])
     return cols, outs, td, idx
 
 
@@ -229,12 +231,12 @@ def run_out(
         cols, outs, td, idx = fast
         plan: list[list[Any]]
         if batch is not None and outs:
-            plan = batch([[_PathAt(td, i), xs, o, None, False] for i, xs, o in zip(idx, zip(*cols), outs)])
+            plan = batch([[_path_at(td, i), xs, o, None, False] for i, xs, o in zip(idx, zip(*cols), outs)])
             for path, xs, o, _, _ in plan:
                 fn(path, xs[0], list(xs[1:]), o)
             return out
         for i, o, *xs in zip(idx, outs, *cols):
-            fn(_PathAt(td, i), xs[0], xs[1:], o)
+            fn(_path_at(td, i), xs[0], xs[1:], o)
         return out
     plan = []  # [path, models' arrays, out array, first row of this out array, aside]
     by_out: dict[int, KeyPath] = {}

@@ -413,7 +413,8 @@ def test_out_column_path_for_an_nn_module_ema_step(monkeypatch: pytest.MonkeyPat
     assert fk.lerp(ema, net, 0.01, out=ema) is ema
     for p, q in zip(ema.parameters(), want.parameters(), strict=True):
         assert _bits_equal(p, q)
-        assert p.grad_fn is None and p.requires_grad
+        assert p.grad_fn is None
+        assert p.requires_grad
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -427,7 +428,8 @@ def test_out_column_path_hands_what_it_cannot_decide_to_the_per_leaf_path(backen
     views["a"], views["b"][1] = flat[:15].reshape(5, 3), flat[20:22]
     want = fk.lincomb([0.5, -0.3, 0.9], ms)
     fk.lincomb([0.5, -0.3, 0.9], ms, out=views)
-    assert _bits_equal(views["a"], want["a"]) and _bits_equal(views["b"][1], want["b"][1])
+    assert _bits_equal(views["a"], want["a"])
+    assert _bits_equal(views["b"][1], want["b"][1])
     last = fk.copy(ms[2])
     fk.lincomb([0.5, -0.3, 0.9], [ms[0], ms[1], last], out=last)  # read after the first write: aside
     assert _bits_equal(last["a"], want["a"])

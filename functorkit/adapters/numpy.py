@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, cast
-
 import operator
+from collections.abc import Callable, Sequence
 from itertools import repeat
+from typing import Any, cast
 
 import numpy as np
 

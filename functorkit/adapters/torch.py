@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from itertools import repeat
 from typing import Any
 
 import numpy as np
