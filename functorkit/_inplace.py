@@ -198,8 +198,6 @@ def _fast_plan(
     if len(set(map(type, xs))) != 1:
         return None
     ad = adapter_of(xs[0])
-    if not ad.one_device and len(set(map(_DEVICE, xs))) != 1:  # (`_columns`: each row on one device)
-        return None
     arrays = list(chain(*cols)) if k is not None else list(chain(outs, *cols))
     if not ad.out_fast(outs, list(dict(zip(map(id, arrays), arrays)).values())):
         return None

@@ -162,7 +162,9 @@ class Kernels:
         `arrays` (`outs` and the inputs) certainly share no memory with each other, decided in
         C-level passes over the lists (``fk.*(out=)``'s column path); False: not known here
         (``fk.*(out=)`` then checks each array and names the one that fails). The caller has
-        checked that `arrays` are dense arrays of this adapter on one device."""
+        checked that `arrays` are dense arrays of this adapter, each row (an out array and the
+        inputs it is computed from) on one device; ranges on different devices compared as numbers
+        can only seem to meet, which says False."""
         return False
 
     def lerp_many_(self, xs: list[Any], ys: list[Any], t: float) -> bool:
