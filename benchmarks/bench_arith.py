@@ -341,7 +341,7 @@ def run(quick: bool) -> str:
 
 
 def _run(quick: bool) -> str:
-    rounds = 3 if quick else 5
+    rounds = 3 if quick else 7
     ms, n = make_models(quick)
     model_bytes = 4 * n
     bandwidth = copy_bandwidth(min(model_bytes, 256 << 20), rounds + 2)
