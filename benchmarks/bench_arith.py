@@ -433,7 +433,12 @@ Issue #22's targets, from the rows below (this run):
 read two models, write one), against the hand loop of in-place updates (`e.lerp_(m, t)`; NumPy
 `np.add(e, (m - e) * t, out=e)`), `torch._foreach_lerp_` and the only way before `out=` (a new model,
 then `fk.load_into`). `fk, out=` rows write into a model allocated once (`fk.copy`); the functional rows
-allocate their result on every call (first-touch page faults included).
+allocate their result on every call (first-touch page faults included; the two `copy of one model`
+rows show what writing one model costs into new memory and into memory already touched). `fk, out=
+(per-leaf path)` is the same call with `out=`'s column path off (`functorkit._inplace.FAST`): the column
+path records each tree once (`out` not again when it is an input) and makes every check over whole
+lists of arrays in C-level passes; the per-leaf path checks parameter by parameter (it is what runs
+when the column path cannot decide, and it names the path of any failure).
 
 On NumPy the kernels are ufuncs with `out=` over blocks of 32 Ki elements (`adapters/numpy.py`), so a
 lincomb reads each input once and writes the result once, with no full-size temporary per term. On
@@ -448,7 +453,9 @@ squares with `vecdot` on NumPy (NumPy's `vector_norm` squares into a temporary).
 Small models, per call ({SMALL_CALLS} calls per timing, best of {rounds} rounds): the 6-array MLP
 (64x32, 64x64, 10x64 and biases, float32) and an EMA step of a 12-block `nn.Module` (each block
 LayerNorm(64), Linear(64, 128), GELU, Linear(128, 64): 48 parameters), against the hand loop
-(`lerp_` under `no_grad` per parameter) and `torch._foreach_*`.
+(`lerp_` under `no_grad` per parameter) and `torch._foreach_*`. `walk only` is `fk.leaves` of both
+models: the part of a call that is recording the trees (the walk itself; `out=` also records the
+trainability of an `nn.Module`'s parameters, which `fk.leaves` does not).
 
 | row | contender | µs per call | / hand loop | / torch._foreach |
 |---|---|---:|---:|---:|
