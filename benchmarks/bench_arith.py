@@ -22,7 +22,8 @@ garbage collector off):
 The floor is the memory traffic: the bytes every contender must move (read
 three models and write one for ``lincomb``; read two for ``dot``, one for
 ``norm``) divided by this machine's copy bandwidth, measured with
-``numpy.copyto`` into memory already touched. ``loss-landscapes`` (the peer
+``numpy.copyto`` into memory already touched, in the same interleaved rounds
+as each operation's contenders. ``loss-landscapes`` (the peer
 with whole-model arithmetic) is not installed here, so it is not timed; its
 ``ModelWrapper`` arithmetic copies every layer through Python loops.
 """
@@ -308,6 +309,8 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
     return out
 
 
+#: the copy timed with each operation's contenders (the floor of its ratios)
+FLOOR = "numpy.copyto (the floor)"
 # bytes each operation must move, in units of one model's size
 TRAFFIC = {"lincomb": 4, "dot": 2, "norm": 1, "ema step": 3}
 
@@ -345,6 +348,11 @@ def _run(quick: bool) -> str:
     ms, n = make_models(quick)
     model_bytes = 4 * n
     bandwidth = copy_bandwidth(min(model_bytes, 256 << 20), rounds + 2)
+    # the floor is timed again inside every operation's rounds (the machine may be shared: a
+    # bandwidth measured once, at another moment, would move every ratio to the floor)
+    csrc = np.ones(min(model_bytes, 256 << 20) // 4, dtype=np.float32)
+    cdst = np.zeros_like(csrc)
+    bandwidths: list[float] = []
     backends: dict[str, dict[str, dict[str, Callable[[], Any]]]] = {"NumPy": numpy_contenders(ms)}
     with contextlib.suppress(ImportError):
         backends["torch (CPU)"] = torch_contenders(ms)
@@ -358,13 +366,15 @@ def _run(quick: bool) -> str:
 
     for backend, ops in backends.items():
         for op, contenders in ops.items():
-            best = timed(contenders, rounds)
+            best = timed({**contenders, FLOOR: lambda: np.copyto(cdst, csrc)}, rounds)
+            bw = 2 * csrc.nbytes / best.pop(FLOOR)
+            bandwidths.append(bw)
             ref = best["hand loop"]
             if "torch._foreach" in best:
                 fe = best["torch._foreach"]
                 mine = best.get("fk", best.get("fk, out="))
                 foreach.append(f"{op}: {ref / fe:.1f}x faster than the hand loop, fk {mine / fe:.2f}x its time")
-            floor = TRAFFIC[op] * model_bytes / bandwidth
+            floor = TRAFFIC[op] * model_bytes / bw
             for name, t in best.items():
                 if name == ("fk" if "fk" in best else "fk, out="):
                     ratios[(backend, op)] = t / ref
@@ -411,8 +421,10 @@ sharing that memory). `fk.lincomb([0.5, -0.25, 2.0], [m1, m2, m3])`, `fk.dot(m1,
 against the loop a user writes over the lists of leaves (**ratio 1.00**), the same loop with the best
 single calls (BLAS `vdot`, per-leaf `vector_norm`), `torch._foreach_*` and `optree.tree_map`. The last
 column divides each time by the memory-traffic floor: the bytes the operation must move (lincomb: read 3
-models, write 1; dot: read 2; norm: read 1) at this machine's `numpy.copyto` bandwidth
-({bandwidth / 1e9:.1f} GB/s). Best of {rounds} interleaved rounds, single-threaded (NumPy's BLAS through
+models, write 1; dot: read 2; norm: read 1) at this machine's `numpy.copyto` bandwidth,
+timed in the same interleaved rounds as each operation's contenders ({min(bandwidths) / 1e9:.1f} to
+{max(bandwidths) / 1e9:.1f} GB/s over the operations; {bandwidth / 1e9:.1f} GB/s measured alone first).
+Best of {rounds} interleaved rounds, single-threaded (NumPy's BLAS through
 `threadpoolctl`, `torch.set_num_threads(1)`): interleaved, the two libraries' thread pools fight over the
 cores and the times stop meaning anything. `loss-landscapes` is not installed
 here and is not timed.
