@@ -109,6 +109,13 @@ def timed(contenders: dict[str, Callable[[], Any]], rounds: int) -> dict[str, fl
     return best
 
 
+def fresh_copy(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """`a` copied into a new array (kept, so its memory is not handed to the next one)."""
+    o = np.empty_like(a)
+    np.copyto(o, a)
+    return o
+
+
 def numpy_contenders(ms: list[Any]) -> dict[str, dict[str, Callable[[], Any]]]:
     la, lb, lc = (fk.leaves(m) for m in ms)
     c1, c2, c3 = COEFS
@@ -135,7 +142,7 @@ def numpy_contenders(ms: list[Any]) -> dict[str, dict[str, Callable[[], Any]]]:
     dl = fk.leaves(dst)
     # what a fresh result costs by itself: one model written into new memory (first-touch page
     # faults) against the same copy into memory already touched
-    out["lincomb"]["copy of one model into new memory"] = lambda: [np.copyto(np.empty_like(a), a) for a in la]
+    out["lincomb"]["copy of one model into new memory"] = lambda: [fresh_copy(a) for a in la]
     out["lincomb"]["copy of one model into touched memory"] = lambda: [
         np.copyto(d, a) for d, a in zip(dl, la, strict=True)
     ]
