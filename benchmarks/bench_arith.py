@@ -453,7 +453,9 @@ read two models, write one), against the hand loop of in-place updates (`e.lerp_
 `np.add(e, (m - e) * t, out=e)`), `torch._foreach_lerp_` and the only way before `out=` (a new model,
 then `fk.load_into`). `fk, out=` rows write into a model allocated once (`fk.copy`); the functional rows
 allocate their result on every call (first-touch page faults included; the two `copy of one model`
-rows show what writing one model costs into new memory and into memory already touched). `fk, out=
+rows show what writing one model costs into new memory and into memory already touched: the page
+faults of new memory are the difference between the functional `fk` row and `fk, out=`, and every
+functional contender pays them). `fk, out=
 (per-leaf path)` is the same call with `out=`'s column path off (`functorkit._inplace.FAST`): the column
 path records each tree once (`out` not again when it is an input) and makes every check over whole
 lists of arrays in C-level passes; the per-leaf path checks parameter by parameter (it is what runs
