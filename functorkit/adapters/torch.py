@@ -86,7 +86,6 @@ def _detect_python_dispatch() -> Callable[[Any], bool]:
 
 _PLAIN: tuple[type, ...] = (torch.Tensor, torch.nn.Parameter)
 _PLAIN_SET = frozenset(_PLAIN)
-_DEVICE = operator.attrgetter("device")
 _NBYTES = operator.attrgetter("nbytes")
 #: ``torch.func`` wrapper test (private API; fallback: every tensor counts as wrapped)
 is_functorch_wrapped: Callable[[Any], bool] = _detect_functorch()
@@ -526,14 +525,6 @@ class Adapter(ArrayAdapter):
             out.div_(n)
         return out
 
-    def _plain_one_device(self, arrays: list[Any]) -> bool:
-        """Plain tensors of one device, none inside a ``torch.func`` transform (C-level passes)."""
-        return (
-            set(map(type, arrays)) <= _PLAIN_SET
-            and len(set(map(_DEVICE, arrays))) == 1
-            and not any(map(is_functorch_wrapped, arrays))
-        )
-
     def out_fast(self, outs: list[Any], arrays: list[Any]) -> bool:
         """Plain contiguous tensors of a device that has memory (not ``meta``), with storage
         (``data_ptr`` raises for ``torch.func`` wrappers); no inference tensor in `outs`; the byte
@@ -550,13 +541,18 @@ class Adapter(ArrayAdapter):
         return spans_disjoint(los, list(map(operator.add, los, map(_NBYTES, arrays))))
 
     def lerp_many_(self, xs: list[Any], ys: list[Any], t: float) -> bool:
-        """One ``torch._foreach_lerp_`` under ``no_grad`` for plain tensors of one device (one C++
-        loop, or one fused kernel on GPUs, instead of one Python call per tensor: bench_arith's
-        12-block ``nn.Module`` EMA row, 2.3x faster than the hand loop of ``lerp_``); not while
+        """One ``torch._foreach_lerp_`` under ``no_grad`` for plain tensors (one C++ loop, or one
+        fused kernel on GPUs, instead of one Python call per tensor: bench_arith's 12-block
+        ``nn.Module`` EMA row, 2.3x faster than the hand loop of ``lerp_``); not while
         ``torch.compile`` traces (one ``lerp_`` per tensor traces as well) or in ``torch.func``.
-        The tests over the tensors are C-level passes (no Python step per tensor)."""
+        The tests over the tensors are C-level passes (no Python step per tensor). Each pair is
+        on one device (the caller checked); pairs on several devices are no reason to refuse:
+        ``_foreach_lerp_`` then runs its per-tensor loop, the same ``lerp_`` as the fallback."""
         fe = foreach_lerp_
-        if fe is None or compiling() or not xs or not self._plain_one_device([*xs, *ys]):
+        if fe is None or compiling() or not xs:
+            return False
+        arrays = [*xs, *ys]
+        if not set(map(type, arrays)) <= _PLAIN_SET or any(map(is_functorch_wrapped, arrays)):
             return False
         with torch.no_grad():
             fe(xs, ys, t)
