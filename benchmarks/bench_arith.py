@@ -44,8 +44,10 @@ from functorkit import _inplace
 
 COEFS = (0.5, -0.25, 2.0)
 T_EMA = 0.001
-#: calls per timing of the small-model rows
-SMALL_CALLS = 200
+#: calls per timing of the small-model rows, and timings (rounds) per row: many short timings, so
+#: that the best of them is one the scheduler did not interrupt on a shared machine
+SMALL_CALLS = 20
+SMALL_ROUNDS = 40
 
 
 def gpt2_shapes(d: int = 768, vocab: int = 50257, ctx: int = 1024, layers: int = 12) -> dict[str, Any]:
@@ -406,8 +408,9 @@ def _run(quick: bool) -> str:
                     1.0,
                 )
     small_rows = []
+    small_rounds = 5 if quick else SMALL_ROUNDS
     for op, contenders in small_contenders().items():
-        best = timed(contenders, rounds)
+        best = timed(contenders, small_rounds)
         ref = best["hand loop"]
         fe = best.get("torch._foreach")
         target(f"{op}, `fk, out=` per call / hand loop", best["fk, out="] / ref, 1.5)
@@ -471,7 +474,7 @@ torch, `fk.lincomb` and `fk.mean` accumulate into the result in place (`Tensor.a
 `Tensor.vdot` on torch (BLAS; `linalg.vecdot` multiplies into a temporary first), and `fk.norm` sums
 squares with `vecdot` on NumPy (NumPy's `vector_norm` squares into a temporary).
 
-Small models, per call ({SMALL_CALLS} calls per timing, best of {rounds} rounds): the 6-array MLP
+Small models, per call ({SMALL_CALLS} calls per timing, best of {small_rounds} interleaved rounds): the 6-array MLP
 (64x32, 64x64, 10x64 and biases, float32) and an EMA step of a 12-block `nn.Module` (each block
 LayerNorm(64), Linear(64, 128), GELU, Linear(128, 64): 48 parameters), against the hand loop
 (`lerp_` under `no_grad` per parameter) and `torch._foreach_*`. `walk only` is `fk.leaves` of both
