@@ -433,7 +433,8 @@ single calls (BLAS `vdot`, per-leaf `vector_norm`), `torch._foreach_*` and `optr
 column divides each time by the memory-traffic floor: the bytes the operation must move (lincomb: read 3
 models, write 1; dot: read 2; norm: read 1) at this machine's `numpy.copyto` bandwidth,
 timed in the same interleaved rounds as each operation's contenders ({min(bandwidths) / 1e9:.1f} to
-{max(bandwidths) / 1e9:.1f} GB/s over the operations; {bandwidth / 1e9:.1f} GB/s measured alone first).
+{max(bandwidths) / 1e9:.1f} GB/s over the operations; {bandwidth / 1e9:.1f} GB/s measured alone first: a
+wide spread means a busy machine, and ratios within one operation's rows are then the numbers to read).
 Best of {rounds} interleaved rounds, single-threaded (NumPy's BLAS through
 `threadpoolctl`, `torch.set_num_threads(1)`): interleaved, the two libraries' thread pools fight over the
 cores and the times stop meaning anything. `loss-landscapes` is not installed
