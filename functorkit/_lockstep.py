@@ -275,7 +275,10 @@ def _map_params(
     if out is not None:
         from ._inplace import run_out
 
-        return cast(T, run_out(fname, names, models, fn, check, every, out, late, batch, check_same=_check_same))
+        done = run_out(
+            fname, names, models, fn, check, every, out, late, batch, check_same=_check_same, columns=_columns
+        )
+        return cast(T, done)
     cols = _columns(models, names, every, fname) if op is not None else None
     if cols is not None and op is not None:
         td, leaves, idx, others = cols
