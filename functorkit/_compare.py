@@ -16,11 +16,12 @@ from typing import Any, Literal
 
 import numpy as np
 
+from . import _program as program
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._lockstep import _as_array, _reduce_params
 from ._record import record_plain
-from ._treedef import TreeDef, _aux_equal
+from ._treedef import TreeDef
 from ._xp import describe_array, describe_dtype, describe_namespace, device_of, is_array, namespace, same_device
 from .adapters._base import adapter_of
 
@@ -64,9 +65,9 @@ def _structure_difference(ta: TreeDef, tb: TreeDef, b: Any) -> str:
         ta.flatten_up_to(b, names=("a", "b"))
     except StructureError as e:
         return str(e)
-    pa = ta._pos_leaf if ta._pos_leaf is not None else range(ta._npos)
-    pb = tb._pos_leaf if tb._pos_leaf is not None else range(tb._npos)
-    if ta._npos == tb._npos and list(pa) != list(pb):
+    pa = ta._ties() or range(ta.num_positions)
+    pb = tb._ties() or range(tb.num_positions)
+    if ta.num_positions == tb.num_positions and list(pa) != list(pb):
         paths = ta.position_paths()
         for p, (ja, jb) in enumerate(zip(pa, pb, strict=True)):
             if ja != jb:
@@ -88,13 +89,14 @@ def _structure_difference(ta: TreeDef, tb: TreeDef, b: Any) -> str:
                     f"at {path.display}: {word(fa)} in `a` but {word(fb)} in `b` (e.g. requires_grad). "
                     "Expected the same trainable leaves."
                 )
-    for idx, (ea, eb) in enumerate(zip(ta._prog, tb._prog, strict=False)):
-        if type(ea) is tuple and type(eb) is tuple and ea[1:4] == eb[1:4] and not _aux_equal(ea[4], eb[4]):
-            return (
-                f"at {ta.entry_path(idx).display}: the static (aux) data of the {ea[0].cls.__qualname__} node "
-                "differs (e.g. a module's training flag or plain attributes, a dataclass's static fields). "
-                "Expected equal static data."
-            )
+    aux = program.aux_difference(ta, tb)
+    if aux is not None:
+        idx, cls = aux
+        return (
+            f"at {ta.entry_path(idx).display}: the static (aux) data of the {cls.__qualname__} node "
+            "differs (e.g. a module's training flag or plain attributes, a dataclass's static fields). "
+            "Expected equal static data."
+        )
     return "the tree definitions differ (node types, keys, aux data, ties or trainable flags)."
 
 

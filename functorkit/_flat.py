@@ -225,7 +225,7 @@ class Restructure(Reflatten, Generic[Tree]):
         """Make ``_build(views)`` and ``_fast(p)`` (generated code, or the interpreter for huge programs)."""
         td = self._td
         nparams = len(self._shapes)
-        if len(td._prog) + len(self._shapes) > CODEGEN_MAX or not self._shapes:
+        if td._num_entries() + len(self._shapes) > CODEGEN_MAX or not self._shapes:
             self._build = self._interpret
             self._fast = self._fast_generic
             return

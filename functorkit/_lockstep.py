@@ -16,6 +16,7 @@ import numpy as np
 from ._dense import check_dense, check_dense_leaf, may_be_sparse
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
+from ._plans import match_of
 from ._record import record_plain
 from ._registry import NodeDef, dispatch
 from ._treedef import _MISS
@@ -210,15 +211,16 @@ def _columns(
     if not COLUMNS[0] or tracing():  # under torch.compile the per-leaf path traces without breaks
         return None
     leaves, td = record_plain(models[0], track=True)
-    if td._pos_leaf is not None or td._refs:
+    if td._ties() is not None or td._shares():
         return None
     td.refuse_holders(leaves)
     try:
         flags = inexact_flags(leaves)
     except TypeError:  # a leaf functorkit refuses (np.matrix): the per-leaf path raises it with its path
         return None
-    if not every and td._trainable is not None:
-        flags = list(map(operator.and_, flags, td._trainable))
+    mask = td._trainable_mask()
+    if not every and mask is not None:
+        flags = list(map(operator.and_, flags, mask))
     if all(flags):  # every leaf an operand (the common case): no index lists
         idx: list[int] = list(range(len(leaves)))
         xs = leaves
@@ -230,8 +232,8 @@ def _columns(
     if sparse:  # torch: a sparse or nested operand is a TypeError naming its path
         check_dense(xs, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
     cols: list[list[Any]] = []
+    fm = match_of(td)  # generated for a small container tree met before (_plans.py)
     for j, m in enumerate(models[1:], start=1):
-        fm = td._fast_match
         o = fm(m, False) if fm is not None else _MISS
         if o is _MISS:
             o = td._match(m, j, tuple(names))

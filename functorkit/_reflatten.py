@@ -210,7 +210,7 @@ class Reflatten:
             )
         assert type(got) is list
         td.refuse_holders(got, positions=True)
-        pos_leaf = td._pos_leaf
+        pos_leaf = td._ties()
         first = td.leaf_positions()
         leaves = [got[first[j]] for j in self._param_idx]
         check_dense(leaves, lambda k: self.paths[k].display, "re.flatten")  # sparse, nested: TypeError
@@ -237,7 +237,7 @@ class Reflatten:
         return leaves
 
 
-def _flatten_mismatch(path: KeyPath, expected: str, found: str) -> StructureError:
+def _flatten_mismatch(path: KeyPath, expected: object, found: object) -> StructureError:
     msg = (
         f"at {path.display}: re.flatten expected {expected}, found {found}. The model must have the "
         "structure of the one given to fk.destructure (node types, keys, lengths, ties, parameter "

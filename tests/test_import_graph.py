@@ -174,8 +174,8 @@ def test_the_graph_is_read() -> None:
     assert "module" in g[("functorkit._xp", "functorkit.adapters._base")]
     assert "module" in g[("functorkit._xp", "functorkit.adapters")]
     assert g[("functorkit.adapters.torch", "functorkit._xp")] == {"lazy"}
-    # TYPE_CHECKING imports are not edges (_match names TreeDef only for the type checker)
-    assert ("functorkit._match", "functorkit._treedef") not in g
+    # TYPE_CHECKING imports are not edges (_program_match names TreeDef only for the type checker)
+    assert ("functorkit._program_match", "functorkit._treedef") not in g
     assert len(_nodes(g)) > 40
 
 
