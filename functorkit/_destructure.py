@@ -28,7 +28,7 @@ from ._policy import (
     same_device,
 )
 from ._record import record_plain
-from ._reflatten import _check_readable, _new_flat
+from ._reflatten import _check_readable, _new_flat, kinds_of
 from ._registry import export_pending, export_static
 from ._treedef import TreeDef, add_note
 from ._typing import Policy, Tree
@@ -248,36 +248,18 @@ def _one_kind(params: list[Any]) -> tuple[list[Kind], list[int], list[type]] | N
 
 def _kinds(params: list[Any], pol: str, path_of: Any) -> tuple[list[Kind], list[int], list[type]]:
     """Each parameter's kind (namespace, dtype, device), refusing what the policy refuses."""
-    kinds: list[Kind] = []
-    param_kind: list[int] = []
-    param_types: list[type] = []
-    last: tuple[Any, Any, Any, int] | None = None  # (type, dtype, device, kind index) of the previous parameter
-    for j, x in enumerate(params):
-        t = type(x)
-        ad = adapter_of(x)
-        dt = x.dtype
-        dev = ad.device(x)
-        if last is not None and t is last[0] and (dt is last[1] or dt == last[1]) and dev == last[2]:
-            param_kind.append(last[3])  # the common case: one kind after another
-            continue
-        k = Kind(ad.xp, dt, dev)
-        for i, other in enumerate(kinds):
-            if other.xp is k.xp and other.dtype == k.dtype and same_device(other.device, k.device):
-                param_kind.append(i)
-                break
-        else:
-            if kinds:
-                first = kinds[0]
-                if first.xp is not k.xp and decide_mixed(pol, "namespace"):
-                    raise mixed_model_error(pol, "namespace", path_of(0), first, path_of(j), k)
-                what = "dtype" if first.dtype != k.dtype else "device"
-                if decide_mixed(pol, what) and (what == "dtype" or not same_device(first.device, k.device)):
-                    raise mixed_model_error(pol, what, path_of(0), first, path_of(j), k)
-            param_kind.append(len(kinds))
-            kinds.append(k)
-            param_types.append(t)
-        last = (t, dt, dev, param_kind[-1])
-    return kinds, param_kind, param_types
+
+    def refuse(j: int, k: Kind, met: list[Kind]) -> None:
+        if not met:
+            return
+        first = met[0]
+        if first.xp is not k.xp and decide_mixed(pol, "namespace"):
+            raise mixed_model_error(pol, "namespace", path_of(0), first, path_of(j), k)
+        what = "dtype" if first.dtype != k.dtype else "device"
+        if decide_mixed(pol, what) and (what == "dtype" or not same_device(first.device, k.device)):
+            raise mixed_model_error(pol, what, path_of(0), first, path_of(j), k)
+
+    return kinds_of(params, refuse)
 
 
 class _LazyPaths:
