@@ -449,10 +449,6 @@ def assert_allclose(
         raise AssertionError(msg)
 
 
-def _leaf_finite(xp: Any, x: Any, others: list[Any]) -> Any:
-    return xp.all(xp.isfinite(x))
-
-
 def _finite(x: Any) -> Any:
     xp = namespace(x)
     return xp.all(xp.isfinite(x))
@@ -488,7 +484,7 @@ def all_finite(model: Any, /, *, trainable_only: bool = True) -> Any:
     (True, True)
     """
     try:
-        xp, parts = _reduce_params("all_finite", ("model",), (model,), _leaf_finite, trainable_only, _finite)
+        xp, parts = _reduce_params("all_finite", ("model",), (model,), None, trainable_only, _finite)
     except ValueError as e:
         if type(e) is ValueError and "has no parameters" in str(e):
             return np.asarray(True)

@@ -179,9 +179,11 @@ class LeafFacts:
         xs = list(map(leaves.__getitem__, self.arrays))
         if not xs:
             return ()
+        # density first: a sparse or nested tensor may have no shape to read
+        if self.sparse and adapter_of(xs[0]).first_not_dense(xs) is not None:
+            return (False,)
         devices = [adapter_of(x).device(x) for x in xs] if self.devices else None
-        dense = adapter_of(xs[0]).first_not_dense(xs) is None if self.sparse else None
-        return (list(map(_dtype_of, xs)), list(map(_shape_of, xs)), devices, dense)
+        return (True, list(map(_dtype_of, xs)), list(map(_shape_of, xs)), devices)
 
     def hold(self, leaves: list[Any]) -> bool:
         """Whether `leaves` have these facts."""
