@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._dense import may_be_sparse
-from ._program import MISS, is_plain, num_entries
+from ._program import is_plain, num_entries
 from ._program_match import builder, matcher
 from ._registry import TABLES
 from ._xp import is_array
@@ -46,12 +46,10 @@ __all__ = [
     "PLAN_MAX",
     "PLAN_NODES",
     "LeafFacts",
-    "build_of",
     "clear",
     "keep_plan",
     "match_of",
     "plan_for",
-    "recognise",
     "remember",
 ]
 
@@ -79,9 +77,12 @@ class _Entry:
         self.ops: dict[Any, tuple[LeafFacts, Any]] = {}
 
 
-#: (root type, root length) -> the entry of the last definition recorded for such a root
+#: (root type, root length) -> the entry of the last definition recorded for such a root (read by
+#: ``_record.record_plain``: its matcher, made under the published snapshot, tried before a walk)
 _BY_ROOT: dict[tuple[type, int], _Entry] = {}
-#: id(definition) -> its entry (the entry holds the definition, so the id stays its)
+#: id(definition) -> its entry (the entry holds the definition, so the id stays its; read by
+#: `match_of`, `plan_for` and ``TreeDef.build``, which runs the generated builder when there is one
+#: under the published snapshot)
 _BY_TD: dict[int, _Entry] = {}
 
 
@@ -100,18 +101,6 @@ def _entry(td: TreeDef) -> _Entry | None:
 
 
 # ---------------------------------------------------------------- the walk's matcher and builder
-
-
-def recognise(tree: Any, tables: Any) -> tuple[list[Any], TreeDef] | None:
-    """The leaves and definition of `tree` (a dict, list or tuple) when the definition last
-    recorded for its root type and length has a matcher made under `tables` and `tree` matches."""
-    e = _BY_ROOT.get((type(tree), len(tree)))
-    if e is None or e.match is None or e.tables is not tables:
-        return None
-    leaves = e.match(tree)
-    if leaves is MISS:
-        return None
-    return leaves, e.td
 
 
 def remember(tree: Any, td: TreeDef, tables: Any, distinct: Callable[[list[Any]], bool], sort_from: int) -> None:
@@ -144,12 +133,6 @@ def match_of(td: TreeDef) -> Callable[..., Any] | None:
     """`td`'s generated ``match(tree, ties=True) -> leaves or MISS``, if it has one."""
     e = _entry(td)
     return None if e is None else e.match
-
-
-def build_of(td: TreeDef) -> Callable[[list[Any]], Any] | None:
-    """`td`'s generated ``build(values) -> tree``, if it has one."""
-    e = _entry(td)
-    return None if e is None else e.build
 
 
 # ---------------------------------------------------------------- operations' plans

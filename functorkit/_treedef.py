@@ -50,9 +50,10 @@ from ._errors import StructureError
 from ._holders import refuse_unknown_holders
 from ._keypath import KeyPath
 from ._messages import add_note, describe_found, mismatch
-from ._plans import build_of
+from ._plans import _BY_TD
 from ._program import BUILD_SAME, BUILD_STRUCTURE, MISS
 from ._program_match import match_tree
+from ._registry import TABLES
 
 __all__ = [
     "BUILD_SAME",
@@ -363,9 +364,10 @@ class TreeDef:
     def build(self, vals: list[Any], mode: int = BUILD_SAME) -> Any:
         """Run the program over `vals` (one value per position): the tree (or plain structure)."""
         if mode == BUILD_SAME:
-            fast = build_of(self)  # generated code for a small container tree met before (_plans.py)
-            if fast is not None:
-                return fast(vals)
+            # generated code for a small container tree met before (the plan cache, ``_plans.py``)
+            e = _BY_TD.get(id(self))
+            if e is not None and e.build is not None and e.td is self and e.tables is TABLES[0]:
+                return e.build(vals)
         return program.build(self, vals, mode)
 
     # ---------------------------------------------------------------- arrays
