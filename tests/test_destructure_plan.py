@@ -139,3 +139,16 @@ def test_device_change_is_seen() -> None:
     assert flat.device.type == "meta"
     with pytest.raises(fk.PolicyError):
         fk.destructure({"w": torch.ones(2, device="meta"), "b": torch.zeros(2)})
+
+
+def test_a_registration_makes_the_plan_stale(xp: Any, runs: list[int]) -> None:
+    # a plan is valid only under the node-table snapshot it was made under (the plan cache's rule)
+    _warm(_model(xp))
+    runs.clear()
+    fk.destructure(_model(xp))
+    assert runs == [1]
+    fk.register_leaf(type("FreshLeaf", (), {}))
+    runs.clear()
+    flat, _ = fk.destructure(_model(xp))
+    assert runs == []
+    assert flat.shape == (7,)
