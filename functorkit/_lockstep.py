@@ -16,7 +16,6 @@ import numpy as np
 from ._dense import check_dense, check_dense_leaf, may_be_sparse
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
-from ._plans import match_of
 from ._record import record_plain
 from ._registry import NodeDef, dispatch
 from ._treedef import _MISS
@@ -232,7 +231,7 @@ def _columns(
     if sparse:  # torch: a sparse or nested operand is a TypeError naming its path
         check_dense(xs, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
     cols: list[list[Any]] = []
-    fm = match_of(td)  # generated for a small container tree met before (_plans.py)
+    fm = td._generated_match()  # generated for a small container tree met before (_plans.py)
     for j, m in enumerate(models[1:], start=1):
         o = fm(m, False) if fm is not None else _MISS
         if o is _MISS:

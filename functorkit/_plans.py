@@ -81,21 +81,30 @@ class _Entry:
 #: ``_record.record_plain``: its matcher, made under the published snapshot, tried before a walk)
 _BY_ROOT: dict[tuple[type, int], _Entry] = {}
 #: id(definition) -> its entry (the entry holds the definition, so the id stays its; read by
-#: `match_of`, `plan_for` and ``TreeDef.build``, which runs the generated builder when there is one
-#: under the published snapshot)
+#: `match_of` and `plan_for`)
 _BY_TD: dict[int, _Entry] = {}
+#: the two lookups every small map makes, as flat tuples (a slot read costs more than an index):
+#: (root type, root length) -> (matcher, snapshot, definition), read by ``_record.record_plain``;
+#: id(definition) -> (builder, snapshot, definition), read by ``TreeDef.build``. Each holds its
+#: definition (so the id stays its) and is set and dropped with its entry. A definition keeps the
+#: builder and matcher it was handed (``TreeDef._gen_build``/``_gen_match``, its own slots) with
+#: their snapshot, and uses them only while that snapshot is published.
+MATCH_BY_ROOT: dict[tuple[type, int], tuple[Callable[..., Any], Any, TreeDef]] = {}
+BUILD_BY_ID: dict[int, tuple[Callable[[list[Any]], Any], Any, TreeDef]] = {}
 
 
 def clear() -> None:
     """Forget every plan (tests start from an empty cache)."""
     _BY_ROOT.clear()
     _BY_TD.clear()
+    MATCH_BY_ROOT.clear()
+    BUILD_BY_ID.clear()
 
 
 def _entry(td: TreeDef) -> _Entry | None:
     """The entry of `td` if it is planned under the published node table."""
-    e = _BY_TD.get(id(td))
-    if e is None or e.td is not td or e.tables is not TABLES[0]:
+    e = _BY_TD.get(id(td))  # (an entry holds its definition: while it is here, no other object has that id)
+    if e is None or e.tables is not TABLES[0]:
         return None
     return e
 
@@ -119,14 +128,18 @@ def remember(tree: Any, td: TreeDef, tables: Any, distinct: Callable[[list[Any]]
             clear()
         if e is not None:
             _BY_TD.pop(id(e.td), None)
+            BUILD_BY_ID.pop(id(e.td), None)
+            MATCH_BY_ROOT.pop(key, None)
         e = _BY_ROOT[key] = _BY_TD[id(td)] = _Entry(td, tables)
         return
     e.seen += 1
     if e.match is None and e.seen >= 2 and not tracing():  # no compile()/exec under torch.compile
         known = e.td
         e.match = matcher(known, distinct, sort_from)
+        MATCH_BY_ROOT[key] = (e.match, e.tables, known)
         if num_entries(known) + known.num_positions <= PLAN_MAX:
             e.build = builder(known)
+            BUILD_BY_ID[id(known)] = (e.build, e.tables, known)
 
 
 def match_of(td: TreeDef) -> Callable[..., Any] | None:
@@ -143,34 +156,41 @@ _shape_of = operator.attrgetter("shape")
 
 class LeafFacts:
     """The facts about a definition's leaves that a plan may depend on: the type of every leaf;
-    for the array leaves, their dtypes and shapes, their devices (for libraries with several) and
-    whether all are dense (for libraries whose arrays may not be). Leaves with equal facts are
+    for the array leaves, whether all are dense (for libraries whose arrays may not be), their
+    dtypes and shapes, and their devices (for libraries with several). Leaves with equal facts are
     decided alike by every planned operation."""
 
-    __slots__ = ("arrays", "details", "devices", "sparse", "types")
+    __slots__ = ("arrays", "devices", "dtypes", "multi_device", "shapes", "sparse", "types")
 
     def __init__(self, leaves: list[Any]) -> None:
-        self.types = tuple(map(type, leaves))
+        self.types: tuple[type, ...] | None = tuple(map(type, leaves))
         # which leaves are arrays, and what their libraries can vary, follow from the types
         self.arrays = [j for j, x in enumerate(leaves) if is_array(x)]
         xs = list(map(leaves.__getitem__, self.arrays))
-        self.devices = not all(adapter_of(x).one_device for x in dict(zip(map(type, xs), xs)).values())
+        self.multi_device = not all(adapter_of(x).one_device for x in dict(zip(map(type, xs), xs)).values())
         self.sparse = may_be_sparse(xs)  # torch: a sparse or nested tensor may come in at a later call
-        self.details = self._details(leaves)
-
-    def _details(self, leaves: list[Any]) -> tuple[Any, ...]:
-        xs = list(map(leaves.__getitem__, self.arrays))
-        if not xs:
-            return ()
-        # density first: a sparse or nested tensor may have no shape to read
         if self.sparse and adapter_of(xs[0]).first_not_dense(xs) is not None:
-            return (False,)
-        devices = [adapter_of(x).device(x) for x in xs] if self.devices else None
-        return (True, list(map(_dtype_of, xs)), list(map(_shape_of, xs)), devices)
+            self.types = None  # (a constant that is not dense: such leaves are never planned for)
+            return
+        self.dtypes = list(map(_dtype_of, xs))
+        self.shapes = list(map(_shape_of, xs))
+        self.devices = [adapter_of(x).device(x) for x in xs] if self.multi_device else None
 
     def hold(self, leaves: list[Any]) -> bool:
-        """Whether `leaves` have these facts."""
-        return tuple(map(type, leaves)) == self.types and self._details(leaves) == self.details
+        """Whether `leaves` have these facts (compared in that order, density before shapes: a
+        nested tensor has no shape to read)."""
+        if self.types is None or tuple(map(type, leaves)) != self.types:
+            return False
+        xs = list(map(leaves.__getitem__, self.arrays))
+        if not xs:
+            return True
+        if self.sparse and adapter_of(xs[0]).first_not_dense(xs) is not None:
+            return False
+        return (
+            list(map(_dtype_of, xs)) == self.dtypes
+            and list(map(_shape_of, xs)) == self.shapes
+            and (self.devices is None or [adapter_of(x).device(x) for x in xs] == self.devices)
+        )
 
 
 def plan_for(td: TreeDef, op: Any, leaves: list[Any]) -> Any:

@@ -17,7 +17,7 @@ from . import _plans
 from ._errors import StructureError
 from ._keypath import KeyPath, make_path, safe_repr
 from ._messages import _cycle, _visiting
-from ._plans import _BY_ROOT
+from ._plans import MATCH_BY_ROOT
 from ._program import KEYS
 from ._registry import (
     DICT,
@@ -363,11 +363,11 @@ def record_plain(tree: Any, track: bool = False) -> tuple[list[Any], TreeDef]:
     t = type(tree)
     if t is dict or t is list or t is tuple:
         tables = TABLES[0]  # a plan holds the snapshot it was made under: valid while it is published
-        e = _BY_ROOT.get((t, len(tree)))  # the plan cache (``_plans.py``): a matcher for this root's structure
-        if e is not None and e.match is not None and e.tables is tables:
-            leaves = e.match(tree)
+        hit = MATCH_BY_ROOT.get((t, len(tree)))  # the plan cache (``_plans.py``): a matcher for this root
+        if hit is not None and hit[1] is tables:
+            leaves = hit[0](tree)
             if leaves is not _MISS:
-                return leaves, e.td
+                return leaves, hit[2]
         leaves, td = record(tree, None, track=track)
         _plans.remember(tree, td, tables, all_distinct, _DISTINCT_SORT)
         return leaves, td

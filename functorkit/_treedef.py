@@ -50,7 +50,7 @@ from ._errors import StructureError
 from ._holders import refuse_unknown_holders
 from ._keypath import KeyPath
 from ._messages import add_note, describe_found, mismatch
-from ._plans import _BY_TD
+from ._plans import BUILD_BY_ID, match_of
 from ._program import BUILD_SAME, BUILD_STRUCTURE, MISS
 from ._program_match import match_tree
 from ._registry import TABLES
@@ -98,6 +98,8 @@ class TreeDef:
         "__weakref__",
         "_expanded",
         "_forced",
+        "_gen_build",
+        "_gen_match",
         "_hash",
         "_leaf_pos",
         "_nleaves",
@@ -122,6 +124,8 @@ class TreeDef:
     _leaf_pos: list[int] | None
     _expanded: TreeDef | None
     _pre: list[int] | None
+    _gen_build: tuple[Any, Any] | None  # the plan cache's generated builder and its snapshot, once found
+    _gen_match: tuple[Any, Any] | None  # the same for the generated matcher
 
     def __init__(self) -> None:
         msg = "TreeDef objects are made by fk.flatten(tree); call that instead."
@@ -151,6 +155,8 @@ class TreeDef:
         self._leaf_pos = None
         self._expanded = None if refs else self
         self._pre = None
+        self._gen_build = None
+        self._gen_match = None
         return self
 
     @classmethod
@@ -365,9 +371,13 @@ class TreeDef:
         """Run the program over `vals` (one value per position): the tree (or plain structure)."""
         if mode == BUILD_SAME:
             # generated code for a small container tree met before (the plan cache, ``_plans.py``)
-            e = _BY_TD.get(id(self))
-            if e is not None and e.build is not None and e.td is self and e.tables is TABLES[0]:
-                return e.build(vals)
+            hit = self._gen_build
+            if hit is None:
+                found = BUILD_BY_ID.get(id(self))
+                if found is not None:
+                    hit = self._gen_build = found[:2]  # (builder, snapshot): kept here once found
+            if hit is not None and hit[1] is TABLES[0]:
+                return hit[0](vals)
         return program.build(self, vals, mode)
 
     # ---------------------------------------------------------------- arrays
@@ -439,6 +449,17 @@ class TreeDef:
     def _trainable_mask(self) -> tuple[bool, ...] | None:
         """`trainable`, or None when every leaf is trainable."""
         return self._trainable
+
+    def _generated_match(self) -> Any:
+        """The generated ``match(tree, ties=True) -> leaves or MISS`` the plan cache made for this
+        definition, valid under the published node table; None if there is none."""
+        hit = self._gen_match
+        if hit is None:
+            found = match_of(self)
+            if found is None:
+                return None
+            hit = self._gen_match = (found, TABLES[0])
+        return hit[0] if hit[1] is TABLES[0] else None
 
     def _num_entries(self) -> int:
         """The length of the program (what the generated code's size limits count)."""

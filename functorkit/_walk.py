@@ -16,7 +16,6 @@ from typing import Any, cast
 
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
-from ._plans import match_of
 from ._record import record, record_plain
 from ._registry import SCALAR_TYPES
 from ._treedef import _MISS as MISS
@@ -81,7 +80,7 @@ def _map(
         td = td.expanded()
     others: list[list[Any]] = []
     firsts = td.position_values(leaves) if multi else None
-    fm = match_of(td) if multi else None  # generated for a small container tree met before (_plans.py)
+    fm = td._generated_match() if multi else None  # generated for a small container tree met before (_plans.py)
     for j, t in enumerate(trees[1:], start=1):
         o = fm(t, False) if fm is not None else _MISS
         if o is _MISS:
@@ -98,7 +97,7 @@ def _map(
     per_leaf = not multi and cache  # f once per distinct leaf; otherwise once per position (or tuple of ids)
     first = leaves if per_leaf else td.position_values(leaves)
     paths: Callable[[], Sequence[KeyPath]] = (lambda: td.paths) if per_leaf else td.position_paths
-    trainable = td._trainable_mask()
+    trainable = td._trainable_mask() if track else None  # (read only by the tracking maps below)
     if trainable is not None and not per_leaf:
         trainable = tuple(td.position_values(list(trainable)))
     if style == _TRACK:
