@@ -16,10 +16,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from . import _program as program
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._lockstep import _as_array, _reduce_params
-from ._nodedef import aux_equal as _aux_equal
 from ._record import record_plain
 from ._reduce import sharded_total
 from ._treedef import TreeDef
@@ -66,9 +66,9 @@ def _structure_difference(ta: TreeDef, tb: TreeDef, b: Any) -> str:
         ta.flatten_up_to(b, names=("a", "b"))
     except StructureError as e:
         return str(e)
-    pa = ta._pos_leaf if ta._pos_leaf is not None else range(ta._npos)
-    pb = tb._pos_leaf if tb._pos_leaf is not None else range(tb._npos)
-    if ta._npos == tb._npos and list(pa) != list(pb):
+    pa = ta._ties() or range(ta.num_positions)
+    pb = tb._ties() or range(tb.num_positions)
+    if ta.num_positions == tb.num_positions and list(pa) != list(pb):
         paths = ta.position_paths()
         for p, (ja, jb) in enumerate(zip(pa, pb, strict=True)):
             if ja != jb:
@@ -90,13 +90,14 @@ def _structure_difference(ta: TreeDef, tb: TreeDef, b: Any) -> str:
                     f"at {path.display}: {word(fa)} in `a` but {word(fb)} in `b` (e.g. requires_grad). "
                     "Expected the same trainable leaves."
                 )
-    for idx, (ea, eb) in enumerate(zip(ta._prog, tb._prog, strict=False)):
-        if type(ea) is tuple and type(eb) is tuple and ea[1:4] == eb[1:4] and not _aux_equal(ea[4], eb[4]):
-            return (
-                f"at {ta.entry_path(idx).display}: the static (aux) data of the {ea[0].cls.__qualname__} node "
-                "differs (e.g. a module's training flag or plain attributes, a dataclass's static fields). "
-                "Expected equal static data."
-            )
+    aux = program.aux_difference(ta, tb)
+    if aux is not None:
+        idx, cls = aux
+        return (
+            f"at {ta.entry_path(idx).display}: the static (aux) data of the {cls.__qualname__} node "
+            "differs (e.g. a module's training flag or plain attributes, a dataclass's static fields). "
+            "Expected equal static data."
+        )
     return "the tree definitions differ (node types, keys, aux data, ties or trainable flags)."
 
 
@@ -500,10 +501,6 @@ def assert_allclose(
         raise AssertionError(msg)
 
 
-def _leaf_same(xp: Any, x: Any, others: list[Any]) -> Any:
-    return x
-
-
 def _same(x: Any) -> Any:
     return x
 
@@ -543,7 +540,8 @@ def all_finite(model: Any, /, *, trainable_only: bool = True) -> Any:
     (True, True)
     """
     try:
-        xp, xs = _reduce_params("all_finite", ("model",), (model,), _leaf_same, trainable_only, _same)
+        # the parameters themselves (`_same`): a sharded model is reduced by the adapter below
+        xp, xs = _reduce_params("all_finite", ("model",), (model,), None, trainable_only, _same)
     except ValueError as e:
         if type(e) is ValueError and "has no parameters" in str(e):
             return np.asarray(True)
