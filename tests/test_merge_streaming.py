@@ -1,7 +1,8 @@
 """The merges' streaming paths on Dask: each method's element-wise body runs as one task per block in
 row pieces (bit-identical to the eager result), DARE's mask is hashed in pieces, fk.save streams an
-element-wise tensor batch by batch and computes a tensor with a reduction in one batch, and fk.save
-does not import dask.distributed when no client can exist."""
+file in one store (every block written by the task that computes it) after one pass of the shared
+reductions, or, where workers cannot write the file, batch by batch; and fk.save does not import
+dask.distributed when no client can exist."""
 
 from __future__ import annotations
 
@@ -87,17 +88,42 @@ class _Computes(Callback):  # type: ignore[misc]
         self.n += 1
 
 
-def test_save_streams_elementwise_tensors_and_computes_reductions_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_save_stores_a_file_in_one_compute_after_one_pass_of_reductions(tmp_path: Path) -> None:
+    """Threads (the default scheduler): every lazy block of a file in one ``dask.array.store``; a
+    tensor with a shared reduction adds one compute before it (the reductions of the whole file)."""
+    raw = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
+    x = da.from_array(raw, chunks=(8, 8))
+    for y, computes in [(x * 2 + 1, 1), (x / da.sqrt(da.sum(x * x)), 2)]:
+        with _Computes() as c:
+            fk.save(tmp_path / "y.safetensors", {"y": y, "z": y[:5] - 1, "e": raw[:3]})
+        assert c.n == computes
+        back = fk.load(tmp_path / "y.safetensors")
+        np.testing.assert_array_equal(back["y"], y.compute())
+        np.testing.assert_array_equal(back["z"], y[:5].compute() - 1)
+        np.testing.assert_array_equal(back["e"], raw[:3])
+
+
+@pytest.mark.parametrize("what", ["elementwise", "reduction", "ties"])
+def test_save_streams_batch_by_batch_where_workers_cannot_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str
 ) -> None:
+    """A scheduler whose workers are other processes (here ``processes``; a ``distributed`` client
+    alike) cannot write to this process's file: the blocks come back a batch at a time, and a tensor
+    with a shared reduction streams too, its reductions computed first (one compute before)."""
     monkeypatch.setattr(ck, "BATCH_BYTES", 256)  # one 8 x 8 float32 block per batch
     raw = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
     x = da.from_array(raw, chunks=(8, 8))
-    for y, computes in [(x * 2 + 1, 8), (x / da.sqrt(da.sum(x * x)), 1)]:
-        with _Computes() as c:
-            fk.save(tmp_path / "y.safetensors", {"y": y})
-        assert c.n == computes
-        np.testing.assert_array_equal(fk.load(tmp_path / "y.safetensors")["y"], y.compute())
+    if what == "ties":
+        base, other = {"y": x}, {"y": x[::-1] * 0.5}
+        y = fk.ties(base, [other], 1.0, density=0.5)["y"]
+        expected = fk.ties({"y": raw}, [{"y": raw[::-1] * 0.5}], 1.0, density=0.5)["y"]
+    else:
+        y = x * 2 + 1 if what == "elementwise" else x / da.sqrt(da.sum(x * x))
+        expected = y.compute()
+    with dask.config.set(scheduler="processes", num_workers=1), _Computes() as c:
+        fk.save(tmp_path / "y.safetensors", {"y": y})
+    assert c.n == (8 if what == "elementwise" else 9)
+    np.testing.assert_array_equal(fk.load(tmp_path / "y.safetensors")["y"], expected)
 
 
 def test_merges_with_reductions_share_work_and_linear_ones_stream() -> None:

@@ -2,11 +2,117 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
+import math
+import sys
+from collections.abc import Sequence
 from typing import Any
 
-from ._base import MethodSlices
+import numpy as np
+
+from ._base import MethodSlices, _little_endian
 
 __all__ = ["Adapter"]
+
+
+def _is_dask(c: Any) -> bool:
+    return hasattr(c, "__dask_graph__")
+
+
+#: a reduction the two-pass save computes first holds at most this many elements (a 0-d norm, a
+#: threshold); a larger one-block layer (a rechunk to one block) is left in the graph
+_SMALL_REDUCTION = 1 << 16
+
+
+def _local(blocks: list[Any]) -> dict[str, Any]:
+    """``{"scheduler": the collections' own}`` where no scheduler is configured and ``distributed``
+    was never imported (so no client can be active): skips ``dask.compute``'s first-call import of
+    ``distributed`` (0.2-0.4 s in a fresh process); ``{}`` otherwise (the active one is used)."""
+    dask: Any = importlib.import_module("dask")
+    if blocks and "distributed" not in sys.modules and dask.config.get("scheduler", None) is None:
+        return {"scheduler": blocks[0].__dask_scheduler__}
+    return {}
+
+
+def _small_cuts(x: Any) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """``{layer name: chunks}`` of the small reductions the blocks of `x` share: one-block layers of
+    at most `_SMALL_REDUCTION` elements with a layer of several blocks below them (transitively) and
+    one reading them (from the layers' shape and chunk annotations)."""
+    if math.prod(x.numblocks) <= 1:
+        return {}
+    hlg = x.__dask_graph__()
+    layers = getattr(hlg, "layers", None)
+    if layers is None or x.name not in layers:
+        return {}
+    chunks: dict[str, Any] = {}
+    for name, layer in layers.items():
+        c = (getattr(layer, "collection_annotations", None) or {}).get("chunks")
+        if c is not None:
+            chunks[name] = c
+    deps = hlg.dependencies
+    many = {n for n, c in chunks.items() if math.prod(len(d) for d in c) > 1}
+    below: dict[str, bool] = {}
+
+    def multi_below(n: str) -> bool:  # iterative: graphs may be deep
+        stack = [n]
+        while stack:
+            m = stack[-1]
+            pending = [d for d in deps.get(m, ()) if d not in below]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            below[m] = any(d in many or below[d] for d in deps.get(m, ()))
+        return below[n]
+
+    out = {}
+    for name, ds in deps.items():
+        if name not in many:
+            continue
+        for d in ds:
+            c = chunks.get(d)
+            if (
+                c is not None
+                and d not in many
+                and d not in out
+                and math.prod(sum(a) for a in c) <= _SMALL_REDUCTION
+                and multi_below(d)
+            ):
+                out[d] = c
+    return out
+
+
+class _Sink:
+    """A ``dask.array.store`` target that hands the block it is given to a callable."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self.fn(_little_endian(np.asarray(value)))
+
+
+def _block_kernel(op: str, n: int, coefs: tuple[Any, ...], *blocks: Any) -> Any:
+    """One Dask block of an arithmetic kernel: the block library's own kernel (`Adapter._kernel`).
+
+    ``blocks``: the `n` array blocks, then the computed lazy coefficients (0-d); ``coefs``: the
+    coefficients, each a number or 0-d array, or ``None`` where the next lazy one goes. A
+    module-level function (with `functools.partial`), so it pickles to ``distributed`` workers."""
+    from ._base import adapter_of
+
+    xs, lazy = list(blocks[:n]), iter(blocks[n:])
+    cs = [next(lazy) if c is None else c for c in coefs]
+    ad = adapter_of(xs[0])
+    if op == "lincomb":
+        return ad.op_lincomb(xs, cs)
+    if op == "mean":
+        return ad.op_mean(xs)
+    if op in ("add", "sub"):
+        return getattr(ad, "op_" + op)(*xs)
+    if op == "lerp":
+        return ad.op_lerp(xs[0], xs[1], cs[0])
+    return getattr(ad, "op_" + op)(xs[0], cs[0])  # scale, div
 
 
 class Adapter(MethodSlices):
@@ -27,6 +133,44 @@ class Adapter(MethodSlices):
     def device(self, x: Any) -> Any:
         """Always ``"cpu"`` (array_api_compat's answer, without the call)."""
         return "cpu"
+
+    # ---- arithmetic kernels: one task per block running the block library's kernel ---------------
+    #
+    # Dask's operators would build one layer per operation (``a + b``, ``+ c``, ``/ 3``, and for
+    # narrow floats an ``astype`` per input and one back), each a full-size temporary per block; one
+    # ``map_blocks`` of the chunk library's own kernel (NumPy: ufuncs with ``out=`` in cache-sized
+    # blocks, narrow floats staged through float32 there) gives the same values bit for bit (the same
+    # operations in the same order, rounded once) with one output array per block and a smaller graph.
+
+    def _per_block(self, op: str, xs: Sequence[Any], cs: Sequence[Any], out: Any, generic: Any) -> Any:
+        x0 = xs[0]
+        if out is not None or not all(_is_dask(x) for x in xs):
+            return generic()
+        lazy = [c for c in cs if _is_dask(c)]
+        coefs = tuple(None if _is_dask(c) else c for c in cs)
+        fn = functools.partial(_block_kernel, op, len(xs), coefs)
+        return x0.map_blocks(fn, *xs[1:], *lazy, dtype=x0.dtype, meta=x0._meta)
+
+    def op_add(self, x: Any, y: Any, out: Any = None) -> Any:
+        return self._per_block("add", (x, y), (), out, lambda: super(Adapter, self).op_add(x, y, out))
+
+    def op_sub(self, x: Any, y: Any, out: Any = None) -> Any:
+        return self._per_block("sub", (x, y), (), out, lambda: super(Adapter, self).op_sub(x, y, out))
+
+    def op_scale(self, x: Any, c: Any, out: Any = None) -> Any:
+        return self._per_block("scale", (x,), (c,), out, lambda: super(Adapter, self).op_scale(x, c, out))
+
+    def op_div(self, x: Any, c: Any, out: Any = None) -> Any:
+        return self._per_block("div", (x,), (c,), out, lambda: super(Adapter, self).op_div(x, c, out))
+
+    def op_lincomb(self, xs: Sequence[Any], cs: Sequence[Any], out: Any = None) -> Any:
+        return self._per_block("lincomb", xs, cs, out, lambda: super(Adapter, self).op_lincomb(xs, cs, out))
+
+    def op_mean(self, xs: Sequence[Any], out: Any = None) -> Any:
+        return self._per_block("mean", xs, (), out, lambda: super(Adapter, self).op_mean(xs, out))
+
+    def op_lerp(self, x: Any, y: Any, t: Any, out: Any = None) -> Any:
+        return self._per_block("lerp", (x, y), (t,), out, lambda: super(Adapter, self).op_lerp(x, y, t, out))
 
     def check_source(self, ftype: type, n: int, dtype: Any, device: Any, glb: dict[str, Any]) -> str:
         """No device test: every Dask array is on ``"cpu"``."""
@@ -78,24 +222,70 @@ class Adapter(MethodSlices):
                 return True
         return False
 
+    def reductions_first(self, xs: list[Any]) -> list[Any]:
+        """The two-pass save's first pass: every small reduction that the blocks of an array of `xs`
+        share (a one-block layer of at most `_SMALL_REDUCTION` elements, computed from a layer of
+        several blocks and read by one: a merge's norms, dots, thresholds, L1 factors), of all of
+        `xs`, computed in one ``dask.compute`` and put into the arrays' graphs as values (the same
+        values: the same tasks, run once), so that each array then streams block by block."""
+        import dask
+        from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+        da: Any = importlib.import_module("dask.array")
+        cuts = [_small_cuts(x) for x in xs]
+        todo = {
+            name: da.Array(x.__dask_graph__().cull_layers([name]), name, chunks, meta=np.empty((0,) * len(chunks)))
+            for x, cs in zip(xs, cuts, strict=True)
+            for name, chunks in cs.items()
+        }
+        if not todo:
+            return xs
+        values = dict(zip(todo, dask.compute(*todo.values(), **_local(list(todo.values()))), strict=True))
+        out = []
+        for x, cs in zip(xs, cuts, strict=True):
+            if not cs:
+                out.append(x)
+                continue
+            hlg = x.__dask_graph__()
+            layers, deps = dict(hlg.layers), {k: set(v) for k, v in hlg.dependencies.items()}
+            for name in cs:
+                (key,) = layers[name].get_output_keys()
+                layers[name] = MaterializedLayer({key: values[name]})
+                deps[name] = set()
+            hlg = HighLevelGraph(layers, deps).cull_layers([x.name])  # the reductions' inputs dropped
+            out.append(da.Array(hlg, x.name, x.chunks, meta=x._meta))
+        return out
+
+    def store_blocks(self, blocks: list[Any], sinks: list[Any]) -> bool:
+        """One ``dask.array.store`` of every block into its sink, each sink called in the task that
+        computes its block (so a block is written as soon as it is computed and then freed), with
+        the threaded or synchronous scheduler; False (nothing done) for any other scheduler (a
+        ``dask.distributed`` client, processes), whose workers cannot write to this process's file."""
+        import dask
+        import dask.local
+        import dask.threaded
+
+        if not blocks:
+            return True
+        kw = _local(blocks)
+        sched = kw.get("scheduler") or dask.base.get_scheduler(collections=blocks)
+        if sched is not dask.threaded.get and sched is not dask.local.get_sync:
+            return False
+        da: Any = importlib.import_module("dask.array")
+        da.store(blocks, [_Sink(s) for s in sinks], lock=False, compute=True, scheduler=sched)
+        return True
+
     def compute_blocks(self, blocks: list[Any]) -> list[Any]:
         """One ``dask.compute`` call (the active scheduler: threads, or a ``dask.distributed`` client).
 
         Where no scheduler is configured and ``distributed`` was never imported (so no client can
         be active), the collection's own scheduler is passed, the one ``dask.compute`` would pick:
         this skips its first-call import of ``distributed`` (0.2-0.4 s in a fresh process)."""
-        import importlib
-        import sys
-
-        import numpy as np
-
-        from ._base import _little_endian
-
         dask: Any = importlib.import_module("dask")
-        kw: dict[str, Any] = {}
-        if blocks and "distributed" not in sys.modules and dask.config.get("scheduler", None) is None:
-            kw["scheduler"] = blocks[0].__dask_scheduler__
-        return [_little_endian(np.asarray(b)) for b in dask.compute(*blocks, **kw)]
+        # each block is one chunk: computed as its Delayed, whose value is the chunk itself (computing
+        # the array would copy a one-chunk result, ``finalize``: a second copy of every byte written)
+        one = [b.to_delayed().reshape(-1)[0] for b in blocks]
+        return [_little_endian(np.asarray(v)) for v in dask.compute(*one, **_local(blocks))]
 
     def from_stored(self, src: Any, like: Any) -> Any:
         """A lazy array over the file: ``dask.array.from_array`` of a `LazyTensor` (picklable:
