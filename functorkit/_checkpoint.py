@@ -125,10 +125,13 @@ def save(
     keys for modules: ``0.weight``). A tied array is stored once and the tie
     recorded in the metadata (``"functorkit.ties"``), so `load`
     restores it. Non-array leaves (Python numbers, strings) are not stored.
-    Lazy (Dask) arrays are computed a batch of row blocks at a time and
-    written in place, so memory stays near two batches (`BATCH_BYTES` each); a
-    tensor whose blocks share a reduction (a merge's norm or threshold) is
-    computed whole in one batch, so its graph runs once. Any active Dask
+    Lazy (Dask) arrays are written block by block, in two passes where needed:
+    the small reductions their blocks share (a merge's norms or thresholds)
+    first, for the whole file in one compute, then every block, each written
+    at its offset by the task that computes it (with a ``dask.distributed``
+    client or another multi-process scheduler: a batch of blocks, about
+    `BATCH_BYTES`, at a time), so memory stays near a few blocks, not a
+    tensor. Each tensor's graph runs once per pass. Any active Dask
     scheduler is used (``dask.distributed`` included). The file (or
     directory) appears only when complete: on any error, ``KeyboardInterrupt``
     included, the path holds the old checkpoint or the new one, whole, and
@@ -598,7 +601,7 @@ def load(path: str | os.PathLike[str], /, *, like: Any = None, mmap: bool = Fals
 def open(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:
     """Open a checkpoint lazily: a model whose leaves are Dask arrays over the stored tensors.
 
-    Nothing is read until computed: each chunk (rows of about 16 MiB; an
+    Nothing is read until computed: each chunk (rows of about 4 MiB; an
     empty tensor is one chunk) opens the file, checks that it is still the
     file whose header was read (device, inode, size, modification time: a
     `StructureError` otherwise, never data read at old offsets from another

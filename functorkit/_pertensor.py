@@ -174,10 +174,13 @@ def kth_largest(xp: Any, a: Any, k: int) -> Any:
     """The `k`-th largest value of `a` (any shape; ``1 <= k <= a.size``), a 0-d array.
 
     A selection, not a sort, where the namespace has one: ``partition`` (NumPy, JAX),
-    ``kthvalue`` (torch), ``topk`` (Dask: chunk-wise selections, then one over the chunks'
-    candidates, of the smaller side: the `k` largest or the ``n - k + 1`` smallest). Other
-    namespaces (array-api-strict) sort.
+    ``kthvalue`` (torch), the adapter's ``kth_largest`` (Dask: a ``partition`` per block keeping
+    its candidates of the smaller side, the `k` largest or the ``n - k + 1`` smallest, then one
+    ``partition`` of all candidates). Other namespaces (array-api-strict) sort.
     """
+    fast = adapter_of(a).kth_largest(a, k)  # Dask: one chunked selection (no sort)
+    if fast is not None:
+        return fast
     topk = getattr(xp, "topk", None)
     if topk is not None and getattr(xp, "kthvalue", None) is None and a.ndim > 1:
         a = a.rechunk({i: -1 for i in range(1, a.ndim)})  # Dask: rows whole, so the reshape is free

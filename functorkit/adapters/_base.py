@@ -576,6 +576,11 @@ class ArrayAdapter(Kernels):
         else one batch at a time. False for eager arrays."""
         return False
 
+    def kth_largest(self, a: Any, k: int) -> Any:
+        """The `k`-th largest element of `a` as a 0-d array, where this library has a faster way
+        than the namespace's functions (Dask: one chunked selection); None: use those."""
+        return None
+
     def reductions_first(self, xs: list[Any]) -> list[Any]:
         """Lazy arrays `xs` with the small reductions their blocks share (a merge's norms,
         thresholds) computed now, in one pass, and held as values, so that each array then streams

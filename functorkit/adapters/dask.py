@@ -83,6 +83,25 @@ def _small_cuts(x: Any) -> dict[str, tuple[tuple[int, ...], ...]]:
     return out
 
 
+def _candidates(keep: int, largest: bool, x: Any, axis: Any = None, keepdims: bool = True) -> Any:
+    """A block's (or a group of blocks' candidates') `keep` largest (`largest`) or smallest values,
+    in no order (``np.partition``); all of them where it has no more."""
+    s = int(x.shape[0])
+    if keep >= s:
+        return x
+    if largest:
+        return np.partition(x, s - keep)[s - keep :]
+    return np.partition(x, keep - 1)[:keep]
+
+
+def _kth_of(keep: int, largest: bool, x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """The smallest of the `keep` largest candidates (or the largest of the `keep` smallest): the
+    k-th largest element."""
+    s = int(x.shape[0])
+    j = s - keep if largest else keep - 1
+    return np.partition(x, j)[j]
+
+
 class _Sink:
     """A ``dask.array.store`` target that hands the block it is given to a callable."""
 
@@ -222,6 +241,23 @@ class Adapter(MethodSlices):
                 return True
         return False
 
+    def kth_largest(self, a: Any, k: int) -> Any:
+        """One ``dask.array.reduction``: each block keeps its candidates (its `k` largest, or, where
+        that side is smaller, its ``n - k + 1`` smallest: ``np.partition``, a selection), and the
+        candidates of all blocks are partitioned once more for the k-th; no sort (``dask.array.topk``
+        sorts its k results), the same value."""
+        da: Any = importlib.import_module("dask.array")
+        n = math.prod(int(d) for d in a.shape)
+        if a.ndim > 1:
+            a = a.rechunk({i: -1 for i in range(1, a.ndim)})  # rows whole, so the reshape is free
+        flat = a.reshape(-1) if a.ndim != 1 else a
+        largest = k <= n - k + 1
+        keep = k if largest else n - k + 1
+        chunk = functools.partial(_candidates, keep, largest)
+        agg = functools.partial(_kth_of, keep, largest)
+        meta = np.empty((), dtype=a.dtype)
+        return da.reduction(flat, chunk, agg, combine=chunk, axis=0, keepdims=False, dtype=a.dtype, meta=meta)
+
     def reductions_first(self, xs: list[Any]) -> list[Any]:
         """The two-pass save's first pass: every small reduction that the blocks of an array of `xs`
         share (a one-block layer of at most `_SMALL_REDUCTION` elements, computed from a layer of
@@ -314,4 +350,4 @@ class Adapter(MethodSlices):
 
 
 #: target size of one chunk of an opened checkpoint's tensors (``fk.open``), in bytes
-CHUNK_BYTES = 16 * 2**20
+CHUNK_BYTES = 4 * 2**20
