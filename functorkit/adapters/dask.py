@@ -165,6 +165,8 @@ class Adapter(MethodSlices):
         x0 = xs[0]
         if out is not None or not all(_is_dask(x) for x in xs):
             return generic()
+        if any(x.chunks != x0.chunks for x in xs[1:]):  # one shape (checked), other chunks: x0's
+            xs = [x if x.chunks == x0.chunks else x.rechunk(x0.chunks) for x in xs]
         lazy = [c for c in cs if _is_dask(c)]
         coefs = tuple(None if _is_dask(c) else c for c in cs)
         fn = functools.partial(_block_kernel, op, len(xs), coefs)
