@@ -133,8 +133,10 @@ def section(r: dict[str, dict[str, object]], quick: bool) -> str:
         sizes.append(f"{size / 1e6:.0f} MB in {dtype}")
         base = min(row["base_kb"] for row in rows.values()) * 1024
         lines.append(f"| {dtype}: floor (read 3 + write 1) | {floor:.2f} s | 1.0x | | | | |")
-        lines.append(f"| {dtype}: the process after its imports (numpy, dask, functorkit) | | | {base / 1e6:.0f} MB "
-                     f"| {base / size:.0%} | | |")
+        lines.append(
+            f"| {dtype}: the process after its imports (numpy, dask, functorkit) | | | {base / 1e6:.0f} MB "
+            f"| {base / size:.0%} | | |"
+        )
         for name, row in rows.items():
             peak = row["peak_kb"] * 1024
             lines.append(

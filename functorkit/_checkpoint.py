@@ -299,7 +299,7 @@ def _reductions_first(order: list[_Item]) -> None:
 
 
 def _pwrite_all(fd: int, v: np.ndarray[Any, Any], at: int) -> None:
-    view = memoryview(v.reshape(-1).view(np.uint8))
+    view = memoryview(v.reshape(-1).view(np.uint8).data)
     done = 0
     while done < len(view):
         done += os.pwrite(fd, view[done:], at + done)

@@ -107,13 +107,13 @@ def test_same_masks_on_every_backend(b: Backend) -> None:
     _same(ref, _np(_dare(conv(base), [conv(m) for m in ms])))
 
 
-def test_ties_threshold_is_a_chunked_partition_on_dask() -> None:
+def test_ties_threshold_is_a_radix_selection_on_dask() -> None:
     base, ms = _models()
     lazy = lambda d: {k: da.from_array(v, chunks=4 if v.ndim else ()) for k, v in d.items()}  # noqa: E731
     out = fk.ties(lazy(base), [lazy(m) for m in ms], 1.0, density=0.3)
     names = {str(k[0] if isinstance(k, tuple) else k).split("-")[0] for k in dict(out["emb"].__dask_graph__())}
-    assert {"_candidates", "_kth_of"} <= names, names  # a partition per block, then one of the candidates
-    assert not any("sort" in n or "topk" in n for n in names), names
+    assert {"_histogram", "_pick"} <= names, names  # per-block histograms of the key bits, summed
+    assert not any("sort" in n or "topk" in n or "partition" in n for n in names), names
     _same(_np(fk.ties(base, ms, 1.0, density=0.3)), _np(out))
     dense = fk.ties(lazy(base), [lazy(m) for m in ms], 1.0, density=0.9)  # the smaller side: n - k + 1 smallest
     _same(_np(fk.ties(base, ms, 1.0, density=0.9)), _np(dense))

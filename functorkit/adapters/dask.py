@@ -83,23 +83,71 @@ def _small_cuts(x: Any) -> dict[str, tuple[tuple[int, ...], ...]]:
     return out
 
 
-def _candidates(keep: int, largest: bool, x: Any, axis: Any = None, keepdims: bool = True) -> Any:
-    """A block's (or a group of blocks' candidates') `keep` largest (`largest`) or smallest values,
-    in no order (``np.partition``); all of them where it has no more."""
-    s = int(x.shape[0])
-    if keep >= s:
-        return x
-    if largest:
-        return np.partition(x, s - keep)[s - keep :]
-    return np.partition(x, keep - 1)[:keep]
+#: bits of the key fixed per level of `Adapter.kth_largest`'s radix selection
+_RADIX = 16
 
 
-def _kth_of(keep: int, largest: bool, x: Any, axis: Any = None, keepdims: bool = False) -> Any:
-    """The smallest of the `keep` largest candidates (or the largest of the `keep` smallest): the
-    k-th largest element."""
-    s = int(x.shape[0])
-    j = s - keep if largest else keep - 1
-    return np.partition(x, j)[j]
+def _key(x: Any) -> Any:
+    """The bits of float array `x` as unsigned keys in the floats' order (negatives flipped)."""
+    u = np.dtype(f"u{x.dtype.itemsize}")
+    bits = np.ascontiguousarray(x).view(u)
+    top = u.type(8 * x.dtype.itemsize - 1)
+    flip = bits >> top  # 1 for a negative float
+    np.negative(flip, out=flip)  # all ones for a negative float (unsigned wrap-around), else 0
+    np.bitwise_or(flip, u.type(1) << top, out=flip)
+    return np.bitwise_xor(bits, flip, out=flip)
+
+
+def _histogram(level: int, shift: int, x: Any, prefix: Any) -> Any:
+    """A block's histogram of the key bits ``shift .. shift + 16`` among the elements whose higher
+    bits are `prefix` (every element at the first level)."""
+    key = _key(x.reshape(-1))
+    if level:
+        key = key[(key >> key.dtype.type(shift + _RADIX)) == key.dtype.type(prefix)]
+    digits = key >> key.dtype.type(shift)
+    if level:
+        digits &= key.dtype.type((1 << _RADIX) - 1)
+    return np.bincount(digits.astype(np.intp, copy=False), minlength=1 << _RADIX).astype(np.int64)
+
+
+def _pick(k: int, which: int, hist: Any, prefix: Any, above: Any) -> Any:
+    """From a level's summed histogram: the next prefix (``which`` 0) of the k-th largest key, or
+    the count of the elements above it (1)."""
+    from_top = np.cumsum(hist[::-1])
+    i = int(np.searchsorted(from_top, k - int(above)))  # the first bin, from the top, reaching k
+    if which == 0:
+        return np.asarray((int(prefix) << _RADIX) | (len(hist) - 1 - i), dtype=np.uint64)
+    return np.asarray(int(above) + (int(from_top[i - 1]) if i else 0), dtype=np.uint64)
+
+
+def _from_key(dtype: str, key: Any) -> Any:
+    """The float of dtype `dtype` whose `_key` is `key` (0-d)."""
+    dt = np.dtype(dtype)
+    u = np.dtype(f"u{dt.itemsize}")
+    k = np.asarray(key).astype(u)
+    sign = u.type(1) << u.type(8 * dt.itemsize - 1)
+    bits = np.where(k & sign, k ^ sign, ~k).astype(u)
+    return bits.reshape(()).view(dt).copy()
+
+
+def _first(x: Any, cuts: dict[str, Any]) -> dict[str, Any]:
+    """The `cuts` of `x` that need no other of them (none below them in the graph)."""
+    if len(cuts) < 2:
+        return cuts
+    deps = x.__dask_graph__().dependencies
+    out = {}
+    for name, chunks in cuts.items():
+        seen: set[str] = set()
+        stack = list(deps.get(name, ()))
+        while stack:
+            m = stack.pop()
+            if m in seen:
+                continue
+            seen.add(m)
+            stack.extend(deps.get(m, ()))
+        if seen.isdisjoint(cuts):
+            out[name] = chunks
+    return out
 
 
 class _Sink:
@@ -244,40 +292,65 @@ class Adapter(MethodSlices):
         return False
 
     def kth_largest(self, a: Any, k: int) -> Any:
-        """One ``dask.array.reduction``: each block keeps its candidates (its `k` largest, or, where
-        that side is smaller, its ``n - k + 1`` smallest: ``np.partition``, a selection), and the
-        candidates of all blocks are partitioned once more for the k-th; no sort (``dask.array.topk``
-        sorts its k results), the same value."""
+        """A radix selection on the float's bits (float32, float64; None for other dtypes): each
+        element's bits made an unsigned key in the floats' order, then per 16 bits of the key, from
+        the top, one histogram of 65,536 bins per block (``np.bincount``) summed over the blocks,
+        which fixes those 16 bits of the k-th largest key (2 levels for float32, 4 for float64).
+        Every level is a small reduction that reads the blocks once and holds only histograms (the
+        two-pass save computes the levels one after the other), no candidates or sort; the same
+        value as a selection (``np.partition``) on the whole array."""
+        dt = np.dtype(a.dtype)
+        if dt.kind != "f" or dt.itemsize not in (4, 8):
+            return None
         da: Any = importlib.import_module("dask.array")
-        n = math.prod(int(d) for d in a.shape)
         if a.ndim > 1:
             a = a.rechunk({i: -1 for i in range(1, a.ndim)})  # rows whole, so the reshape is free
         flat = a.reshape(-1) if a.ndim != 1 else a
-        largest = k <= n - k + 1
-        keep = k if largest else n - k + 1
-        chunk = functools.partial(_candidates, keep, largest)
-        agg = functools.partial(_kth_of, keep, largest)
-        meta = np.empty((), dtype=a.dtype)
-        return da.reduction(flat, chunk, agg, combine=chunk, axis=0, keepdims=False, dtype=a.dtype, meta=meta)
+        nb = flat.numblocks[0]
+        nbits = 8 * dt.itemsize
+        prefix: Any = 0
+        above: Any = 0
+        scalar = np.empty((), dtype=np.uint64)
+        for level in range(nbits // _RADIX):
+            shift = nbits - _RADIX * (level + 1)
+            fn = functools.partial(_histogram, level, shift)
+            hists = flat.map_blocks(
+                fn, prefix, chunks=((1 << _RADIX,) * nb,), dtype=np.int64, meta=np.empty((0,), np.int64)
+            )
+            total = hists.reshape(nb, 1 << _RADIX).sum(axis=0)
+            step = functools.partial(_pick, k)
+            prefix, above = (
+                da.map_blocks(
+                    functools.partial(step, i), total, prefix, above, drop_axis=0, dtype=np.uint64, meta=scalar
+                )
+                for i in (0, 1)
+            )
+        return da.map_blocks(functools.partial(_from_key, dt.str), prefix, dtype=dt, meta=np.empty((), dt))
 
     def reductions_first(self, xs: list[Any]) -> list[Any]:
         """The two-pass save's first pass: every small reduction that the blocks of an array of `xs`
         share (a one-block layer of at most `_SMALL_REDUCTION` elements, computed from a layer of
         several blocks and read by one: a merge's norms, dots, thresholds, L1 factors), of all of
         `xs`, computed in one ``dask.compute`` and put into the arrays' graphs as values (the same
-        values: the same tasks, run once), so that each array then streams block by block."""
-        import dask
+        values: the same tasks, run once), so that each array then streams block by block. A
+        reduction that needs another (the levels of TIES's radix selection) waits for the next
+        round: each round reads the blocks once and holds only the reductions' results."""
+        while True:
+            cuts = [_first(x, _small_cuts(x)) for x in xs]
+            if not any(cuts):
+                return xs
+            xs = self._substitute(xs, cuts)
+
+    def _substitute(self, xs: list[Any], cuts: list[dict[str, Any]]) -> list[Any]:
         from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
+        dask: Any = importlib.import_module("dask")
         da: Any = importlib.import_module("dask.array")
-        cuts = [_small_cuts(x) for x in xs]
         todo = {
             name: da.Array(x.__dask_graph__().cull_layers([name]), name, chunks, meta=np.empty((0,) * len(chunks)))
             for x, cs in zip(xs, cuts, strict=True)
             for name, chunks in cs.items()
         }
-        if not todo:
-            return xs
         values = dict(zip(todo, dask.compute(*todo.values(), **_local(list(todo.values()))), strict=True))
         out = []
         for x, cs in zip(xs, cuts, strict=True):
@@ -299,15 +372,14 @@ class Adapter(MethodSlices):
         computes its block (so a block is written as soon as it is computed and then freed), with
         the threaded or synchronous scheduler; False (nothing done) for any other scheduler (a
         ``dask.distributed`` client, processes), whose workers cannot write to this process's file."""
-        import dask
-        import dask.local
-        import dask.threaded
-
+        local: Any = importlib.import_module("dask.local")
+        threaded: Any = importlib.import_module("dask.threaded")
+        base: Any = importlib.import_module("dask.base")
         if not blocks:
             return True
         kw = _local(blocks)
-        sched = kw.get("scheduler") or dask.base.get_scheduler(collections=blocks)
-        if sched is not dask.threaded.get and sched is not dask.local.get_sync:
+        sched = kw.get("scheduler") or base.get_scheduler(collections=blocks)
+        if sched is not threaded.get and sched is not local.get_sync:
             return False
         da: Any = importlib.import_module("dask.array")
         da.store(blocks, [_Sink(s) for s in sinks], lock=False, compute=True, scheduler=sched)
