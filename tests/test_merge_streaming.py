@@ -88,9 +88,13 @@ class _Computes(Callback):  # type: ignore[misc]
         self.n += 1
 
 
-def test_save_stores_a_file_in_one_compute_after_one_pass_of_reductions(tmp_path: Path) -> None:
-    """Threads (the default scheduler): every lazy block of a file in one ``dask.array.store``; a
-    tensor with a shared reduction adds one compute before it (the reductions of the whole file)."""
+def test_save_stores_a_file_in_one_compute_after_one_pass_of_reductions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Threads (the default scheduler): every lazy block of a file in one ``dask.array.store`` (the
+    batch writer would make 8 computes here); a tensor with a shared reduction adds one compute
+    before it (the reductions of the whole file)."""
+    monkeypatch.setattr(ck, "BATCH_BYTES", 256)  # one 8 x 8 float32 block per batch
     raw = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
     x = da.from_array(raw, chunks=(8, 8))
     for y, computes in [(x * 2 + 1, 1), (x / da.sqrt(da.sum(x * x)), 2)]:
@@ -151,3 +155,24 @@ def test_save_does_not_import_distributed(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert done.stdout.strip() == "False"
     np.testing.assert_array_equal(fk.load(tmp_path / "a.safetensors")["x"], np.full((64, 8), 2.0))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_dask_threshold_radix_selection_equals_the_eager_selection(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TIES's threshold on Dask (a radix selection over the blocks, histograms in pieces) is the value
+    NumPy's ``partition`` selects, with ties, zeros and infinities, for every density."""
+    import functorkit.adapters.dask as fdask
+
+    monkeypatch.setattr(fdask, "_HIST_PIECE", 7)  # several pieces per block
+    ml = pytest.importorskip("ml_dtypes") if dtype == "bfloat16" else None
+    dt = ml.bfloat16 if ml is not None else np.dtype(dtype)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((37, 5)).astype(dt)
+    x[0, :4] = x[1, 0]  # ties
+    x[2, :3] = 0
+    x[3, 0], x[3, 1] = np.inf, -np.inf
+    for density in (0.01, 0.2, 0.5, 0.77, 1.0):
+        eager = fk.tensor_thresholds({"w": x}, density)["w"]
+        lazy = fk.tensor_thresholds({"w": da.from_array(x, chunks=(6, 5))}, density)["w"].compute()
+        assert lazy.dtype == eager.dtype
+        assert lazy == eager, (density, lazy, eager)

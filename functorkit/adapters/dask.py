@@ -85,6 +85,8 @@ def _small_cuts(x: Any) -> dict[str, tuple[tuple[int, ...], ...]]:
 
 #: bits of the key fixed per level of `Adapter.kth_largest`'s radix selection
 _RADIX = 16
+#: elements per piece of a block's histogram (the keys and digits of a piece stay in cache)
+_HIST_PIECE = 1 << 16
 
 
 def _key(x: Any) -> Any:
@@ -101,13 +103,17 @@ def _key(x: Any) -> Any:
 def _histogram(level: int, shift: int, x: Any, prefix: Any) -> Any:
     """A block's histogram of the key bits ``shift .. shift + 16`` among the elements whose higher
     bits are `prefix` (every element at the first level)."""
-    key = _key(x.reshape(-1))
-    if level:
-        key = key[(key >> key.dtype.type(shift + _RADIX)) == key.dtype.type(prefix)]
-    digits = key >> key.dtype.type(shift)
-    if level:
-        digits &= key.dtype.type((1 << _RADIX) - 1)
-    return np.bincount(digits.astype(np.intp, copy=False), minlength=1 << _RADIX).astype(np.int64)
+    flat = x.reshape(-1)
+    out = np.zeros(1 << _RADIX, dtype=np.int64)
+    for i in range(0, int(flat.shape[0]), _HIST_PIECE):  # cache-sized temporaries (keys, digits)
+        key = _key(flat[i : i + _HIST_PIECE])
+        if level:
+            key = key[(key >> key.dtype.type(shift + _RADIX)) == key.dtype.type(prefix)]
+        digits = key >> key.dtype.type(shift)
+        if level:
+            digits &= key.dtype.type((1 << _RADIX) - 1)
+        out += np.bincount(digits.astype(np.intp, copy=False), minlength=1 << _RADIX)
+    return out
 
 
 def _pick(k: int, which: int, hist: Any, prefix: Any, above: Any) -> Any:
