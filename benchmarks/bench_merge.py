@@ -60,7 +60,7 @@ def peak_kb():
 base_kb = peak_kb()
 paths, out, shard, expr, passes = sys.argv[1:4], sys.argv[4], int(sys.argv[5]), sys.argv[6], sys.argv[7]
 if passes == "one":
-    import functorkit._checkpoint as ck
+    import functorkit._ckpt_write as ck
     ck.TWO_PASS = False  # the one-pass save, for the comparison row
 t0 = time.perf_counter()
 b, *ms = [fk.open(p) for p in paths]

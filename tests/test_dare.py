@@ -144,7 +144,7 @@ def test_save_computes_each_tensor_graph_once_per_pass(tmp_path: Any, monkeypatc
     """A tensor with a reduction inside (a merge's norm) is saved in two passes: the reduction (every
     input block read once), then the blocks streamed (every input block read once more); never once per
     batch, and an elementwise tensor in one pass."""
-    import functorkit._checkpoint as ck
+    import functorkit._ckpt_write as ck
 
     monkeypatch.setattr(ck, "BATCH_BYTES", 256)  # many batches per tensor before the change
     calls: list[int] = []

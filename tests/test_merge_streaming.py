@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import functorkit as fk
-import functorkit._checkpoint as ck
+import functorkit._ckpt_write as ck
 import functorkit._pertensor as pt
 
 da = pytest.importorskip("dask.array")
