@@ -184,10 +184,13 @@ def kth_largest(xp: Any, a: Any, k: int) -> Any:
     """The `k`-th largest value of `a` (any shape; ``1 <= k <= a.size``), a 0-d array.
 
     A selection, not a sort, where the namespace has one: ``partition`` (NumPy, JAX),
-    ``kthvalue`` (torch), ``topk`` (Dask: chunk-wise selections, then one over the chunks'
-    candidates, of the smaller side: the `k` largest or the ``n - k + 1`` smallest). Other
-    namespaces (array-api-strict) sort.
+    ``kthvalue`` (torch), the adapter's ``kth_largest`` (Dask: a radix selection on the float
+    bits, one histogram per block and 16 bits, no candidates held). Other namespaces
+    (array-api-strict) sort.
     """
+    fast = adapter_of(a).kth_largest(a, k)  # Dask: one chunked selection (no sort)
+    if fast is not None:
+        return fast
     topk = getattr(xp, "topk", None)
     if topk is not None and getattr(xp, "kthvalue", None) is None and a.ndim > 1:
         a = a.rechunk({i: -1 for i in range(1, a.ndim)})  # Dask: rows whole, so the reshape is free
@@ -427,8 +430,8 @@ def tensor_thresholds(model: Any, density: Any, /, *, trainable_only: bool = Tru
 
     At every parameter ``x`` of ``n`` elements, the ``k``-th largest of ``abs(x)`` with
     ``k = max(1, floor(density * n))``: ``abs(x) >= threshold`` selects the elements
-    `fk.ties` keeps. Found by a selection (``partition``/``kthvalue``/Dask's chunked
-    ``topk``), not a sort, where the namespace has one. `density` is a number in ``(0, 1]`` or
+    `fk.ties` keeps. Found by a selection (``partition``/``kthvalue``/on Dask a radix
+    selection over the blocks), not a sort, where the namespace has one. `density` is a number in ``(0, 1]`` or
     a dict from path globs to numbers (as in `fk.ties`). Dtypes as in `tensor_norms`.
 
     Examples
