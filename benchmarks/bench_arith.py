@@ -22,7 +22,8 @@ garbage collector off):
 The floor is the memory traffic: the bytes every contender must move (read
 three models and write one for ``lincomb``; read two for ``dot``, one for
 ``norm``) divided by this machine's copy bandwidth, measured with
-``numpy.copyto`` into memory already touched. ``loss-landscapes`` (the peer
+``numpy.copyto`` into memory already touched, in the same interleaved rounds
+as each operation's contenders. ``loss-landscapes`` (the peer
 with whole-model arithmetic) is not installed here, so it is not timed; its
 ``ModelWrapper`` arithmetic copies every layer through Python loops.
 """
@@ -39,11 +40,14 @@ from typing import Any
 import numpy as np
 
 import functorkit as fk
+from functorkit import _inplace
 
 COEFS = (0.5, -0.25, 2.0)
 T_EMA = 0.001
-#: calls per timing of the small-model rows
-SMALL_CALLS = 200
+#: calls per timing of the small-model rows, and timings (rounds) per row: many short timings, so
+#: that the best of them is one the scheduler did not interrupt on a shared machine
+SMALL_CALLS = 20
+SMALL_ROUNDS = 40
 
 
 def gpt2_shapes(d: int = 768, vocab: int = 50257, ctx: int = 1024, layers: int = 12) -> dict[str, Any]:
@@ -87,13 +91,15 @@ def copy_bandwidth(nbytes: int, rounds: int) -> float:
 
 
 def timed(contenders: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Best time of each contender, interleaved round by round."""
+    """Best time of each contender, interleaved round by round, in the listed order and then in the
+    reverse one (so that no contender always follows the same one)."""
     best = dict.fromkeys(contenders, math.inf)
     gc_was = gc.isenabled()
     gc.disable()
+    items = list(contenders.items())
     try:
-        for _ in range(rounds):
-            for name, f in contenders.items():
+        for r in range(rounds):
+            for name, f in items if r % 2 == 0 else items[::-1]:
                 t0 = time.perf_counter()
                 out = f()
                 dt = time.perf_counter() - t0
@@ -103,6 +109,13 @@ def timed(contenders: dict[str, Callable[[], Any]], rounds: int) -> dict[str, fl
         if gc_was:
             gc.enable()
     return best
+
+
+def fresh_copy(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """`a` copied into a new array (kept, so its memory is not handed to the next one)."""
+    o = np.empty_like(a)
+    np.copyto(o, a)
+    return o
 
 
 def numpy_contenders(ms: list[Any]) -> dict[str, dict[str, Callable[[], Any]]]:
@@ -128,6 +141,13 @@ def numpy_contenders(ms: list[Any]) -> dict[str, dict[str, Callable[[], Any]]]:
     ema = fk.copy(ms[0])
     le = fk.leaves(ema)
     out["lincomb"]["fk, out="] = lambda: fk.lincomb(COEFS, ms, out=dst)
+    dl = fk.leaves(dst)
+    # what a fresh result costs by itself: one model written into new memory (first-touch page
+    # faults) against the same copy into memory already touched
+    out["lincomb"]["copy of one model into new memory"] = lambda: [fresh_copy(a) for a in la]
+    out["lincomb"]["copy of one model into touched memory"] = lambda: [
+        np.copyto(d, a) for d, a in zip(dl, la, strict=True)
+    ]
     out["ema step"] = {
         "fk, out=": lambda: fk.lerp(ema, ms[1], T_EMA, out=ema),
         "hand loop": lambda: [np.add(e, (m - e) * T_EMA, out=e) for e, m in zip(le, lb, strict=True)],
@@ -190,6 +210,7 @@ def torch_contenders(ms: list[Any]) -> dict[str, dict[str, Callable[[], Any]]]:
     out["lincomb"]["torch._foreach, into dst"] = foreach_lincomb_out
     out["ema step"] = {
         "fk, out=": lambda: fk.lerp(ema, tms[1], T_EMA, out=ema),
+        "fk, out= (per-leaf path)": per_leaf(lambda: fk.lerp(ema, tms[1], T_EMA, out=ema)),
         "hand loop": lambda: [e.lerp_(m, T_EMA) for e, m in zip(el, lb, strict=True)],
         "torch._foreach": lambda: torch._foreach_lerp_(el, lb, T_EMA),
         "fk.load_into(fk.lerp)": lambda: fk.load_into(ema, fk.lerp(ema, tms[1], T_EMA)),
@@ -200,6 +221,19 @@ def torch_contenders(ms: list[Any]) -> dict[str, dict[str, Callable[[], Any]]]:
         return out
     out["lincomb"]["optree.tree_map"] = lambda: optree.tree_map(lambda a, b, c: c1 * a + c2 * b + c3 * c, *tms)
     return out
+
+
+def per_leaf(f: Callable[[], Any]) -> Callable[[], Any]:
+    """`f` with the column path of ``out=`` off (``functorkit._inplace.FAST``): the per-leaf path."""
+
+    def g() -> Any:
+        _inplace.FAST[0] = False
+        try:
+            return f()
+        finally:
+            _inplace.FAST[0] = True
+
+    return g
 
 
 def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
@@ -222,6 +256,7 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
     out["MLP lincomb, NumPy"] = {
         "fk": rep(lambda: fk.lincomb(COEFS, mlps)),
         "fk, out=": rep(lambda: fk.lincomb(COEFS, mlps, out=npd)),
+        "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lincomb(COEFS, mlps, out=npd))),
         "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*mlps, strict=True)]),
     }
     try:
@@ -241,11 +276,14 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
     out["MLP lincomb, torch"] = {
         "fk": rep(lambda: fk.lincomb(COEFS, tm)),
         "fk, out=": rep(lambda: fk.lincomb(COEFS, tm, out=td)),
+        "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lincomb(COEFS, tm, out=td))),
         "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*tm, strict=True)]),
         "torch._foreach": rep(foreach_lc),
     }
     out["MLP EMA step, torch"] = {
         "fk, out=": rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema)),
+        "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema))),
+        "walk only: fk.leaves of both": rep(lambda: (fk.leaves(tema), fk.leaves(tm[1]))),
         "hand loop": rep(lambda: [e.lerp_(m, T_EMA) for e, m in zip(tema, tm[1], strict=True)]),
         "torch._foreach": rep(lambda: torch._foreach_lerp_(tema, tm[1], T_EMA)),
     }
@@ -272,12 +310,16 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
 
     out["12-block nn.Module EMA step"] = {
         "fk, out=": rep(lambda: fk.lerp(ema_net, net, T_EMA, out=ema_net)),
+        "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lerp(ema_net, net, T_EMA, out=ema_net))),
+        "walk only: fk.leaves of both": rep(lambda: (fk.leaves(ema_net), fk.leaves(net))),
         "hand loop": rep(hand),
         "torch._foreach": rep(foreach_ema),
     }
     return out
 
 
+#: the copy timed with each operation's contenders (the floor of its ratios)
+FLOOR = "numpy.copyto (the floor)"
 # bytes each operation must move, in units of one model's size
 TRAFFIC = {"lincomb": 4, "dot": 2, "norm": 1, "ema step": 3}
 
@@ -311,37 +353,67 @@ def run(quick: bool) -> str:
 
 
 def _run(quick: bool) -> str:
-    rounds = 3 if quick else 5
+    rounds = 3 if quick else 7
     ms, n = make_models(quick)
     model_bytes = 4 * n
     bandwidth = copy_bandwidth(min(model_bytes, 256 << 20), rounds + 2)
+    # the floor is timed again inside every operation's rounds (the machine may be shared: a
+    # bandwidth measured once, at another moment, would move every ratio to the floor)
+    csrc = np.ones(min(model_bytes, 256 << 20) // 4, dtype=np.float32)
+    cdst = np.zeros_like(csrc)
+    bandwidths: list[float] = []
     backends: dict[str, dict[str, dict[str, Callable[[], Any]]]] = {"NumPy": numpy_contenders(ms)}
     with contextlib.suppress(ImportError):
         backends["torch (CPU)"] = torch_contenders(ms)
     rows = []
     ratios: dict[tuple[str, str], float] = {}
     foreach: list[str] = []
+    targets: list[str] = []  # issue #22's rows: | row | measured | target |
+
+    def target(row: str, value: float, limit: float) -> None:
+        targets.append(f"| {row} | {value:.2f}x | {'<=' if value <= limit else '**>**'} {limit:.1f}x |")
+
     for backend, ops in backends.items():
         for op, contenders in ops.items():
-            best = timed(contenders, rounds)
+            best = timed({**contenders, FLOOR: lambda: np.copyto(cdst, csrc)}, rounds)
+            bw = 2 * csrc.nbytes / best.pop(FLOOR)
+            bandwidths.append(bw)
             ref = best["hand loop"]
             if "torch._foreach" in best:
                 fe = best["torch._foreach"]
                 mine = best.get("fk", best.get("fk, out="))
                 foreach.append(f"{op}: {ref / fe:.1f}x faster than the hand loop, fk {mine / fe:.2f}x its time")
-            floor = TRAFFIC[op] * model_bytes / bandwidth
+            floor = TRAFFIC[op] * model_bytes / bw
             for name, t in best.items():
                 if name == ("fk" if "fk" in best else "fk, out="):
                     ratios[(backend, op)] = t / ref
                 rows.append(
                     f"| {op} | {backend} | {'**fk**' if name == 'fk' else name} | {t * 1e3:.1f} | "
-                    f"{t / ref:.2f} | {t / floor:.1f} |"
+                    f"{t / ref:.2f} | {t / floor:.2f} |"
+                )
+            if op == "lincomb" and backend == "NumPy":
+                target("lincomb of 3 models, NumPy, `fk` / traffic floor", best["fk"] / floor, 1.5)
+                target("lincomb of 3 models, NumPy, `fk, out=` / traffic floor", best["fk, out="] / floor, 1.5)
+            if op == "lincomb" and "torch._foreach" in best:
+                target("lincomb of 3 models, torch, `fk` / `torch._foreach`", best["fk"] / best["torch._foreach"], 1.0)
+                into = best["torch._foreach, into dst"]
+                target(
+                    "lincomb of 3 models, torch, `fk, out=` / `torch._foreach`, into dst", best["fk, out="] / into, 1
+                )
+                target("lincomb of 3 models, torch, `fk, out=` / traffic floor", best["fk, out="] / floor, 1.5)
+            if op == "ema step" and "torch._foreach" in best:
+                target(
+                    "EMA step, torch, `fk, out=` / `torch._foreach_lerp_`",
+                    best["fk, out="] / best["torch._foreach"],
+                    1.0,
                 )
     small_rows = []
+    small_rounds = 5 if quick else SMALL_ROUNDS
     for op, contenders in small_contenders().items():
-        best = timed(contenders, rounds)
+        best = timed(contenders, small_rounds)
         ref = best["hand loop"]
         fe = best.get("torch._foreach")
+        target(f"{op}, `fk, out=` per call / hand loop", best["fk, out="] / ref, 1.5)
         for name, t in best.items():
             small_rows.append(
                 f"| {op} | {'**' + name + '**' if name.startswith('fk') else name} | {t / SMALL_CALLS * 1e6:.1f} | "
@@ -359,13 +431,22 @@ sharing that memory). `fk.lincomb([0.5, -0.25, 2.0], [m1, m2, m3])`, `fk.dot(m1,
 against the loop a user writes over the lists of leaves (**ratio 1.00**), the same loop with the best
 single calls (BLAS `vdot`, per-leaf `vector_norm`), `torch._foreach_*` and `optree.tree_map`. The last
 column divides each time by the memory-traffic floor: the bytes the operation must move (lincomb: read 3
-models, write 1; dot: read 2; norm: read 1) at this machine's `numpy.copyto` bandwidth
-({bandwidth / 1e9:.1f} GB/s). Best of {rounds} interleaved rounds, single-threaded (NumPy's BLAS through
+models, write 1; dot: read 2; norm: read 1) at this machine's `numpy.copyto` bandwidth,
+timed in the same interleaved rounds as each operation's contenders ({min(bandwidths) / 1e9:.1f} to
+{max(bandwidths) / 1e9:.1f} GB/s over the operations; {bandwidth / 1e9:.1f} GB/s measured alone first: a
+wide spread means a busy machine, and ratios within one operation's rows are then the numbers to read).
+Best of {rounds} interleaved rounds, single-threaded (NumPy's BLAS through
 `threadpoolctl`, `torch.set_num_threads(1)`): interleaved, the two libraries' thread pools fight over the
 cores and the times stop meaning anything. `loss-landscapes` is not installed
 here and is not timed.
 
 fk time / hand loop time: {summary} (target: at most 1.5).
+
+Issue #22's targets, from the rows below (this run):
+
+| row | measured | target |
+|---|---:|---:|
+{chr(10).join(targets)}
 
 | operation | backend | contender | best (ms) | / hand loop | / traffic floor |
 |---|---|---|---:|---:|---:|
@@ -375,7 +456,14 @@ fk time / hand loop time: {summary} (target: at most 1.5).
 read two models, write one), against the hand loop of in-place updates (`e.lerp_(m, t)`; NumPy
 `np.add(e, (m - e) * t, out=e)`), `torch._foreach_lerp_` and the only way before `out=` (a new model,
 then `fk.load_into`). `fk, out=` rows write into a model allocated once (`fk.copy`); the functional rows
-allocate their result on every call (first-touch page faults included).
+allocate their result on every call (first-touch page faults included; the two `copy of one model`
+rows show what writing one model costs into new memory and into memory already touched: the page
+faults of new memory are the difference between the functional `fk` row and `fk, out=`, and every
+functional contender pays them). `fk, out=
+(per-leaf path)` is the same call with `out=`'s column path off (`functorkit._inplace.FAST`): the column
+path records each tree once (`out` not again when it is an input) and makes every check over whole
+lists of arrays in C-level passes; the per-leaf path checks parameter by parameter (it is what runs
+when the column path cannot decide, and it names the path of any failure).
 
 On NumPy the kernels are ufuncs with `out=` over blocks of 32 Ki elements (`adapters/numpy.py`), so a
 lincomb reads each input once and writes the result once, with no full-size temporary per term. On
@@ -387,10 +475,12 @@ torch, `fk.lincomb` and `fk.mean` accumulate into the result in place (`Tensor.a
 `Tensor.vdot` on torch (BLAS; `linalg.vecdot` multiplies into a temporary first), and `fk.norm` sums
 squares with `vecdot` on NumPy (NumPy's `vector_norm` squares into a temporary).
 
-Small models, per call ({SMALL_CALLS} calls per timing, best of {rounds} rounds): the 6-array MLP
+Small models, per call ({SMALL_CALLS} calls per timing, best of {small_rounds} interleaved rounds): the 6-array MLP
 (64x32, 64x64, 10x64 and biases, float32) and an EMA step of a 12-block `nn.Module` (each block
 LayerNorm(64), Linear(64, 128), GELU, Linear(128, 64): 48 parameters), against the hand loop
-(`lerp_` under `no_grad` per parameter) and `torch._foreach_*`.
+(`lerp_` under `no_grad` per parameter) and `torch._foreach_*`. `walk only` is `fk.leaves` of both
+models: the part of a call that is recording the trees (the walk itself; `out=` also records the
+trainability of an `nn.Module`'s parameters, which `fk.leaves` does not).
 
 | row | contender | µs per call | / hand loop | / torch._foreach |
 |---|---|---:|---:|---:|

@@ -30,6 +30,7 @@ import numpy as np
 from _timing import best_of
 
 import functorkit as fk
+from functorkit import _flat
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,6 +141,21 @@ def restructure_calls(model: Any, backend: str) -> dict[str, Callable[[], Any]]:
     offs = np.cumsum([0, *sizes]).tolist()
     table = [(offs[i], offs[i + 1], s) for i, s in enumerate(shapes)]
     calls: dict[str, Callable[[], Any]] = {"fk: re(p)": functools.partial(re, flat)}
+    # the generated code's on/off rows (functorkit._flat.GENERATED): the same rebuild with the
+    # adapter's views() in place of the fused view lines, and with the interpreter in place of both
+    switches = (
+        ("fk: re(p), generated view lines off", [True, False]),
+        ("fk: re(p), generated code off", [False, True]),
+    )
+    for name, switch in switches:
+        saved = list(_flat.GENERATED)
+        _flat.GENERATED[:] = switch
+        try:
+            _, re_off = fk.destructure(model)
+            re_off(flat)  # the code is made at the first call, under the switch
+        finally:
+            _flat.GENERATED[:] = saved
+        calls[name] = functools.partial(re_off, flat)
     calls["limit: [p[o:e].reshape(s) for o, e, s in table]"] = lambda: [flat[o:e].reshape(s) for o, e, s in table]
     if backend == "torch":
         strided = [(s, _contiguous(s), o) for o, _, s in table]

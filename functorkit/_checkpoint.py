@@ -22,36 +22,26 @@ from __future__ import annotations
 
 import builtins
 import json
-import math
 import os
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
-
 from ._ckpt_files import replace_dir, replace_file
+from ._ckpt_write import Item, dtype_name, write_file
 from ._dense import check_dense
 from ._errors import StructureError, known_shape
-from ._safetensors_io import CODE_OF, TIES, Checkpoint, header_bytes, stand_in
+from ._safetensors_io import TIES, Checkpoint
 from ._state import state_positions
 from ._treedef import TreeDef
 from .adapters import adapter_of
 
 __all__ = ["load", "open", "save"]
 
-#: pieces of lazy (Dask) tensors are computed together up to about this many bytes
-BATCH_BYTES = 16 * 2**20
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 _SHOWN = 20
 
 
 # ----------------------------------------------------------------------------- keys of a model
-
-
-def _dtype_name(dtype: Any) -> str:
-    name = getattr(dtype, "name", None)
-    return name if isinstance(name, str) else str(dtype).rpartition(".")[2]
 
 
 def _array_keys(tree: Any, fname: str) -> tuple[list[Any], TreeDef, dict[int, list[str]]]:
@@ -92,25 +82,6 @@ def _parse_size(shard_size: Any) -> int | None:
     raise ValueError(msg)
 
 
-class _Item:
-    """One tensor to write: key, the array, its adapter, dtype name, shape, byte count."""
-
-    __slots__ = ("ad", "itemsize", "key", "name", "nbytes", "shape", "x")
-
-    def __init__(self, key: str, x: Any) -> None:
-        self.key, self.x, self.ad = key, x, adapter_of(x)
-        self.name = _dtype_name(x.dtype)
-        if self.name not in CODE_OF:
-            msg = (
-                f"fk.save: the array at {key!r} has dtype {self.name}, which safetensors cannot store. "
-                f"Expected one of {sorted(CODE_OF)}; fix: cast it first (fk.fmap)."
-            )
-            raise TypeError(msg)
-        self.shape = known_shape(x, f"fk.save: the array at {key!r}")
-        self.itemsize = stand_in(self.name).itemsize
-        self.nbytes = math.prod(self.shape) * self.itemsize
-
-
 def save(
     path: str | os.PathLike[str],
     model: Any,
@@ -125,10 +96,13 @@ def save(
     keys for modules: ``0.weight``). A tied array is stored once and the tie
     recorded in the metadata (``"functorkit.ties"``), so `load`
     restores it. Non-array leaves (Python numbers, strings) are not stored.
-    Lazy (Dask) arrays are computed a batch of row blocks at a time and
-    written in place, so memory stays near two batches (`BATCH_BYTES` each); a
-    tensor whose blocks share a reduction (a merge's norm or threshold) is
-    computed whole in one batch, so its graph runs once. Any active Dask
+    Lazy (Dask) arrays are written block by block, in two passes where needed:
+    the small reductions their blocks share (a merge's norms or thresholds)
+    first, for the whole file in one compute, then every block, each written
+    at its offset by the task that computes it (with a ``dask.distributed``
+    client or another multi-process scheduler: a batch of blocks, about
+    16 MiB, at a time), so memory stays near a few blocks, not a
+    tensor. Each tensor's graph runs once per pass. Any active Dask
     scheduler is used (``dask.distributed`` included). The file (or
     directory) appears only when complete: on any error, ``KeyboardInterrupt``
     included, the path holds the old checkpoint or the new one, whole, and
@@ -184,7 +158,7 @@ def save(
     order = list(keys)
     # sparse, nested: a TypeError before anything is written
     check_dense([leaves[j] for j in order], lambda i: keys[order[i]][0], "fk.save")
-    items: list[_Item] = []
+    items: list[Item] = []
     ties: dict[str, str] = {}
     for j, ks in keys.items():
         if _HEADER_KEY in ks:
@@ -193,17 +167,17 @@ def save(
                 "metadata, so the file could not be read back. Fix: rename that key."
             )
             raise StructureError(msg)
-        items.append(_Item(ks[0], leaves[j]))
+        items.append(Item(ks[0], leaves[j]))
         ties.update({k: ks[0] for k in ks[1:]})
     meta[TIES] = json.dumps(ties)  # always written: it marks the other metadata as the user's
     if size is None:
-        replace_file(target, lambda tmp: _write_file(tmp, items, meta))
+        replace_file(target, lambda tmp: write_file(tmp, items, meta))
     else:
         shards = _plan_shards(items, size)
         replace_dir(
             target,
             len(shards),
-            lambda file, i: _write_file(file, shards[i], meta),
+            lambda file, i: write_file(file, shards[i], meta),
             lambda file, names: _write_index(file, shards, names, meta),
         )
 
@@ -225,8 +199,8 @@ def _check_metadata(metadata: Any) -> dict[str, str]:
     return dict(metadata)
 
 
-def _plan_shards(items: list[_Item], size: int) -> list[list[_Item]]:
-    shards: list[list[_Item]] = [[]]
+def _plan_shards(items: list[Item], size: int) -> list[list[Item]]:
+    shards: list[list[Item]] = [[]]
     filled = 0
     for it in items:
         if shards[-1] and filled + it.nbytes > size:
@@ -237,102 +211,12 @@ def _plan_shards(items: list[_Item], size: int) -> list[list[_Item]]:
     return shards
 
 
-def _write_index(file: str, shards: list[list[_Item]], names: list[str], meta: dict[str, str]) -> None:
+def _write_index(file: str, shards: list[list[Item]], names: list[str], meta: dict[str, str]) -> None:
     weight_map = {it.key: name for shard, name in zip(shards, names, strict=True) for it in shard}
     total = sum(it.nbytes for shard in shards for it in shard)
     index = {"metadata": {**meta, "total_size": total}, "weight_map": weight_map}
     with builtins.open(file, "w", encoding="utf-8") as f:
         json.dump(index, f, indent=2)
-
-
-def _write_file(file: str, items: list[_Item], meta: dict[str, str]) -> None:
-    """One safetensors file: the header (tensors in walk order), then the data, widest dtypes
-    first so that every tensor is aligned in the file (safetensors allows no gaps).
-
-    Lazy pieces are computed a batch (about `BATCH_BYTES`) at a time: an elementwise tensor's row
-    blocks stream, batch by batch; a tensor whose blocks share a reduction (a merge's norm or
-    threshold, `blocks_share_work`) is computed whole in one batch, so its graph runs once, not once
-    per batch. One writer thread writes a batch while the next is computed (at most two batches in
-    memory)."""
-    order = sorted(items, key=lambda it: -it.itemsize)
-    offsets: dict[str, tuple[int, int]] = {}
-    pos = 0
-    for it in order:
-        offsets[it.key] = (pos, pos + it.nbytes)
-        pos += it.nbytes
-    head = header_bytes([(it.key, it.name, it.shape, *offsets[it.key]) for it in items], meta)
-    with builtins.open(file, "wb") as f, ThreadPoolExecutor(1) as pool:
-        f.write(head)
-        writer = _Writer(f, pool)
-        batch: list[tuple[_Item, Any, int]] = []
-        batch_bytes = 0
-        for it in order:
-            blocks = it.ad.host_blocks(it.x, BATCH_BYTES)
-            if blocks is None:
-                writer.compute_and_write(batch)  # the file is written in order: pending pieces first
-                batch, batch_bytes = [], 0
-                writer.write([(it, _to_host(it), it.nbytes)])
-                continue
-            together = it.ad.blocks_share_work(it.x)  # a reduction inside: compute the graph once
-            for b in blocks:
-                nbytes = math.prod(int(d) for d in b.shape) * it.itemsize
-                batch.append((it, b, nbytes))
-                batch_bytes += nbytes
-                if not together and batch_bytes >= BATCH_BYTES:
-                    writer.compute_and_write(batch)
-                    batch, batch_bytes = [], 0
-            if batch_bytes >= BATCH_BYTES:
-                writer.compute_and_write(batch)
-                batch, batch_bytes = [], 0
-        writer.compute_and_write(batch)
-        writer.wait()
-        if f.tell() != len(head) + pos:
-            msg = f"fk.save: wrote {f.tell()} bytes to {file}, expected {len(head) + pos}."
-            raise RuntimeError(msg)
-
-
-def _to_host(it: _Item) -> np.ndarray[Any, Any]:
-    try:
-        return it.ad.to_host(it.x)
-    except TypeError as e:
-        msg = f"fk.save: cannot read the array at {it.key!r}: {e}."
-        raise TypeError(msg) from None
-
-
-class _Writer:
-    """Writes arrays to `f` in submission order on one thread (a write overlaps the next compute)."""
-
-    def __init__(self, f: Any, pool: ThreadPoolExecutor) -> None:
-        self.f, self.pool = f, pool
-        self.pending: Future[None] | None = None
-
-    def wait(self) -> None:
-        if self.pending is not None:
-            self.pending.result()  # re-raises a failed write
-            self.pending = None
-
-    def write(self, parts: list[tuple[_Item, np.ndarray[Any, Any], int]]) -> None:
-        for it, v, nbytes in parts:
-            if v.nbytes != nbytes:
-                msg = f"fk.save: the array at {it.key!r} gave {v.nbytes} bytes, expected {nbytes} ({it.shape})."
-                raise RuntimeError(msg)
-        self.wait()
-        self.pending = self.pool.submit(self._write, parts)
-
-    def _write(self, parts: list[tuple[_Item, np.ndarray[Any, Any], int]]) -> None:
-        for _, v, nbytes in parts:
-            if nbytes:
-                self.f.write(np.ascontiguousarray(v).reshape(-1).view(np.uint8).data)
-
-    def compute_and_write(self, batch: list[tuple[_Item, Any, int]]) -> None:
-        """Compute the lazy pieces in `batch` together, then queue their write."""
-        if batch:
-            values = batch[0][0].ad.compute_blocks([b for _, b, _ in batch])
-            for (it, _, _), v in zip(batch, values):
-                if _dtype_name(v.dtype) != it.name:
-                    msg = f"fk.save: the lazy array at {it.key!r} computed to dtype {v.dtype}, expected {it.name}."
-                    raise TypeError(msg)
-            self.write([(it, v, nbytes) for (it, _, nbytes), v in zip(batch, values)])
 
 
 # ----------------------------------------------------------------------------- reading
@@ -386,7 +270,7 @@ def _into_like(ck: Checkpoint, like: Any, make: Any, fname: str) -> Any:
             continue
         s = next(iter(stored))
         x, info = leaves[j], ck.tensors[s].info
-        shape, name = known_shape(x, f"fk.{fname}: the array of `like` at {ks[0]!r}"), _dtype_name(x.dtype)
+        shape, name = known_shape(x, f"fk.{fname}: the array of `like` at {ks[0]!r}"), dtype_name(x.dtype)
         if shape != info.shape or name != info.name:
             bad.append(f"{ks[0]!r} in {info.path}: {info.name} {info.shape} stored, {name} {shape} in `like`")
         plan[j] = s
@@ -495,7 +379,7 @@ def load(path: str | os.PathLike[str], /, *, like: Any = None, mmap: bool = Fals
 def open(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:
     """Open a checkpoint lazily: a model whose leaves are Dask arrays over the stored tensors.
 
-    Nothing is read until computed: each chunk (rows of about 16 MiB; an
+    Nothing is read until computed: each chunk (rows of about 4 MiB; an
     empty tensor is one chunk) opens the file, checks that it is still the
     file whose header was read (device, inode, size, modification time: a
     `StructureError` otherwise, never data read at old offsets from another

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import linecache
 from types import CodeType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._registry import DICT, LIST, TUPLE
-from ._treedef import TreeDef
+from ._program import fold
+from ._registry import DICT, LIST, TUPLE, NodeDef
+
+if TYPE_CHECKING:
+    from ._treedef import TreeDef
 
 __all__ = ["CODEGEN_MAX", "build_source", "compile_source", "entry_of_error"]
 
@@ -55,29 +58,12 @@ def build_source(td: TreeDef, leaf_expr: list[str], glb: dict[str, Any], entries
     ``entries[i]`` receives the program entry of line ``i`` (-1 for none), so an error raised
     by a line can name its node's path.
     """
-    prog = td._prog
-    pos_leaf = td._pos_leaf
     lines: list[str] = []
-    stack: list[str] = []
-    pos = 0
-    for idx, e in enumerate(prog):
-        if e is None:
-            stack.append(leaf_expr[pos if pos_leaf is None else pos_leaf[pos]])
-            pos += 1
-            continue
-        if type(e) is int:
-            stack.append(f"n{int(e)}")
-            continue
-        nd, keys, n, leafy, aux, _named = e
-        n = int(n)
-        if leafy:
-            exprs = [leaf_expr[q if pos_leaf is None else pos_leaf[q]] for q in range(pos, pos + n)]
-            pos += n
-        elif n:
-            exprs = stack[-n:]
-            del stack[-n:]
-        else:
-            exprs = []
+
+    def leaf(_p: int, j: int) -> str:
+        return leaf_expr[j]
+
+    def node(idx: int, nd: NodeDef, keys: Any, aux: Any, exprs: list[str]) -> str:
         name = f"n{idx}"
         if nd.fast == DICT:
             parts = []
@@ -95,11 +81,13 @@ def build_source(td: TreeDef, leaf_expr: list[str], glb: dict[str, Any], entries
         else:
             glb[f"U{idx}"] = nd.unflatten
             glb[f"A{idx}"] = aux
-            glb[f"K{idx}"] = keys
+            glb[f"K{idx}"] = keys if keys is not None else list(range(len(exprs)))
             lines.append(f"    {name} = U{idx}(A{idx}, list(K{idx}), [{', '.join(exprs)}])")
         entries.append(idx)
-        stack.append(name)
-    lines.append(f"    return {stack[0]}")
+        return name
+
+    root = fold(td, leaf, node)  # a shared sub-tree met again is the name made at its first place
+    lines.append(f"    return {root}")
     entries.append(-1)
     return lines
 

@@ -16,11 +16,12 @@ from typing import Any, Literal
 
 import numpy as np
 
+from . import _program as program
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._lockstep import _as_array, _reduce_params
-from ._nodedef import aux_equal as _aux_equal
 from ._record import record_plain
+from ._reduce import sharded_total
 from ._treedef import TreeDef
 from ._xp import describe_array, describe_dtype, describe_namespace, device_of, is_array, namespace, same_device
 from .adapters import adapter_of
@@ -65,9 +66,9 @@ def _structure_difference(ta: TreeDef, tb: TreeDef, b: Any) -> str:
         ta.flatten_up_to(b, names=("a", "b"))
     except StructureError as e:
         return str(e)
-    pa = ta._pos_leaf if ta._pos_leaf is not None else range(ta._npos)
-    pb = tb._pos_leaf if tb._pos_leaf is not None else range(tb._npos)
-    if ta._npos == tb._npos and list(pa) != list(pb):
+    pa = ta._ties() or range(ta.num_positions)
+    pb = tb._ties() or range(tb.num_positions)
+    if ta.num_positions == tb.num_positions and list(pa) != list(pb):
         paths = ta.position_paths()
         for p, (ja, jb) in enumerate(zip(pa, pb, strict=True)):
             if ja != jb:
@@ -89,13 +90,14 @@ def _structure_difference(ta: TreeDef, tb: TreeDef, b: Any) -> str:
                     f"at {path.display}: {word(fa)} in `a` but {word(fb)} in `b` (e.g. requires_grad). "
                     "Expected the same trainable leaves."
                 )
-    for idx, (ea, eb) in enumerate(zip(ta._prog, tb._prog, strict=False)):
-        if type(ea) is tuple and type(eb) is tuple and ea[1:4] == eb[1:4] and not _aux_equal(ea[4], eb[4]):
-            return (
-                f"at {ta.entry_path(idx).display}: the static (aux) data of the {ea[0].cls.__qualname__} node "
-                "differs (e.g. a module's training flag or plain attributes, a dataclass's static fields). "
-                "Expected equal static data."
-            )
+    aux = program.aux_difference(ta, tb)
+    if aux is not None:
+        idx, cls = aux
+        return (
+            f"at {ta.entry_path(idx).display}: the static (aux) data of the {cls.__qualname__} node "
+            "differs (e.g. a module's training flag or plain attributes, a dataclass's static fields). "
+            "Expected equal static data."
+        )
     return "the tree definitions differ (node types, keys, aux data, ties or trainable flags)."
 
 
@@ -201,8 +203,50 @@ def _compare(
     fname: str, a: Any, b: Any, rtol: float, atol: float, equal_nan: bool, namespaces: str, full: bool
 ) -> _Verdict | None:
     """None when `a` and `b` are close; else a `_Verdict` (stopping at the first difference unless
-    `full`)."""
+    `full`). Sharded models (torch DTensor) are compared shard by shard on each rank, and the ranks
+    agree on the answer with one all-reduce (``any_rank``, docs/sharded.md), so every rank returns
+    the same."""
+    seen: list[Any] = []
+    verdict = _compare_here(fname, a, b, rtol, atol, equal_nan, namespaces, full, seen)
+    any_rank = _any_rank_hook(seen[0]) if seen else None
+    if any_rank is None:
+        return verdict
+    if any_rank(verdict is not None) and verdict is None:
+        verdict = _Verdict()
+        verdict.add(
+            "the shards on this rank are close, but another rank found a difference in its shards "
+            "(its message names the path)."
+        )
+    return verdict
+
+
+def _any_rank_hook(leaves: list[Any]) -> Any:
+    """The ``any_rank(flag) -> bool`` of the first adapter among `leaves`' array types that has
+    sharded arrays in these leaves (torch DTensor), or None (one look per leaf type)."""
+    for x in dict(zip(map(type, leaves), leaves)).values():
+        if is_array(x):
+            hook = getattr(adapter_of(x), "any_rank", None)
+            if hook is not None:
+                found = hook(leaves)
+                if found is not None:
+                    return found
+    return None
+
+
+def _compare_here(
+    fname: str,
+    a: Any,
+    b: Any,
+    rtol: float,
+    atol: float,
+    equal_nan: bool,
+    namespaces: str,
+    full: bool,
+    seen: list[Any],
+) -> _Verdict | None:
+    """`_compare` on this process's arrays (a DTensor: its local shard); `seen` gets `a`'s leaves."""
     la, ta = record_plain(a, track=True)
+    seen.append(la)
     lb, tb = record_plain(b, track=True)
     ta.refuse_holders(la)  # SPEC 12: arrays inside an unknown object cannot be compared
     tb.refuse_holders(lb)
@@ -271,6 +315,15 @@ def _compare(
                 "that holds no values (torch 'meta') cannot be compared; fix: materialise the model first."
             )
             raise TypeError(msg)
+        local = getattr(ad, "local_pair", None)  # sharded arrays (torch DTensor): their local shards
+        if local is not None:
+            lxy = local(x, y)
+            if isinstance(lxy, str):  # shards that hold different elements: not comparable here
+                verdict.add(f"at {path(j).display}: {lxy}.")
+                if not full:
+                    return verdict
+                continue
+            x, y = lxy
         # no autograd history for the comparison's temporaries (torch: detached views, no copies)
         (pairs if same else host).append((j, ad.detach(x), adapter_of(y).detach(y)))
     for j, x, y in host:
@@ -448,8 +501,8 @@ def assert_allclose(
         raise AssertionError(msg)
 
 
-def _leaf_finite(xp: Any, x: Any, others: list[Any]) -> Any:
-    return xp.all(xp.isfinite(x))
+def _same(x: Any) -> Any:
+    return x
 
 
 def _finite(x: Any) -> Any:
@@ -487,11 +540,16 @@ def all_finite(model: Any, /, *, trainable_only: bool = True) -> Any:
     (True, True)
     """
     try:
-        xp, parts = _reduce_params("all_finite", ("model",), (model,), _leaf_finite, trainable_only, _finite)
+        # the parameters themselves (`_same`): a sharded model is reduced by the adapter below
+        xp, xs = _reduce_params("all_finite", ("model",), (model,), None, trainable_only, _same)
     except ValueError as e:
         if type(e) is ValueError and "has no parameters" in str(e):
             return np.asarray(True)
         raise
+    total = sharded_total("all_finite", ("model",), (model,), trainable_only, adapter_of(xs[0]), xs, None, 0.0)
+    if total is not None:  # sharded (torch DTensor): local shards, one all-reduce (docs/sharded.md)
+        return _as_array(total)
+    parts = list(map(_finite, xs))
     if len(parts) == 1:
         return _as_array(parts[0])
     return _as_array(xp.all(xp.stack(parts)))

@@ -12,12 +12,15 @@ dense (every one but torch) is not looked at.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._keypath import KeyPath
 from ._xp import is_array
 from .adapters import adapter_of
+from .adapters._sharding import first_sharded
 
 __all__ = ["check_dense", "check_dense_leaf", "dense_error", "may_be_sparse"]
 
@@ -28,12 +31,20 @@ def dense_error(where: str, why: str, what: str) -> TypeError:
     return TypeError(msg)
 
 
+#: the operations that need every array whole in this process (a flat vector): a sharded array
+#: (torch DTensor, a JAX array split over devices) is refused there by its path (adapters._sharding)
+_WHOLE = frozenset({"fk.destructure", "re.flatten"})
+
+
 def check_dense(arrays: Sequence[Any], where: Callable[[int], str], what: str) -> None:
     """Raise `dense_error` for the first of `arrays` (any libraries) that is not dense;
-    ``where(i)`` says where ``arrays[i]`` is (its path). One adapter call per array type."""
+    ``where(i)`` says where ``arrays[i]`` is (its path). One adapter call per array type.
+    For a flat vector (`_WHOLE`), a sharded array is refused too (`check_whole`)."""
     if not arrays:
         return
     firsts = dict(zip(map(type, arrays), arrays))  # one array of each type, in a C-level pass
+    if what in _WHOLE:
+        check_whole(arrays, firsts, where, what)
     for t, x in firsts.items():
         if not is_array(x):
             continue
@@ -46,6 +57,30 @@ def check_dense(arrays: Sequence[Any], where: Callable[[int], str], what: str) -
             i = j if idx is None else idx[j]
             why = ad.dense_problem(arrays[i]) or "it is not a dense array"
             raise dense_error(where(i), why, what)
+
+
+def check_whole(arrays: Sequence[Any], firsts: dict[type, Any], where: Callable[[int], str], what: str) -> None:
+    """A `TypeError` naming the first of `arrays` that is sharded: asked once per array type of an
+    adapter that has sharded arrays (torch, JAX: ``adapters._sharding.first_sharded``), the arrays
+    of each type picked out in C-level passes (no Python step per array)."""
+    types: list[type] | None = None
+    for t, x in firsts.items():
+        if not is_array(x):
+            continue
+        ad = adapter_of(x)
+        if getattr(ad, "first_sharded", None) is None:
+            continue
+        idx: list[int] | None = None
+        if len(firsts) > 1:
+            if types is None:
+                types = list(map(type, arrays))
+            idx = list(itertools.compress(range(len(arrays)), map(operator.is_, types, itertools.repeat(t))))
+        found = first_sharded(ad, arrays if idx is None else list(map(arrays.__getitem__, idx)))
+        if found is not None:
+            j, why = found
+            at = where(j if idx is None else idx[j])
+            msg = f"at {at}: {what} builds one flat vector of the whole model, but {why}."
+            raise TypeError(msg)
 
 
 def may_be_sparse(arrays: Sequence[Any]) -> bool:

@@ -16,9 +16,10 @@ import operator
 from typing import Any
 
 from ._alias import check_no_aliases
-from ._dense import check_dense, may_be_sparse
+from ._dense import check_dense
 from ._flat import Restructure, _default_float
 from ._keypath import KeyPath
+from ._plans import keep_plan, plan_for
 from ._policy import (
     Kind,
     check_policy,
@@ -27,7 +28,7 @@ from ._policy import (
     same_device,
 )
 from ._record import record_plain
-from ._reflatten import _check_readable, _new_flat
+from ._reflatten import _check_readable, _new_flat, kinds_of
 from ._registry import export_pending, export_static
 from ._treedef import TreeDef, add_note
 from ._typing import Policy, Tree
@@ -94,11 +95,10 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
     leaves, td = record_plain(model, track=True)
     td.refuse_holders(leaves)  # under every policy (SPEC 12: no array is ever silently a constant)
     export_pending()
-    plans = td._fast_plans
-    if plans is not None:
-        plan: _Plan | None = plans.get(pol)
-        if plan is not None and plan.fits(leaves):
-            return plan.run(leaves, td)
+    op = ("destructure", pol)
+    plan: _Plan | None = plan_for(td, op, leaves)  # what an earlier call decided on leaves of these facts
+    if plan is not None:
+        return plan.run(leaves, td)
     param_idx = _parameters(leaves, td)
     params = list(map(leaves.__getitem__, param_idx))
     check_dense(params, lambda k: td.paths[param_idx[k]].display, "fk.destructure")  # sparse, nested: TypeError
@@ -158,48 +158,26 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
         policy=pol,
         param_types=param_types,
     )
-    if td._fast_match is not None:  # a definition the walk reuses (a small container tree met before)
-        if td._fast_plans is None:
-            td._fast_plans = {}
-        td._fast_plans[pol] = _Plan(leaves, params, re, offsets, sizes)
+    keep_plan(td, op, leaves, _Plan(re, offsets, sizes))  # kept for a definition the walk reuses
     return flat, re
 
 
 class _Plan:
-    """What `destructure` decided for one reused tree definition and policy, and the facts it
-    decided on: the type of every leaf, the dtype of every array leaf, the shape (and, for
-    libraries with several devices, the device) of every parameter. A call whose leaves agree
-    on all of them would decide the same, so only the per-call work is left: the alias check,
-    the new flat vector and a new `Restructure` around the new constants (bench_flat
-    ``destructure(model)`` rows; tests/test_destructure.py checks that this path is taken and
-    that each fact, changed, leads back to the full analysis)."""
+    """What `destructure` decided for one reused tree definition and policy: the rebuilder
+    (parameter indices, shapes, kinds) and the flat layout. The plan cache (``_plans.py``) keeps
+    it with the facts of the leaves it was decided on (`_plans.LeafFacts`: every leaf's type,
+    every array's dtype, shape, device and density) and hands it back only for leaves with
+    the same facts, which the full analysis would decide the same for; so only the per-call
+    work is left: the alias check, the new flat vector and a new `Restructure` around the new
+    constants (bench_flat ``destructure(model)`` rows; tests/test_destructure_plan.py checks that
+    this path is taken and that each fact, changed, leads back to the full analysis)."""
 
-    __slots__ = ("arrays", "devices", "dtypes", "holders", "n", "offsets", "pshapes", "re", "sparse", "types")
+    __slots__ = ("n", "offsets", "re")
 
-    def __init__(
-        self, leaves: list[Any], params: list[Any], re: Restructure[Any], offsets: list[int], sizes: list[int]
-    ) -> None:
-        self.types = tuple(map(type, leaves))
-        self.arrays = [j for j, x in enumerate(leaves) if is_array(x)]
-        self.dtypes = [leaves[j].dtype for j in self.arrays]
-        self.pshapes = [x.shape for x in params]
-        self.sparse = may_be_sparse(params)  # torch: a sparse or nested tensor may come in at a later call
-        self.devices = None if all(adapter_of(x).one_device for x in params) else [device_of(x) for x in params]
+    def __init__(self, re: Restructure[Any], offsets: list[int], sizes: list[int]) -> None:
         self.re = re
         self.offsets = offsets
         self.n = sum(sizes)
-
-    def fits(self, leaves: list[Any]) -> bool:
-        if tuple(map(type, leaves)) != self.types:
-            return False
-        if [leaves[j].dtype for j in self.arrays] != self.dtypes:
-            return False
-        params = [leaves[j] for j in self.re._param_idx]
-        if self.sparse and adapter_of(params[0]).first_not_dense(params) is not None:
-            return False  # the general path names it
-        if [x.shape for x in params] != self.pshapes:
-            return False
-        return self.devices is None or [device_of(x) for x in params] == self.devices
 
     def run(self, leaves: list[Any], td: TreeDef) -> tuple[Any, Restructure[Any]]:
         old = self.re
@@ -243,7 +221,7 @@ def _parameters(leaves: list[Any], td: TreeDef) -> list[int]:
                 break
         add_note(e, f"(functorkit: raised while visiting {td.paths[j].display})")
         raise
-    trainable = td._trainable
+    trainable = td._trainable_mask()
     if trainable is not None:
         flags = list(map(operator.and_, flags, trainable))
     return list(itertools.compress(range(len(leaves)), flags))
@@ -270,36 +248,18 @@ def _one_kind(params: list[Any]) -> tuple[list[Kind], list[int], list[type]] | N
 
 def _kinds(params: list[Any], pol: str, path_of: Any) -> tuple[list[Kind], list[int], list[type]]:
     """Each parameter's kind (namespace, dtype, device), refusing what the policy refuses."""
-    kinds: list[Kind] = []
-    param_kind: list[int] = []
-    param_types: list[type] = []
-    last: tuple[Any, Any, Any, int] | None = None  # (type, dtype, device, kind index) of the previous parameter
-    for j, x in enumerate(params):
-        t = type(x)
-        ad = adapter_of(x)
-        dt = x.dtype
-        dev = ad.device(x)
-        if last is not None and t is last[0] and (dt is last[1] or dt == last[1]) and dev == last[2]:
-            param_kind.append(last[3])  # the common case: one kind after another
-            continue
-        k = Kind(ad.xp, dt, dev)
-        for i, other in enumerate(kinds):
-            if other.xp is k.xp and other.dtype == k.dtype and same_device(other.device, k.device):
-                param_kind.append(i)
-                break
-        else:
-            if kinds:
-                first = kinds[0]
-                if first.xp is not k.xp and decide_mixed(pol, "namespace"):
-                    raise mixed_model_error(pol, "namespace", path_of(0), first, path_of(j), k)
-                what = "dtype" if first.dtype != k.dtype else "device"
-                if decide_mixed(pol, what) and (what == "dtype" or not same_device(first.device, k.device)):
-                    raise mixed_model_error(pol, what, path_of(0), first, path_of(j), k)
-            param_kind.append(len(kinds))
-            kinds.append(k)
-            param_types.append(t)
-        last = (t, dt, dev, param_kind[-1])
-    return kinds, param_kind, param_types
+
+    def refuse(j: int, k: Kind, met: list[Kind]) -> None:
+        if not met:
+            return
+        first = met[0]
+        if first.xp is not k.xp and decide_mixed(pol, "namespace"):
+            raise mixed_model_error(pol, "namespace", path_of(0), first, path_of(j), k)
+        what = "dtype" if first.dtype != k.dtype else "device"
+        if decide_mixed(pol, what) and (what == "dtype" or not same_device(first.device, k.device)):
+            raise mixed_model_error(pol, what, path_of(0), first, path_of(j), k)
+
+    return kinds_of(params, refuse)
 
 
 class _LazyPaths:

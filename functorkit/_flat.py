@@ -52,6 +52,12 @@ from .adapters import adapter_for, adapter_of, tracing
 __all__ = ["ExplainRow", "Explanation", "Restructure"]
 
 _MISS = object()
+#: the generated code of ``re(p)`` is on: [straight-line rebuild, the adapters' view lines fused in
+#: front]. bench_flat's "generated ... off" rows switch each off (same run) and
+#: tests/test_flat_codegen.py checks each is taken: the rebuild is 1.3-1.7x faster than the
+#: definition's interpreter on the 6-array MLP, the fused views 1.3x (torch) to 2.1x (NumPy)
+#: faster than the adapter's ``views``; both are below 20% on a 12-block module (docs/benchmarks.md).
+GENERATED = [True, True]
 
 
 def _kind(x: Any) -> Kind:
@@ -226,7 +232,7 @@ class Restructure(Reflatten, Generic[Tree]):
         """Make ``_build(views)`` and ``_fast(p)`` (generated code, or the interpreter for huge programs)."""
         td = self._td
         nparams = len(self._shapes)
-        if len(td._prog) + len(self._shapes) > CODEGEN_MAX or not self._shapes:
+        if td._num_entries() + len(self._shapes) > CODEGEN_MAX or not self._shapes or not GENERATED[0]:
             self._build = self._interpret
             self._fast = self._fast_generic
             return
@@ -256,7 +262,7 @@ class Restructure(Reflatten, Generic[Tree]):
         exec(code, glb)
         self._gen = (filename, line_entry)
         self._build = glb["build"]
-        self._fast = glb["fast"]
+        self._fast = glb["fast"] if GENERATED[1] else self._fast_generic
 
     def _note_generated(self, e: BaseException) -> None:
         """An error raised inside the generated code: a note naming the node whose line raised it."""

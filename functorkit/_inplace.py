@@ -8,17 +8,31 @@ different results. Then one sweep over the byte extents of every out and input a
 memory overlap between `out` and an input except an out array that *is* the input array at its
 own position (an in-place update). Only then is anything written, row by row, by the adapter's
 kernels (with ``out=``). Constants of `out` are never read or written.
+
+The common case takes a column path first (`_fast_plan`): the models (and `out`, unless it is one
+of them, which is not walked twice) are recorded and matched by the engine's `_columns`, which
+makes the structure, shape, dtype, namespace, device, unknown-holder and dense checks in C-level
+passes; the adapter's ``out_fast`` makes the writability, self-overlap and overlap
+checks over whole lists; identity tests over the columns find ties and in-place rows; coefficients
+are checked once per (type, dtype, device). Anything it cannot decide in those passes (a tie, a
+view, a non-contiguous or read-only array, a term `out` that is read after the first write) sends
+the call down the per-leaf path above, which makes every check again and names what fails: the
+column path raises nothing of its own but the coefficient checks (the same ones, at the first
+parameter of each kind). Paths are built only for a message.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from itertools import chain
+from typing import Any, cast
 
 from ._alias import _clusters, layouts_overlap, memory_layout, separate_allocations
 from ._errors import StructureError
 from ._keypath import KeyPath
-from ._walk import BUILD_NONE, walk
+from ._record import all_distinct
+from ._walk import BUILD_NONE, _PathAt, walk
 from ._xp import describe_array as _describe
 from ._xp import is_array, is_inexact_array
 from .adapters import adapter_of
@@ -134,6 +148,75 @@ def _check_overlaps(fname: str, names: Sequence[str], plan: list[list[Any]], lat
                 raise StructureError(msg)
 
 
+#: the column path of `run_out` is on (tests turn it off to compare both paths)
+FAST = [True]
+_DTYPE = operator.attrgetter("dtype")
+#: a row's path, built only when a message shows it (``_PathAt`` stands in for a KeyPath)
+_path_at: Callable[[Any, int], KeyPath] = cast(Any, _PathAt)
+_DEVICE = operator.attrgetter("device")
+
+
+def _fast_plan(
+    fname: str,
+    names: Sequence[str],
+    models: Sequence[Any],
+    out: Any,
+    every: bool,
+    check: Callable[[KeyPath, Any], None] | None,
+    late: int | None,
+    columns: Callable[..., Any],
+) -> tuple[list[list[Any]], list[Any], Any, list[int]] | None:
+    """``(columns, outs, treedef, indices)``: the models' arrays at each parameter (one list per
+    model), `out`'s arrays there, the first model's definition and the leaf index of each row, with
+    every check of the per-leaf path made (see the module's docstring); None where the per-leaf
+    path must run (it makes every check again and names the one that fails)."""
+    if not FAST[0]:
+        return None
+    k = next((i for i, m in enumerate(models) if m is out), None)
+    trees = tuple(models) if k is not None else (*models, out)
+    cols_ = columns(trees, names if k is not None else (*names, "out"), every, fname)
+    if cols_ is None:
+        return None
+    td, leaves, idx, others = cols_
+    xs = leaves if len(idx) == len(leaves) else list(map(leaves.__getitem__, idx))
+    cols = [xs, *others[: len(models) - 1]]
+    if k is None:
+        outs = others[-1]
+        if not all_distinct(outs):  # `out` tied where the first model is not
+            return None
+        oids = set(map(id, outs))
+        if not all(map(oids.isdisjoint, (map(id, c) for c in cols))):  # `out` holds an input array
+            return None
+    else:
+        outs = cols[k]
+        if (late is not None and k >= late) or (k and not all_distinct(outs)):
+            return None  # a term read after the first write (computed aside), or a tie: per leaf
+        oids = set(map(id, outs))
+        for j, c in enumerate(cols):
+            if j == k:
+                continue
+            same = sum(map(operator.is_, c, outs))  # the out array at its own row: in place
+            if same and late is not None and j >= late:
+                return None
+            if sum(map(oids.__contains__, map(id, c))) != same:  # an out array at another row
+                return None
+    if not xs:
+        return cols, outs, td, idx
+    if len(set(map(type, xs))) != 1:
+        return None
+    ad = adapter_of(xs[0])
+    arrays = list(chain(*cols)) if k is not None else list(chain(outs, *cols))
+    if not ad.out_fast(outs, list(dict(zip(map(id, arrays), arrays)).values())):
+        return None
+    if check is not None:  # once per kind of parameter, at its first row (where the per-leaf path raises;
+        # arrays that passed ``out_fast`` have a ``device``)
+        kinds = zip(map(_DTYPE, xs)) if ad.one_device else zip(map(_DTYPE, xs), map(_DEVICE, xs))
+        first = dict(zip(reversed(list(kinds)), range(len(xs) - 1, -1, -1)))
+        for i in sorted(first.values()):
+            check(_path_at(td, idx[i]), xs[i])
+    return cols, outs, td, idx
+
+
 def run_out(
     fname: str,
     names: Sequence[str],
@@ -146,12 +229,26 @@ def run_out(
     batch: Callable[[list[list[Any]]], list[list[Any]]] | None = None,
     *,
     check_same: CheckSame,
+    columns: Callable[..., Any],
 ) -> Any:
     """Write ``fn(path, x, others, o)`` into each parameter `o` of `out`, all checks first; return `out`.
     `late`: the first model index an accumulating kernel reads after writing into `o`.
     `batch(plan)`: writes the rows it can in one adapter call, returns the others.
-    `check_same`: the lock-step engine's operand check (`CheckSame`)."""
-    plan: list[list[Any]] = []  # [path, models' arrays, out array, first row of this out array, aside]
+    `check_same`, `columns`: the lock-step engine's operand check (`CheckSame`) and its
+    `_columns` (handed down: the lock-step engine imports this module)."""
+    fast = _fast_plan(fname, names, models, out, every, check, late, columns)
+    if fast is not None:
+        cols, outs, td, idx = fast
+        plan: list[list[Any]]
+        if batch is not None and outs:
+            plan = batch([[_path_at(td, i), xs, o, None, False] for i, xs, o in zip(idx, zip(*cols), outs)])
+            for path, xs, o, _, _ in plan:
+                fn(path, xs[0], list(xs[1:]), o)
+            return out
+        for i, o, *xs in zip(idx, outs, *cols):
+            fn(_path_at(td, i), xs[0], xs[1:], o)
+        return out
+    plan = []  # [path, models' arrays, out array, first row of this out array, aside]
     by_out: dict[int, KeyPath] = {}
     first = names[0]
 

@@ -209,15 +209,16 @@ def _columns(
     if not COLUMNS[0] or tracing():  # under torch.compile the per-leaf path traces without breaks
         return None
     leaves, td = record_plain(models[0], track=True)
-    if td._pos_leaf is not None or td._refs:
+    if td._ties() is not None or td._shares():
         return None
     td.refuse_holders(leaves)
     try:
         flags = inexact_flags(leaves)
     except TypeError:  # a leaf functorkit refuses (np.matrix): the per-leaf path raises it with its path
         return None
-    if not every and td._trainable is not None:
-        flags = list(map(operator.and_, flags, td._trainable))
+    mask = td._trainable_mask()
+    if not every and mask is not None:
+        flags = list(map(operator.and_, flags, mask))
     if all(flags):  # every leaf an operand (the common case): no index lists
         idx: list[int] = list(range(len(leaves)))
         xs = leaves
@@ -229,8 +230,8 @@ def _columns(
     if sparse:  # torch: a sparse or nested operand is a TypeError naming its path
         check_dense(xs, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
     cols: list[list[Any]] = []
+    fm = td._generated_match()  # generated for a small container tree met before (_plans.py)
     for j, m in enumerate(models[1:], start=1):
-        fm = td._fast_match
         o = fm(m, False) if fm is not None else _MISS
         if o is _MISS:
             o = td._match(m, j, tuple(names))
@@ -266,7 +267,10 @@ def _map_params(
     batch: Callable[[list[list[Any]]], list[list[Any]]] | None = None,
 ) -> T:
     """Rebuild the first model with ``fn(path, x, others, None)`` at every operand; constants copied.
-    `op` (``op(x, *others)``, the same values as `fn`, needing no path) allows the column path.
+    `op` (``op(x, *others)``, needing no path): the operation's one implementation when given, on
+    the column path (`_columns`) and on the per-leaf pass alike; the per-leaf pass then only checks
+    and names what the columns cannot take (a mismatch, ties, shared sub-trees), and `fn` is used
+    only to write into `out`.
     `check(path, x)`: the checks `fn` makes besides the models' (coefficients), run first.
     With `out`: ``fn(path, x, others, o)`` writes into `out`'s arrays, every check first (``_inplace``);
     `late`: the first model whose array an accumulating `fn` reads after writing into `o`;
@@ -275,7 +279,10 @@ def _map_params(
     if out is not None:
         from ._inplace import run_out
 
-        return cast(T, run_out(fname, names, models, fn, check, every, out, late, batch, check_same=_check_same))
+        done = run_out(
+            fname, names, models, fn, check, every, out, late, batch, check_same=_check_same, columns=_columns
+        )
+        return cast(T, done)
     cols = _columns(models, names, every, fname) if op is not None else None
     if cols is not None and op is not None:
         td, leaves, idx, others = cols
@@ -294,7 +301,7 @@ def _map_params(
                 _check_same(fname, names, path, x, others)
             if check is not None:
                 check(path, x)
-            return _as_array(fn(path, x, others, None))
+            return _as_array(fn(path, x, others, None) if op is None else op(x, *others))
         return copy_array(x)
 
     return cast(T, _run(fname, names, models, visit, BUILD_SAME))
@@ -304,12 +311,14 @@ def _reduce_params(
     fname: str,
     names: Sequence[str],
     models: Sequence[Any],
-    fn: Callable[[Any, Any, list[Any]], Any],
+    fn: Callable[[Any, Any, list[Any]], Any] | None,
     trainable_only: bool = True,
     op: Callable[..., Any] | None = None,
 ) -> tuple[Any, list[Any]]:
     """``(xp, [fn(xp, x, others) per distinct parameter])``; all parameters in one namespace and device.
-    `op` (``op(x, *others)``, the same values as `fn`) allows the column path of `_columns`."""
+    `op` (``op(x, *others)``): the operation's one implementation when given (then `fn` is not
+    needed), on the column path of `_columns` and on the per-leaf pass, which then only checks and
+    names what the columns cannot take."""
     parts: list[Any] = []
     first: list[Any] = []  # [path, x, type, adapter, device, namespace] of the first parameter
     every = not _check_trainable_only(trainable_only, fname)
@@ -322,6 +331,12 @@ def _reduce_params(
             if devices is None or devices == [devices[0]] * len(devices):
                 return namespace(xs[0]), list(map(op, xs, *others))
 
+    def compute(xp: Any, x: Any, others: list[Any]) -> Any:
+        if op is not None:
+            return op(x, *others)
+        assert fn is not None, "either fn or op"
+        return fn(xp, x, others)
+
     def visit(path: KeyPath, x: Any, others: list[Any], trainable: bool) -> None:
         if not ((trainable or every) and is_inexact_array(x)):
             return
@@ -329,7 +344,8 @@ def _reduce_params(
         if others:
             _check_same(fname, names, path, x, others)
         if first and type(x) is first[2] and first[3].device(x) == first[4]:
-            parts.append(fn(first[5], x, others))  # the first parameter's type, namespace and device
+            # the first parameter's type, namespace and device
+            parts.append(compute(first[5], x, others))
             return
         xp = namespace(x)
         if not first:
@@ -345,7 +361,7 @@ def _reduce_params(
                     "model to one device first."
                 )
                 raise PolicyError(msg)
-        parts.append(fn(xp, x, others))
+        parts.append(compute(xp, x, others))
 
     _run(fname, names, models, visit, BUILD_NONE)
     if not parts:

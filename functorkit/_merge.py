@@ -25,6 +25,7 @@ from ._pertensor import (
     cast_back,
     check_density,
     check_real,
+    check_whole,
     count_kept,
     elementwise,
     keep_mask,
@@ -36,6 +37,7 @@ from ._pertensor import (
 from ._typing import Tree as T
 from ._xp import namespace
 from .adapters import adapter_of
+from .adapters._sharding import new_array_device
 
 __all__ = ["dare", "model_stock", "slerp", "task_arithmetic", "ties"]
 
@@ -48,7 +50,7 @@ def _zero(xp: Any, like: Any) -> Any:
 
 def _scalar(xp: Any, v: float, like: Any) -> Any:
     """A 0-d array of `like`'s dtype and device (``where`` on 0-d reductions takes no Python numbers)."""
-    return xp.asarray(v, dtype=like.dtype, device=adapter_of(like).device(like))
+    return xp.asarray(v, dtype=like.dtype, device=new_array_device(adapter_of(like), like))
 
 
 def _models(models: Any, fname: str, least: int = 1) -> list[Any]:
@@ -181,6 +183,8 @@ def _mix(
 
     def fn(path: KeyPath, x: Any, others: list[Any], _out: Any = None) -> Any:
         check_real(fname, path, x)
+        if sparsify is not None:
+            check_whole(fname, path, x)  # thresholds and masks need the whole tensor (not a shard)
         xp = namespace(x)
         wv = [ws[i].get(path) for i in range(len(others))]
         lam = sc.get(path)

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._errors import StructureError
 from ._keypath import KeyPath, safe_repr
 from ._registry import NodeDef, dispatch
 
-__all__ = ["add_note", "describe_found", "mismatch"]
-
-# node entry fields (the layout of a TreeDef program entry, see _treedef.py)
-_ND, _KEYS, _N, _LEAFY, _AUX, _NAMED = range(6)
-
+__all__ = ["Described", "add_note", "describe_found", "mismatch"]
 
 def add_note(e: BaseException, note: str) -> None:
     """Attach `note` to `e` (shown under its traceback), once."""
@@ -34,23 +30,35 @@ def _cycle(path: KeyPath, obj: Any) -> StructureError:
     return StructureError(msg)
 
 
-def describe_found(x: Any) -> str:
-    """A short description of an object met in a tree (for structure mismatch messages)."""
+class Described(NamedTuple):
+    """What sits at a place of a tree, for structure mismatch messages: a node's type name, its
+    keys when they are names (a mapping's), its number of children; a leaf's type name with
+    ``leaf=True``. ``str()`` gives the text (``dict keys {'a', 'b'}``, ``list of length 2``,
+    ``leaf (int)``)."""
+
+    type_name: str
+    keys: tuple[Any, ...] | None
+    length: int
+    leaf: bool = False
+
+    def __str__(self) -> str:
+        if self.leaf:
+            return f"leaf ({self.type_name})"
+        if self.keys is not None:
+            return f"{self.type_name} {self.key_text()}"
+        return f"{self.type_name} of length {self.length}"
+
+    def key_text(self) -> str:
+        return f"keys {{{', '.join(safe_repr(k) for k in self.keys or ())}}}"
+
+
+def describe_found(x: Any) -> Described:
+    """What object `x` met in a tree is (for structure mismatch messages)."""
     nd = dispatch(x)
     if isinstance(nd, NodeDef):
         keys, vals, _aux, named = nd.flatten(x)
-        if named:
-            return f"{type(x).__name__} keys {{{', '.join(safe_repr(k) for k in keys)}}}"
-        return f"{type(x).__name__} of length {len(vals)}"
-    return f"leaf ({type(x).__name__})"
-
-
-def _describe_entry(e: tuple[Any, ...]) -> str:
-    nd = e[_ND]
-    name = nd.cls.__name__
-    if e[_NAMED]:
-        return f"{name} keys {{{', '.join(safe_repr(k) for k in e[_KEYS])}}}"
-    return f"{name} of length {e[_N]}"
+        return Described(type(x).__name__, tuple(keys) if named else None, len(vals))
+    return Described(type(x).__name__, None, 0, leaf=True)
 
 
 def _ordinal(n: int) -> str:
@@ -58,27 +66,31 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def _type_named(desc: str) -> str | None:
-    """The type named by a `describe_found` text (``Linear keys {...}``, ``list of length 2``), or None."""
-    for sep in (" keys {", " of length "):
-        head, found, _ = desc.partition(sep)
-        if found:
-            return head
-    return None
-
-
 def mismatch(
-    path: KeyPath, left: str, right: str, which: int = 1, names: tuple[str, ...] | None = None
+    path: KeyPath,
+    left: Described | str,
+    right: Described | str,
+    which: int = 1,
+    names: tuple[str, ...] | None = None,
 ) -> StructureError:
-    """The error for tree number `which` (0-based) differing from the first one at `path`."""
-    lhead, sep, _ = left.partition(" keys ")
-    if sep and right.startswith(lhead + sep):
-        right = right[len(lhead + sep) :]  # "dict keys {...} vs {...}"
+    """The error for tree number `which` (0-based) differing from the first one at `path`
+    (`left`: what the first tree has there, `right`: what this one has)."""
+    ltype = left.type_name if isinstance(left, Described) and not left.leaf else None
+    rtype = right.type_name if isinstance(right, Described) and not right.leaf else None
+    rtext = str(right)
+    if (
+        ltype is not None
+        and ltype == rtype
+        and isinstance(left, Described)
+        and isinstance(right, Described)
+        and left.keys is not None
+        and right.keys is not None
+    ):
+        rtext = right.key_text()[len("keys ") :]  # "dict keys {...} vs {...}"
     if names is not None and which < len(names):
         differs = f"`{names[which]}` differs from `{names[0]}` here"
     else:
         differs = f"the {_ordinal(which + 1)} tree differs from the first here"
-    ltype, rtype = _type_named(left), _type_named(right)
     types = ""
     if ltype is not None and rtype is not None and ltype != rtype:
         types = (
@@ -92,7 +104,7 @@ def mismatch(
             )
         types += "\n"
     msg = (
-        f"at {path.display}: {left} vs {right}\n{types}"
+        f"at {path.display}: {left} vs {rtext}\n{types}"
         "Every tree must have the structure of the first one (node types, keys, "
         f"lengths); {differs}. Fix that tree, or pass `is_leaf` to stop the walk "
         "above this point."

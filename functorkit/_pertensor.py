@@ -22,6 +22,7 @@ from ._keypath import KeyPath
 from ._lockstep import _describe
 from ._xp import is_complex, namespace
 from .adapters import adapter_of
+from .adapters._sharding import new_array_device, settle, whole_tensor_problem
 
 #: the tolerances of mergekit's formulas (named where they are used)
 EPS_NORM = 1e-8  # slerp: a tensor is normalised only when its norm exceeds this
@@ -57,6 +58,15 @@ def check_real(fname: str, path: KeyPath, x: Any) -> None:
             "defined for real floating parameters only. Fix: merge real and imaginary parts separately, "
             "or pass trainable_only=True / a model without complex parameters."
         )
+        raise TypeError(msg)
+
+
+def check_whole(fname: str, path: KeyPath, x: Any) -> None:
+    """A selection over the whole tensor `x` (top-k thresholds, DARE's masks) cannot be made on a
+    sharded tensor's local part (torch DTensor): a `TypeError` naming the path and the fix."""
+    why = whole_tensor_problem(adapter_of(x), x)
+    if why is not None:
+        msg = f"at {path.display}: fk.{fname} on a sharded model: {why}."
         raise TypeError(msg)
 
 
@@ -174,10 +184,13 @@ def kth_largest(xp: Any, a: Any, k: int) -> Any:
     """The `k`-th largest value of `a` (any shape; ``1 <= k <= a.size``), a 0-d array.
 
     A selection, not a sort, where the namespace has one: ``partition`` (NumPy, JAX),
-    ``kthvalue`` (torch), ``topk`` (Dask: chunk-wise selections, then one over the chunks'
-    candidates, of the smaller side: the `k` largest or the ``n - k + 1`` smallest). Other
-    namespaces (array-api-strict) sort.
+    ``kthvalue`` (torch), the adapter's ``kth_largest`` (Dask: a radix selection on the float
+    bits, one histogram per block and 16 bits, no candidates held). Other namespaces
+    (array-api-strict) sort.
     """
+    fast = adapter_of(a).kth_largest(a, k)  # Dask: one chunked selection (no sort)
+    if fast is not None:
+        return fast
     topk = getattr(xp, "topk", None)
     if topk is not None and getattr(xp, "kthvalue", None) is None and a.ndim > 1:
         a = a.rechunk({i: -1 for i in range(1, a.ndim)})  # Dask: rows whole, so the reshape is free
@@ -310,7 +323,7 @@ def keep_mask(xp: Any, x: Any, density: float, keys: tuple[int, int], path: KeyP
     if _chunked(x):
         fn = functools.partial(_keep_block, shape, keys, thr)
         return x.map_blocks(fn, dtype=bool, meta=np.empty((0,) * len(shape), dtype=bool))
-    dev = adapter_of(x).device(x)
+    dev = new_array_device(adapter_of(x), x)
     return _bits(xp, flat_index(xp, shape, shape, (0,) * len(shape), dev), keys, thr)
 
 
@@ -406,7 +419,8 @@ def tensor_dots(a: Any, b: Any, /, *, trainable_only: bool = True) -> Any:
     def fn(path: Any, x: Any, others: list[Any], _out: Any = None) -> Any:
         check_real("tensor_dots", path, x)
         xp = namespace(x)
-        return vdot(xp, work(xp, x), work(xp, others[0]))
+        # a DTensor's sum is a pending (Partial) one: made whole here (docs/sharded.md)
+        return settle(adapter_of(x), vdot(xp, work(xp, x), work(xp, others[0])))
 
     return _map_params("tensor_dots", ("a", "b"), (a, b), fn, trainable_only)
 
@@ -416,8 +430,8 @@ def tensor_thresholds(model: Any, density: Any, /, *, trainable_only: bool = Tru
 
     At every parameter ``x`` of ``n`` elements, the ``k``-th largest of ``abs(x)`` with
     ``k = max(1, floor(density * n))``: ``abs(x) >= threshold`` selects the elements
-    `fk.ties` keeps. Found by a selection (``partition``/``kthvalue``/Dask's chunked
-    ``topk``), not a sort, where the namespace has one. `density` is a number in ``(0, 1]`` or
+    `fk.ties` keeps. Found by a selection (``partition``/``kthvalue``/on Dask a radix
+    selection over the blocks), not a sort, where the namespace has one. `density` is a number in ``(0, 1]`` or
     a dict from path globs to numbers (as in `fk.ties`). Dtypes as in `tensor_norms`.
 
     Examples
@@ -433,6 +447,7 @@ def tensor_thresholds(model: Any, density: Any, /, *, trainable_only: bool = Tru
 
     def fn(path: Any, x: Any, others: list[Any], _out: Any = None) -> Any:
         check_real("tensor_thresholds", path, x)
+        check_whole("tensor_thresholds", path, x)
         xp = namespace(x)
         a = xp.abs(work(xp, x))
         return kth_largest(xp, a, count_kept(math.prod(int(d) for d in x.shape), dens.get(path)))

@@ -13,11 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from ._codegen import build_source, compile_source
+from . import _plans
 from ._errors import StructureError
 from ._holders import use_walk
 from ._keypath import KeyPath, make_path, safe_repr
 from ._messages import _cycle, _visiting
+from ._plans import MATCH_BY_ROOT
+from ._program import KEYS
 from ._registry import (
     DICT,
     LIST,
@@ -28,8 +30,7 @@ from ._registry import (
     NodeDef,
     resolve,
 )
-from ._treedef import _KEYS, _LEAFY, _MISS, _N, _NO_AUX, TreeDef, add_note
-from .adapters import tracing
+from ._treedef import _MISS, _NO_AUX, TreeDef, add_note
 
 __all__ = ["flatten", "record", "record_plain", "unflatten"]
 
@@ -264,24 +265,15 @@ def _finish(
             pl.append(j)
         if len(leaves) != npos:
             pos_leaf = tuple(pl)
-    td = TreeDef._make(
-        prog,
-        npos,
-        len(leaves),
-        pos_leaf,
-        None,
-        frozenset(refs) if refs else _NO_REFS,
-        frozenset(forced) if forced else _NO_REFS,
-    )
-    if tsets:
-        td._trainable = _trainable(td, tsets)
-    return leaves, td
+    refs_ = frozenset(refs) if refs else _NO_REFS
+    forced_ = frozenset(forced) if forced else _NO_REFS
+    return leaves, TreeDef._recorded(prog, npos, len(leaves), pos_leaf, refs_, forced_, tsets)
 
 
 class _Recorder:
     """The single walk: an explicit stack of iterators over children (C-level iteration per node;
     depth bounded by memory). Trainability is not computed during the walk: the nodes' trainable
-    key sets are kept by program entry and resolved afterwards, over the program (`_trainable`),
+    key sets are kept by program entry and resolved afterwards, over the program (``_program.trainable_leaves``),
     only when some node declared one."""
 
     __slots__ = ("forced", "is_leaf", "its", "keep", "opens", "prog", "refs", "slots", "track", "tsets")
@@ -302,7 +294,7 @@ class _Recorder:
         """The path of the child the walk is at (read off the iterators' remaining lengths)."""
         keys = []
         for fr, it in zip(self.opens, self.its[1:]):
-            vals, ckeys = fr[3], fr[2][_KEYS]
+            vals, ckeys = fr[3], fr[2][KEYS]
             i = len(vals) - length_hint(it) - 1
             keys.append(i if ckeys is None else ckeys[i])
         return make_path(tuple(keys))
@@ -481,55 +473,6 @@ def all_distinct(objs: list[Any]) -> bool:
     return not bool((ids[1:] == ids[:-1]).any())
 
 
-def _trainable(td: TreeDef, tsets: dict[int, frozenset[Any]]) -> tuple[bool, ...] | None:
-    """Each distinct leaf: trainable when at least one of its positions is (every node above it
-    declares that child trainable). Runs over the expanded program, so every position of a shared
-    sub-tree counts, from the root (right to left); None when every leaf is trainable."""
-    ex = td.expanded()
-    prog = ex._prog
-    pos_tr = [True] * ex._npos
-    pos = ex._npos
-    stack: list[list[Any]] = []  # [keys, remaining, trainable, trainable keys or None]
-    for idx in range(len(prog) - 1, -1, -1):
-        while stack and stack[-1][1] == 0:
-            stack.pop()
-        if stack:
-            fr = stack[-1]
-            fr[1] -= 1
-            tset = fr[3]
-            if tset is None:
-                tr = fr[2]
-            else:
-                keys = fr[0]
-                tr = fr[2] and (fr[1] if keys is None else keys[fr[1]]) in tset
-        else:
-            tr = True
-        e = prog[idx]
-        if e is None:
-            pos -= 1
-            pos_tr[pos] = tr
-        elif type(e) is tuple:
-            n = e[_N]
-            ctset = tsets.get(id(e)) if tr else None
-            if e[_LEAFY]:
-                pos -= n
-                if not tr:
-                    pos_tr[pos : pos + n] = [False] * n
-                elif ctset is not None:
-                    keys = e[_KEYS]
-                    pos_tr[pos : pos + n] = [(j if keys is None else keys[j]) in ctset for j in range(n)]
-            elif n:
-                stack.append([e[_KEYS], n, tr, ctset])
-    if all(pos_tr):
-        return None
-    ltr = [False] * td._nleaves
-    pl = ex._pos_leaf
-    for p, ok in enumerate(pos_tr):
-        if ok:
-            ltr[p if pl is None else pl[p]] = True
-    return tuple(ltr)
-
-
 def flatten(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None) -> tuple[list[Any], TreeDef]:
     """The distinct leaves of `tree` in walk order, and its `TreeDef`.
 
@@ -596,23 +539,7 @@ def unflatten(treedef: TreeDef, leaves: Iterable[Any], /) -> Any:
 # A model called in a loop (a small MLP mapped every step) pays the walk's fixed cost each time.
 # For small trees made only of dicts, lists and tuples (no aux data, so a recorded definition
 # rebuilds any tree of that shape exactly), the second recording of one structure generates a
-# straight-line matcher: it checks the tree has that structure (types, lengths, keys in order,
-# leaves where leaves were, no two positions holding one object) and returns its leaves, or MISS.
-# Anything else (other node types, ties, shared sub-trees, is_leaf, trainability) is recorded
-# as usual. bench_walk's "(b) A small model" rows measure it; tests/test_walk.py turns it off to
-# see the difference.
-
-#: trees with more positions or program entries than this are not planned (the walk's own cost
-#: per leaf dominates there, and comparing definitions would cost as much as recording)
-PLAN_MAX = 64
-#: trees with more program entries than this (nodes, and leaves outside all-leaf nodes) are not
-#: planned; a planned tree with more than PLAN_MAX positions gets a matcher but no generated builder
-#: (the definition's own build slices the leaves of an all-leaf node at once)
-PLAN_NODES = 512
-#: (root type, root length) -> [TreeDef, matcher, seen, the node table snapshot it was made under]
-_PLANS: dict[tuple[type, int], list[Any]] = {}
-_PLANS_MAX = 256
-_PLAIN = (DICT, LIST, TUPLE)
+# straight-line matcher, kept by the plan cache (``_plans.py``), which says what it checks.
 
 
 def record_plain(tree: Any, track: bool = False) -> tuple[list[Any], TreeDef]:
@@ -620,117 +547,16 @@ def record_plain(tree: Any, track: bool = False) -> tuple[list[Any], TreeDef]:
     met before (plain containers declare no trainability: `track` changes nothing for them)."""
     t = type(tree)
     if t is dict or t is list or t is tuple:
-        key = (t, len(tree))
-        plan = _PLANS.get(key)
         tables = TABLES[0]  # a plan holds the snapshot it was made under: valid while it is published
-        if plan is not None and plan[1] is not None and plan[3] is tables:
-            leaves = plan[1](tree)
+        hit = MATCH_BY_ROOT.get((t, len(tree)))  # the plan cache (``_plans.py``): a matcher for this root
+        if hit is not None and hit[1] is tables:
+            leaves = hit[0](tree)
             if leaves is not _MISS:
-                return leaves, plan[0]
+                return leaves, hit[2]
         leaves, td = record(tree, None, track=track)
-        if len(td._prog) <= PLAN_NODES and _plain(td):
-            _remember(key, plan, td, tables)
+        _plans.remember(tree, td, tables, all_distinct, _DISTINCT_SORT)
         return leaves, td
     return record(tree, None, track=track)
-
-
-def _plain(td: TreeDef) -> bool:
-    return (
-        td._pos_leaf is None
-        and not td._refs
-        and not td._forced
-        and all(e is None or (type(e) is tuple and e[0].fast in _PLAIN) for e in td._prog)
-    )
-
-
-def _remember(key: tuple[type, int], plan: list[Any] | None, td: TreeDef, tables: Any) -> None:
-    # `tables`: the snapshot read before `td` was recorded (the walk read it or a newer one)
-    gen = tables
-    if plan is None or plan[3] is not gen or plan[0] != td:
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        _PLANS[key] = [td, None, 1, gen]
-        return
-    plan[2] += 1
-    if plan[1] is None and plan[2] >= 2 and not tracing():  # no compile()/exec under torch.compile
-        plan[1] = first = _matcher(td)
-        known = plan[0]
-        known._fast_match = first
-        if len(known._prog) + known._npos <= PLAN_MAX:
-            known._fast_build = _builder(known)
-
-
-def _builder(td: TreeDef) -> Any:
-    """A generated ``build(values) -> tree`` (the compiled form of `td`'s program)."""
-    glb: dict[str, Any] = {}
-    entries: list[int] = []
-    body = build_source(td, [f"v{p}" for p in range(td._npos)], glb, entries)
-    head = ["def build(v):"]
-    if td._npos:
-        head.append(f"    {', '.join(f'v{p}' for p in range(td._npos))}, = v")
-    code, _ = compile_source("\n".join([*head, *body]))
-    exec(code, glb)
-    return glb["build"]
-
-
-def _matcher(td: TreeDef) -> Any:
-    """A generated ``match(tree, ties=True) -> leaves or MISS`` for trees of `td`'s structure
-    (``ties=False``: a tie in `tree` is no mismatch, for the other trees of a multi-tree map, whose
-    value at every position is wanted)."""
-    prog = td._prog
-    glb: dict[str, Any] = {"MISS": _MISS, "TABLES": TABLES}
-    # the leaf types of the node table published when it runs (one snapshot per call)
-    lines = ["def match(t, ties=True):", "    LEAVES = TABLES[0][2]", "    out = []"]
-    names: dict[int, str] = {}
-    mutable: list[str] = []  # the empty dicts and lists: met twice, they would be a shared sub-tree (R2)
-    # the access expression of each entry, from its parent (pre-order: a parent before its children)
-    children = td.children()
-    access = {len(prog) - 1: "t"}
-    for idx in td._preorder():
-        e = prog[idx]
-        x = access[idx]
-        if e is None:
-            lines += [f"    if type({x}) not in LEAVES:", "        return MISS", f"    out.append({x})"]
-            continue
-        name = f"x{idx}"
-        names[idx] = name
-        nd, keys, n, leafy, _aux, _named = e
-        t = {DICT: "dict", LIST: "list", TUPLE: "tuple"}[nd.fast]
-        check = f"type({name}) is not {t} or len({name}) != {int(n)}"
-        if nd.fast == DICT:
-            glb[f"K{idx}"] = list(keys)
-            check += f" or list({name}) != K{idx}"
-        lines += [f"    {name} = {x}", f"    if {check}:", "        return MISS"]
-        if nd.mutable and not n:  # (one met twice with leaves repeats them: the tie test below sees it)
-            mutable.append(name)
-        if leafy:
-            vals = f"list({name}.values())" if nd.fast == DICT else name
-            lines += [
-                f"    v = {vals}",
-                "    if not LEAVES.issuperset(map(type, v)):",
-                "        return MISS",
-                "    out.extend(v)",
-            ]
-            continue
-        for j, c in enumerate(children.get(idx, [])):
-            if nd.fast == DICT:
-                glb[f"k{idx}_{j}"] = keys[j]
-                access[c] = f"{name}[k{idx}_{j}]"
-            else:
-                access[c] = f"{name}[{j}]"
-    # one set for the leaves and the mutable nodes (never the same objects): no tie, no node met twice
-    nodes = "".join(f", id({m})" for m in mutable) if len(mutable) > 1 else ""
-    if td._npos < _DISTINCT_SORT:
-        test = f"len({{*map(id, out){nodes}}}) != {int(td._npos) + (len(mutable) if nodes else 0)}"
-    else:
-        glb["DISTINCT"] = all_distinct
-        test = "not DISTINCT(out)"
-        if nodes:
-            test += f" or len({{{nodes[2:]}}}) != {len(mutable)}"
-    lines += [f"    if ties and ({test}):", "        return MISS", "    return out"]
-    code, _ = compile_source("\n".join(lines))
-    exec(code, glb)
-    return glb["match"]
 
 
 # the holder check (``_holders``, below this module: the tree definition calls it) looks inside

@@ -16,11 +16,14 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ._errors import PolicyError
 from ._keypath import KeyPath
-from ._lockstep import _as_array, _describe, _map_params, _real_dtype, _reduce_params
+from ._lockstep import _as_array, _describe, _map_params, _real_dtype, _reduce_params, _run
 from ._typing import Tree as T
-from ._xp import is_complex, namespace
+from ._walk import BUILD_NONE
+from ._xp import is_complex, is_inexact_array, namespace
 from .adapters import adapter_of
+from .adapters._sharding import ShardRefusal, sharded_reduce
 
 __all__ = ["dot", "filter_normalize", "norm", "normalize"]
 
@@ -65,10 +68,6 @@ def _flat(xp: Any, x: Any) -> Any:
     return xp.reshape(x, (-1,))
 
 
-def _leaf_dot(xp: Any, x: Any, others: list[Any]) -> Any:
-    return adapter_of(x).vdot(x, others[0])
-
-
 def dot(a: T, b: T, /, *, trainable_only: bool = True) -> Any:
     """The inner product of two models' parameters: ``sum(vdot(pa, pb))``, a 0-d array.
 
@@ -95,16 +94,52 @@ def dot(a: T, b: T, /, *, trainable_only: bool = True) -> Any:
     >>> float(fk.dot(a, a))
     14.0
     """
-    dts: list[Any] = []
+    ys: list[Any] = []
 
     def leaf(xp: Any, x: Any, others: list[Any]) -> Any:
-        if not dts:
-            dts.append(x.dtype)
-        return _leaf_dot(xp, x, others)
+        ys.append(others[0])
+        return x
 
-    xp, parts = _reduce_params("dot", ("a", "b"), (a, b), leaf, trainable_only)
-    r = parts[0] if len(parts) == 1 else xp.sum(xp.stack(parts))
-    return _as_array(_narrow_back(xp, adapter_of(parts[0]), r, dts[0]))
+    xp, xs = _reduce_params("dot", ("a", "b"), (a, b), leaf, trainable_only)
+    ad = adapter_of(xs[0])
+    r = sharded_total("dot", ("a", "b"), (a, b), trainable_only, ad, xs, ys, 2.0)
+    if r is None:
+        parts = list(map(ad.vdot, xs, ys))
+        r = parts[0] if len(parts) == 1 else xp.sum(xp.stack(parts))
+    return _as_array(_narrow_back(xp, ad, r, xs[0].dtype))
+
+
+def sharded_total(
+    fname: str,
+    names: tuple[str, ...],
+    models: tuple[Any, ...],
+    trainable_only: bool,
+    ad: Any,
+    xs: list[Any],
+    ys: list[Any] | None,
+    o: float,
+) -> Any:
+    """The total over sharded parameters made by their adapter with at most one reduction across
+    ranks (``adapters._sharding``), or None when none is sharded; a refusal names the path."""
+    try:
+        kind = "all_finite" if fname == "all_finite" else "dot" if ys is not None else "norm"
+        return sharded_reduce(ad, kind, xs, ys, o)
+    except ShardRefusal as e:
+        path = _param_paths(fname, names, models, trainable_only)[e.index]
+        msg = f"at {path.display}: fk.{fname} on a sharded model: {e.why}."
+        raise PolicyError(msg) from None
+
+
+def _param_paths(fname: str, names: tuple[str, ...], models: tuple[Any, ...], trainable_only: bool) -> list[KeyPath]:
+    """The paths of the parameters `_reduce_params` visits, in its order (for messages only)."""
+    paths: list[KeyPath] = []
+
+    def visit(path: KeyPath, x: Any, others: list[Any], trainable: bool) -> None:
+        if (trainable or not trainable_only) and is_inexact_array(x):
+            paths.append(path)
+
+    _run(fname, names, models, visit, BUILD_NONE)
+    return paths
 
 
 def _narrow_back(xp: Any, ad: Any, r: Any, dtype: Any) -> Any:
@@ -252,35 +287,42 @@ def _norm(a: Any, o: float, fname: str, trainable_only: bool = True, keep: bool 
 
 def _norm_acc(a: Any, o: float, fname: str, trainable_only: bool) -> tuple[Any, Any]:
     power = o not in (0.0, 1.0, math.inf, -math.inf)  # summed as |x|**o, then one root
-    dts: list[Any] = []
-
-    def leaf(xp: Any, x: Any, others: list[Any]) -> Any:
+    xp, xs = _reduce_params(fname, ("a",), (a,), _first, trainable_only, _same)
+    ad = adapter_of(xs[0])
+    x0 = xs[0]
+    dt = _real_dtype(xp, x0.dtype) if is_complex(x0) else x0.dtype
+    total = sharded_total(fname, ("a",), (a,), trainable_only, ad, xs, None, o)
+    if total is not None:  # sharded: the global sum (or max, min, count), on every rank
         if o == 2:
-            return x  # reduced below, many small arrays at once
-        if not dts:
-            dts.append(_real_dtype(xp, x.dtype) if is_complex(x) else x.dtype)
-        acc = adapter_of(x).accumulate_dtype(x.dtype)
-        if acc is not None:
-            x = xp.astype(x, acc)
-        if power:
-            return xp.sum(xp.abs(x) ** o)
-        return _vector_norm(xp, x, ord=o)
-
-    xp, parts = _reduce_params(fname, ("a",), (a,), leaf, trainable_only, _same if o == 2 else None)
+            return _as_array(_root(xp, ad, total, 2.0)), x0.dtype
+        return _as_array(_root(xp, ad, total, o) if power else total), dt
     if o == 2:
-        ad = adapter_of(parts[0])
-        sq = _sums_of_squares(ad, parts)
+        sq = _sums_of_squares(ad, xs)
         total = sq[0] if len(sq) == 1 else xp.sum(xp.stack(sq))
-        return _as_array(_root(xp, ad, total, 2.0)), parts[0].dtype
-    dt = dts[0]
+        return _as_array(_root(xp, ad, total, 2.0)), x0.dtype
+    parts = [_leaf_norm(xp, x, o, power) for x in xs]
     if len(parts) == 1 and not power:
         return _as_array(parts[0]), dt
     stacked = xp.stack(parts)
     if power:
-        return _as_array(_root(xp, adapter_of(parts[0]), xp.sum(stacked), o)), dt
+        return _as_array(_root(xp, ad, xp.sum(stacked), o)), dt
     if o == 0:
         return _as_array(xp.sum(stacked)), dt
     return _as_array(_vector_norm(xp, stacked, ord=o)), dt
+
+
+def _first(xp: Any, x: Any, others: list[Any]) -> Any:
+    return x
+
+
+def _leaf_norm(xp: Any, x: Any, o: float, power: bool) -> Any:
+    """One parameter's part of a norm of order `o` (not 2): ``sum(|x|**o)`` or its vector norm."""
+    acc = adapter_of(x).accumulate_dtype(x.dtype)
+    if acc is not None:
+        x = xp.astype(x, acc)
+    if power:
+        return xp.sum(xp.abs(x) ** o)
+    return _vector_norm(xp, x, ord=o)
 
 
 def _root(xp: Any, ad: Any, total: Any, o: float) -> Any:

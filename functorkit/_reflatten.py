@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ._alias import layouts_overlap, memory_layout, separate_allocations
@@ -10,7 +11,6 @@ from ._dense import check_dense
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._policy import (
-    Decision,
     Kind,
     check_policy,
     decide_flatten,
@@ -105,30 +105,14 @@ class Reflatten:
         leaves = self._match(model)
         if out is not None:
             self._check_out_apart(out, leaves)
-        # policy: each parameter against the flat vector
-        seen: list[tuple[Kind, Decision]] = []
-        kinds: list[Kind] = []  # the distinct kinds met, for the readability check
-        which: list[int] = []  # each parameter's index into `kinds`
-        last: tuple[Any, Any, Any, int] | None = None
-        for j, x in enumerate(leaves):
-            t, dt = type(x), x.dtype
-            ad = adapter_of(x)
-            dev = ad.device(x)
-            if last is not None and t is last[0] and (dt is last[1] or dt == last[1]) and dev == last[2]:
-                which.append(last[3])  # the kind of the previous parameter: decided already
-                continue
-            lk = Kind(ad.xp, dt, dev)
-            for other, d in seen:  # noqa: B007 - d is used after the break
-                if other.xp is lk.xp and other.dtype == lk.dtype and same_device(other.device, lk.device):
-                    break
-            else:
-                d = decide_flatten(pol, lk, kind)
-                seen.append((lk, d))
+        # policy: each parameter's kind against the flat vector, decided once per kind
+
+        def refuse(j: int, lk: Kind, _met: list[Kind]) -> None:
+            d = decide_flatten(pol, lk, kind)
             if d.error is not None:
                 raise flatten_error(pol, self.paths[j], lk, kind, d.error)
-            which.append(len(kinds))
-            kinds.append(lk)
-            last = (t, dt, dev, which[-1])
+
+        kinds, which, _ = kinds_of(leaves, refuse)
         _check_readable(kinds, which, kind, lambda j: self.paths[j])
         if out is None:
             return _new_flat(kind, self._n, leaves, self._offsets, self._shapes)
@@ -210,7 +194,7 @@ class Reflatten:
             )
         assert type(got) is list
         td.refuse_holders(got, positions=True)
-        pos_leaf = td._pos_leaf
+        pos_leaf = td._ties()
         first = td.leaf_positions()
         leaves = [got[first[j]] for j in self._param_idx]
         check_dense(leaves, lambda k: self.paths[k].display, "re.flatten")  # sparse, nested: TypeError
@@ -237,7 +221,7 @@ class Reflatten:
         return leaves
 
 
-def _flatten_mismatch(path: KeyPath, expected: str, found: str) -> StructureError:
+def _flatten_mismatch(path: KeyPath, expected: object, found: object) -> StructureError:
     msg = (
         f"at {path.display}: re.flatten expected {expected}, found {found}. The model must have the "
         "structure of the one given to fk.destructure (node types, keys, lengths, ties, parameter "
@@ -255,6 +239,41 @@ def _describe_obj(c: Any) -> str:
 def _new_flat(kind: Kind, n: int, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> Any:
     """A new flat vector holding `leaves` (never aliasing them, never carrying autograd history)."""
     return adapter_for(kind.xp).new_flat(kind.dtype, kind.device, n, leaves, offsets, shapes)
+
+
+def kinds_of(
+    arrays: list[Any], new_kind: Callable[[int, Kind, list[Kind]], None]
+) -> tuple[list[Kind], list[int], list[type]]:
+    """Each array's kind (namespace, dtype, device), grouped: the distinct kinds in order of first
+    appearance, each array's index into them, and the array type of each kind. ``new_kind(j,
+    kind, met)`` is called at array `j` of a kind not met before (`met`: the kinds before it), to
+    refuse what a policy refuses; so every decision on kinds is made once per kind, here for
+    `destructure` and ``re.flatten`` alike. The common case (each array of the previous one's
+    kind) costs one comparison."""
+    kinds: list[Kind] = []
+    which: list[int] = []
+    types: list[type] = []
+    last: tuple[Any, Any, Any, int] | None = None  # (type, dtype, device, kind index) of the previous array
+    for j, x in enumerate(arrays):
+        t = type(x)
+        ad = adapter_of(x)
+        dt = x.dtype
+        dev = ad.device(x)
+        if last is not None and t is last[0] and (dt is last[1] or dt == last[1]) and dev == last[2]:
+            which.append(last[3])
+            continue
+        k = Kind(ad.xp, dt, dev)
+        for i, other in enumerate(kinds):
+            if other.xp is k.xp and other.dtype == k.dtype and same_device(other.device, k.device):
+                which.append(i)
+                break
+        else:
+            new_kind(j, k, kinds)
+            which.append(len(kinds))
+            kinds.append(k)
+            types.append(t)
+        last = (t, dt, dev, which[-1])
+    return kinds, which, types
 
 
 def _check_readable(kinds: list[Kind], param_kind: list[int], flat_kind: Kind, path_of: Any) -> None:

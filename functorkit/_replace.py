@@ -238,7 +238,7 @@ def replace(tree: Any, updates: Mapping[Any, Any], /) -> Any:
     nodes = [(rp, at, v) for rp, at, v in targets if type(at) is not int]
     if not nodes:
         new = list(leaves)
-        pl = td._pos_leaf
+        pl = td._ties()
         set_by: dict[int, KeyPath] = {}
         for rp, at, v in targets:
             j = at if pl is None else pl[at]
@@ -281,8 +281,8 @@ def _replace_nodes(
             stop[id(obj)] = obj
     leaves2, td2 = record(tree, lambda x: id(x) in stop)
     index2 = position_index(td2)
-    pl = td._pos_leaf
-    pl2 = td2._pos_leaf
+    pl = td._ties()
+    pl2 = td2._ties()
     new = list(leaves2)
     set_by: dict[int, KeyPath] = {}
     alone: list[tuple[int, KeyPath, Any]] = []  # (position, path, value): a node replaced at the named place only
@@ -308,7 +308,7 @@ def _replace_nodes(
         _assign(new, set_by, j2, rp, v, where)
     if not alone:
         return td2.unflatten(new)
-    if td2._refs != frozenset() and not td._refs:
+    if td2._shares() and not td._shares():
         # the stopped node made an enclosing scalar-only node look shared: rebuild without sharing
         exp = td2.expanded()
         vals = exp.position_values(new)

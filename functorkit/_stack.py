@@ -36,8 +36,8 @@ def _stack_mismatch(td0: TreeDef, tdi: TreeDef, models: list[Any], i: int) -> St
     path = KeyPath(())
     if e0.num_positions == ei.num_positions:
         lp0, lpi = e0.leaf_positions(), ei.leaf_positions()
-        pl0: Any = e0._pos_leaf or range(e0.num_positions)
-        pli: Any = ei._pos_leaf or range(ei.num_positions)
+        pl0: Any = e0._ties() or range(e0.num_positions)
+        pli: Any = ei._ties() or range(ei.num_positions)
         for p in range(e0.num_positions):
             if lp0[pl0[p]] != lpi[pli[p]]:
                 path = e0.position_paths()[p]

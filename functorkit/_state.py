@@ -18,10 +18,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple, overload
 
+from . import _program as program
 from ._errors import StructureError
 from ._keypath import KeyPath, safe_repr
 from ._load import Loader
 from ._record import flatten
+from ._registry import NodeDef
 from ._treedef import TreeDef, add_note
 from ._xp import MATRIX_MESSAGE, _is_kind, describe_dtype, is_array, namespace
 from .adapters import adapter_of
@@ -79,32 +81,23 @@ class IncompatibleKeys(_Keys):
 def _skipped_positions(td: TreeDef) -> set[int]:
     """Positions of an expanded TreeDef that its nodes leave out of the state dict (torch:
     non-persistent buffers), from one pass over the program."""
-    prog = td._prog
-    if not any(type(e) is tuple and e[0].state_skip is not None for e in prog):
+    if not any(nd.state_skip is not None for nd in program.node_defs(td)):
         return set()
     skipped: set[int] = set()
-    spans: list[tuple[int, int]] = []  # the position range of each value built so far
-    pos = 0
-    for e in prog:
-        if e is None:
-            spans.append((pos, pos + 1))
-            pos += 1
-            continue
-        nd, keys, n, leafy, aux, _named = e
-        if leafy:
-            ch = [(pos + j, pos + j + 1) for j in range(n)]
-            pos += n
-        elif n:
-            ch = spans[-n:]
-            del spans[-n:]
-        else:
-            ch = []
+
+    def leaf(p: int, _j: int) -> tuple[int, int]:
+        return (p, p + 1)  # the position range of each value built (None: an empty node)
+
+    def node(_idx: int, nd: NodeDef, keys: Any, aux: Any, ch: list[Any]) -> tuple[int, int] | None:
         drop = nd.state_skip(aux) if nd.state_skip is not None and ch else None
         if drop:
-            for k, (a, b) in zip(keys if keys is not None else range(n), ch):
-                if k in drop:
-                    skipped.update(range(a, b))
-        spans.append((ch[0][0], ch[-1][1]) if ch else (pos, pos))
+            for k, span in zip(keys if keys is not None else range(len(ch)), ch):
+                if k in drop and span is not None:
+                    skipped.update(range(*span))
+        spans = [c for c in ch if c is not None]
+        return (spans[0][0], spans[-1][1]) if spans else None
+
+    program.fold(td, leaf, node)
     return skipped
 
 

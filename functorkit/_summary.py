@@ -227,8 +227,9 @@ def summary(model: Any, /) -> Summary:
     trainable = td.trainable
     exp = td.expanded()
     places: dict[int, list[KeyPath]] = {}
-    if exp._pos_leaf is not None:
-        for p, j in zip(exp.position_paths(), exp._pos_leaf):
+    ties = exp._ties()
+    if ties is not None:
+        for p, j in zip(exp.position_paths(), ties):
             places.setdefault(j, []).append(p)
     paths = td.paths
     rows = []

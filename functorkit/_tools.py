@@ -12,11 +12,12 @@ import fnmatch
 from collections.abc import Callable
 from typing import Any, cast
 
+from . import _program as program
 from ._errors import StructureError
 from ._keypath import KeyPath
-from ._match import match_tree
+from ._program_match import match_tree
 from ._record import record
-from ._treedef import _LEAFY, _N, TreeDef, add_note
+from ._treedef import TreeDef, add_note
 
 __all__ = ["combine", "partition"]
 
@@ -173,103 +174,9 @@ def combine(*groups: Any) -> Any:
                 raise StructureError(msg)
             out[p] = v
             owner[p] = k
-    if not any(td._refs for _, td in recs):
+    tds = [td for _, td in recs]
+    if not any(td._shares() for td in tds):
         return exp0.build(out)
-    return _shared_def(exp0, [td for _, td in recs], out)
-
-
-def _spans(prog: list[Any]) -> list[int]:
-    """For each program entry: the index of the first entry of the sub-tree it ends."""
-    start = [0] * len(prog)
-    open_: list[int] = []
-    for idx, e in enumerate(prog):
-        if type(e) is tuple and not e[_LEAFY] and e[_N]:
-            n = e[_N]
-            first = open_[-n]
-            del open_[-n:]
-            open_.append(first)
-        else:
-            open_.append(idx)
-        start[idx] = open_[-1]
-    return start
-
-
-def _origins(td: TreeDef) -> list[int]:
-    """For each entry of ``td.expanded()``'s program: the entry of ``td``'s program it copies."""
-    prog = td._prog
-    start = _spans(prog)
-    out: list[int] = []
-
-    def emit(lo: int, hi: int) -> None:
-        for idx in range(lo, hi + 1):
-            e = prog[idx]
-            if type(e) is int:
-                emit(start[e], e)
-            else:
-                out.append(idx)
-
-    emit(0, len(prog) - 1)
-    return out
-
-
-def _shared_def(exp0: TreeDef, tds: list[TreeDef], vals: list[Any]) -> Any:
-    """Rebuild `vals` (one per position of `exp0`) sharing every sub-tree that any of `tds` shares."""
-    prog = exp0._prog
-    parent = list(range(len(prog)))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for td in tds:
-        if not td._refs:
-            continue
-        origin = _origins(td)
-        if len(origin) != len(prog):  # pragma: no cover - equal structures expand alike
-            continue
-        first: dict[int, int] = {}
-        for i, o in enumerate(origin):
-            if o in td._refs:
-                f = first.setdefault(o, i)
-                a, b = find(f), find(i)
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
-    start = _spans(prog)
-    copy_at: dict[int, int] = {}  # first entry of a copied sub-tree -> its (outermost) root
-    for root in range(len(prog)):
-        if find(root) != root:
-            s = start[root]
-            copy_at[s] = max(copy_at.get(s, root), root)
-    new_prog: list[Any] = []
-    new_idx: dict[int, int] = {}
-    refs: set[int] = set()
-    kept: list[Any] = []
-    pos = 0
-    idx = 0
-    while idx < len(prog):
-        r = copy_at.get(idx)
-        if r is not None and find(r) in new_idx:
-            for e in prog[idx : r + 1]:
-                if e is None:
-                    pos += 1
-                elif e[_LEAFY]:
-                    pos += e[_N]
-            k = new_idx[find(r)]
-            refs.add(k)
-            new_prog.append(k)
-            idx = r + 1
-            continue
-        e = prog[idx]
-        new_idx[idx] = len(new_prog)
-        new_prog.append(e)
-        if e is None:
-            kept.append(vals[pos])
-            pos += 1
-        elif e[_LEAFY]:
-            kept.extend(vals[pos : pos + e[_N]])
-            pos += e[_N]
-        idx += 1
-    td = TreeDef._make(new_prog, len(kept), len(kept), None, None, frozenset(refs), frozenset())
-    return td.build(kept)
+    # share every sub-tree that one of the groups shares
+    prog, kept, refs = program.reshare(exp0, tds, out)
+    return TreeDef._make(prog, len(kept), len(kept), None, None, refs, frozenset()).build(kept)

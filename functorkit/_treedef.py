@@ -32,33 +32,28 @@ The rules, written once here (see ``docs/concepts.md``):
 
 The program
 -----------
-A list of entries in post-order:
-
-* ``None``: one leaf position;
-* ``(nd, keys, n, leafy, aux, named)``: a node with ``n`` children, rebuilt
-  with ``nd`` (a `NodeDef`). When ``leafy`` its children are the next
-  ``n`` leaf positions; otherwise they are the last ``n`` values built. For
-  the built-in list and tuple ``keys`` is ``None`` (the indices);
-* an ``int`` ``k``: the shared sub-tree built at entry ``k``, again.
-
-Positions map to distinct leaves through ``pos_leaf`` (``None`` when every
-position holds its own leaf).
+The structure is a *program*: a post-order list of entries, written by the walk and read only
+by the program module (``_program.py``, ``_program_match.py``), which declares its layout once
+and provides every loop over it (paths, rebuild, matching, expansion, trainable positions,
+hashing, pickling). `TreeDef` is its public face; its private fields are read only there and
+here.
 """
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterable
-from itertools import islice
 from typing import Any
 
+from . import _program as program
 from ._errors import StructureError
 from ._holders import refuse_unknown_holders
-from ._keypath import KeyPath, make_path
-from ._match import match_tree
+from ._keypath import KeyPath
 from ._messages import add_note, describe_found, mismatch
-from ._nodedef import aux_equal as _aux_equal
-from ._registry import DICT, LIST, TUPLE, NodeDef, resolve
+from ._plans import BUILD_BY_ID, match_of
+from ._program import BUILD_SAME, BUILD_STRUCTURE, MISS
+from ._program_match import match_tree
+from ._registry import TABLES
 
 __all__ = [
     "BUILD_SAME",
@@ -69,25 +64,11 @@ __all__ = [
     "mismatch",
 ]
 
-BUILD_SAME, BUILD_STRUCTURE = 1, 2
-_MISS = object()
+_MISS = MISS
 _NO_AUX = None
-_tnew = tuple.__new__
-
-# node entry fields
-_ND, _KEYS, _N, _LEAFY, _AUX, _NAMED = range(6)
 
 
 # ============================================================== TreeDef
-
-
-def _keys_hash(keys: Any) -> int:
-    if keys is None:
-        return 0
-    try:
-        return hash(tuple(keys))
-    except TypeError:  # unhashable keys from a custom node: hash by count only
-        return len(keys)
 
 
 class TreeDef:
@@ -115,10 +96,9 @@ class TreeDef:
     __slots__ = (
         "__weakref__",
         "_expanded",
-        "_fast_build",
-        "_fast_match",
-        "_fast_plans",
         "_forced",
+        "_gen_build",
+        "_gen_match",
         "_hash",
         "_leaf_pos",
         "_nleaves",
@@ -143,9 +123,8 @@ class TreeDef:
     _leaf_pos: list[int] | None
     _expanded: TreeDef | None
     _pre: list[int] | None
-    _fast_build: Any
-    _fast_match: Any
-    _fast_plans: dict[Any, Any] | None
+    _gen_build: tuple[Any, Any] | None  # the plan cache's generated builder and its snapshot, once found
+    _gen_match: tuple[Any, Any] | None  # the same for the generated matcher
 
     def __init__(self) -> None:
         msg = "TreeDef objects are made by fk.flatten(tree); call that instead."
@@ -175,9 +154,27 @@ class TreeDef:
         self._leaf_pos = None
         self._expanded = None if refs else self
         self._pre = None
-        self._fast_build = None  # generated code for small container trees (see _record.record_plain)
-        self._fast_match = None
-        self._fast_plans = None  # per-operation plans on a reused definition (see _destructure)
+        self._gen_build = None
+        self._gen_match = None
+        return self
+
+    @classmethod
+    def _recorded(
+        cls,
+        prog: list[Any],
+        npos: int,
+        nleaves: int,
+        pos_leaf: tuple[int, ...] | None,
+        refs: frozenset[int],
+        forced: frozenset[int],
+        tsets: dict[int, frozenset[Any]],
+    ) -> TreeDef:
+        """The definition the walk recorded; `tsets` (``id(entry)`` -> the trainable child keys its
+        node declared) are resolved into the trainable leaves over the program."""
+        self = cls._make(prog, npos, nleaves, pos_leaf, None, refs, forced)
+        if tsets:
+            self._trainable = program.trainable_leaves(self, tsets)
+            self._expanded = None if refs else self  # (expanded above without the trainable flags)
         return self
 
     # ---------------------------------------------------------------- facts
@@ -195,7 +192,7 @@ class TreeDef:
     @property
     def num_nodes(self) -> int:
         """The number of node entries (each shared sub-tree counted once)."""
-        return sum(1 for e in self._prog if type(e) is tuple)
+        return program.num_nodes(self._prog)
 
     @property
     def paths(self) -> tuple[KeyPath, ...]:
@@ -242,44 +239,7 @@ class TreeDef:
 
     def _walk_paths(self, want: int | None) -> tuple[list[KeyPath], KeyPath]:
         """Paths of every position (and of entry `want`), walking the program from the root."""
-        prog = self._prog
-        out: list[Any] = [None] * self._npos
-        pos = self._npos
-        cur: list[Any] = []  # keys from the root to the node of the top frame
-        stack: list[list[Any]] = []  # [keys, remaining, pushed a key onto cur]
-        for idx in range(len(prog) - 1, -1, -1):
-            while stack and stack[-1][1] == 0:
-                if stack.pop()[2]:
-                    cur.pop()
-            if stack:
-                fr = stack[-1]
-                fr[1] -= 1
-                keys = fr[0]
-                key = fr[1] if keys is None else keys[fr[1]]
-            else:
-                key = _MISS
-            if idx == want:
-                return out, make_path(() if key is _MISS else (*cur, key))
-            e = prog[idx]
-            if e is None:
-                pos -= 1
-                out[pos] = make_path(() if key is _MISS else (*cur, key))
-            elif type(e) is tuple:
-                n = e[_N]
-                if e[_LEAFY]:
-                    base = () if key is _MISS else (*cur, key)
-                    keys = e[_KEYS]
-                    pos -= n
-                    if keys is None:
-                        out[pos : pos + n] = [_tnew(KeyPath, (*base, j)) for j in range(n)]
-                    else:
-                        out[pos : pos + n] = [_tnew(KeyPath, (*base, k)) for k in keys]
-                elif n:
-                    if key is not _MISS:
-                        cur.append(key)
-                    stack.append([e[_KEYS], n, key is not _MISS])
-            # an int (a shared sub-tree again) has no positions of its own
-        return out, make_path(())
+        return program.walk_paths(self, want)
 
     def __repr__(self) -> str:
         return (
@@ -292,13 +252,9 @@ class TreeDef:
     def __hash__(self) -> int:
         h = self._hash
         if h is None:
-            parts: list[Any] = [self._npos, self._nleaves, self._pos_leaf, self._trainable]
-            for e in self._prog:
-                if type(e) is tuple:
-                    parts.append((e[_ND].kind, _keys_hash(e[_KEYS]), e[_N], e[_LEAFY]))
-                else:
-                    parts.append(e)
-            h = self._hash = hash(tuple(parts))
+            h = self._hash = hash(
+                (self._npos, self._nleaves, self._pos_leaf, self._trainable, program.program_hash(self._prog))
+            )
         return h
 
     def __eq__(self, other: object) -> bool:
@@ -315,19 +271,10 @@ class TreeDef:
             or hash(self) != hash(other)
         ):
             return False
-        for a, b in zip(self._prog, other._prog):
-            if type(a) is not tuple or type(b) is not tuple:
-                if a != b:
-                    return False
-                continue
-            if a[_ND].kind != b[_ND].kind or a[_N] != b[_N] or a[_LEAFY] != b[_LEAFY]:
-                return False
-            if not _aux_equal(a[_KEYS], b[_KEYS]) or not _aux_equal(a[_AUX], b[_AUX]):
-                return False
-        return True
+        return program.programs_equal(self._prog, other._prog)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        prog = [(e[_ND].cls, *e[1:]) if type(e) is tuple else e for e in self._prog]
+        prog = program.reduce_program(self._prog)
         state = (prog, self._npos, self._nleaves, self._pos_leaf, self._trainable, sorted(self._forced))
         return (_restore_treedef, (state,))
 
@@ -422,112 +369,15 @@ class TreeDef:
     def build(self, vals: list[Any], mode: int = BUILD_SAME) -> Any:
         """Run the program over `vals` (one value per position): the tree (or plain structure)."""
         if mode == BUILD_SAME:
-            if self._fast_build is not None:
-                return self._fast_build(vals)
-            return self._build_same(vals)
-        prog = self._prog
-        refs = self._refs
-        memo: dict[int, Any] = {}
-        stack: list[Any] = []
-        push = stack.append
-        pos = 0
-        idx = 0
-        try:
-            for idx, e in enumerate(prog):
-                if e is None:
-                    push(vals[pos])
-                    pos += 1
-                    continue
-                if type(e) is int:
-                    push(memo[e])
-                    continue
-                nd, keys, n, leafy, aux, named = e
-                if leafy:
-                    end = pos + n
-                    ch = vals[pos:end]
-                    pos = end
-                elif n:
-                    ch = stack[-n:]
-                    del stack[-n:]
-                else:
-                    ch = []
-                out: Any
-                if mode == BUILD_SAME:
-                    fast = nd.fast
-                    if fast == DICT:
-                        out = dict(zip(keys, ch))
-                    elif fast == LIST:
-                        out = ch
-                    elif fast == TUPLE:
-                        out = tuple(ch)
-                    else:
-                        out = nd.unflatten(aux, keys if keys is not None else list(range(n)), ch)
-                elif named:
-                    out = dict(zip(keys, ch))
-                elif nd.fast == TUPLE:
-                    out = tuple(ch)
-                else:
-                    out = ch
-                if idx in refs:
-                    memo[idx] = out
-                push(out)
-        except Exception as e:
-            add_note(e, f"(functorkit: raised while visiting {self.entry_path(idx).display})")
-            raise
-        return stack[0]
-
-    def _build_same(self, vals: list[Any]) -> Any:
-        """`build` in its common mode (the tree's own node types): the children of a node of leaves
-        are taken straight from one iterator over `vals` (``zip`` stops at the keys, so it takes
-        exactly ``n``), with no slice and no position count (bench_walk's fmap rows)."""
-        refs = self._refs
-        memo: dict[int, Any] = {}
-        stack: list[Any] = []
-        push = stack.append
-        it = iter(vals)
-        nxt = it.__next__
-        idx = 0
-        try:
-            for idx, e in enumerate(self._prog):
-                if e is None:
-                    push(nxt())
-                    continue
-                if type(e) is int:
-                    push(memo[e])
-                    continue
-                nd, keys, n, leafy, aux, _ = e
-                fast = nd.fast
-                out: Any
-                if leafy:
-                    if fast == DICT:
-                        out = dict(zip(keys, it))
-                    elif fast == LIST:
-                        out = list(islice(it, n))
-                    elif fast == TUPLE:
-                        out = tuple(islice(it, n))
-                    else:
-                        out = nd.unflatten(aux, keys if keys is not None else list(range(n)), list(islice(it, n)))
-                else:
-                    if n:
-                        ch = stack[-n:]
-                        del stack[-n:]
-                    else:
-                        ch = []
-                    if fast == DICT:
-                        out = dict(zip(keys, ch))
-                    elif fast == LIST:
-                        out = ch
-                    elif fast == TUPLE:
-                        out = tuple(ch)
-                    else:
-                        out = nd.unflatten(aux, keys if keys is not None else list(range(n)), ch)
-                if refs and idx in refs:
-                    memo[idx] = out
-                push(out)
-        except Exception as e:
-            add_note(e, f"(functorkit: raised while visiting {self.entry_path(idx).display})")
-            raise
-        return stack[0]
+            # generated code for a small container tree met before (the plan cache, ``_plans.py``)
+            hit = self._gen_build
+            if hit is None:
+                found = BUILD_BY_ID.get(id(self))
+                if found is not None:
+                    hit = self._gen_build = found[:2]  # (builder, snapshot): kept here once found
+            if hit is not None and hit[1] is TABLES[0]:
+                return hit[0](vals)
+        return program.build(self, vals, mode)
 
     # ---------------------------------------------------------------- arrays
     def refuse_holders(self, values: list[Any], positions: bool = False) -> None:
@@ -544,60 +394,8 @@ class TreeDef:
         """This structure with every shared sub-tree written out at each of its positions (no sharing)."""
         if self._expanded is not None:
             return self._expanded
-        prog = self._prog
-        # start entry and start position of the sub-tree ending at each entry
-        sub_start: list[int] = [0] * len(prog)
-        sub_pos: list[int] = [0] * len(prog)
-        starts: list[tuple[int, int]] = []
-        pos = 0
-        for idx, e in enumerate(prog):
-            if e is None:
-                starts.append((idx, pos))
-                pos += 1
-            elif type(e) is int:
-                starts.append((idx, pos))
-            elif e[_LEAFY]:
-                starts.append((idx, pos))
-                pos += e[_N]
-            else:
-                n = e[_N]
-                first = starts[-n]
-                del starts[-n:]
-                starts.append(first)
-            sub_start[idx], sub_pos[idx] = starts[-1]
-        pl = self._pos_leaf if self._pos_leaf is not None else tuple(range(self._npos))
-        forced = self._forced
-        new_prog: list[Any] = []
-        new_pl: list[int] = []
-        new_forced: set[int] = set()
-
-        def emit(lo: int, hi: int, p: int) -> int:
-            """Copy entries lo..hi (inclusive) whose first position is p; returns the next position."""
-            for idx in range(lo, hi + 1):
-                e = prog[idx]
-                if e is None:
-                    if p in forced:
-                        new_forced.add(len(new_pl))
-                    new_pl.append(pl[p])
-                    new_prog.append(None)
-                    p += 1
-                elif type(e) is int:
-                    emit(sub_start[e], e, sub_pos[e])
-                else:
-                    if e[_LEAFY]:
-                        for q in range(p, p + e[_N]):
-                            if q in forced:
-                                new_forced.add(len(new_pl))
-                            new_pl.append(pl[q])
-                        p += e[_N]
-                    new_prog.append(e)
-            return p
-
-        emit(0, len(prog) - 1, 0)
-        pos_leaf = None if new_pl == list(range(len(new_pl))) else tuple(new_pl)
-        out = TreeDef._make(
-            new_prog, len(new_pl), self._nleaves, pos_leaf, self._trainable, frozenset(), frozenset(new_forced)
-        )
+        prog, npos, pos_leaf, forced, _ = program.expand(self)
+        out = TreeDef._make(prog, npos, self._nleaves, pos_leaf, self._trainable, frozenset(), forced)
         self._expanded = out
         return out
 
@@ -628,32 +426,43 @@ class TreeDef:
 
     def children(self) -> dict[int, list[int]]:
         """For each node entry with node children: the program indices of its children, in order."""
-        children: dict[int, list[int]] = {}
-        roots: list[int] = []
-        for idx, e in enumerate(self._prog):
-            if type(e) is tuple and not e[_LEAFY] and e[_N]:
-                n = e[_N]
-                children[idx] = roots[-n:]
-                del roots[-n:]
-            roots.append(idx)
-        return children
+        return program.children(self._prog)
 
     def _preorder(self) -> list[int]:
         """The program's entry indices in pre-order (a node before its children, left to right)."""
         pre = self._pre
         if pre is None:
-            prog = self._prog
-            children = self.children()
-            pre = []
-            todo = [len(prog) - 1] if prog else []
-            while todo:
-                idx = todo.pop()
-                pre.append(idx)
-                ch = children.get(idx)
-                if ch is not None:
-                    todo.extend(reversed(ch))
-            self._pre = pre
+            pre = self._pre = program.preorder(self._prog)
         return pre
+
+    # ---------------------------------------------------------------- for the engine's operations
+
+    def _ties(self) -> tuple[int, ...] | None:
+        """The distinct leaf at each position, or None when every position holds its own leaf."""
+        return self._pos_leaf
+
+    def _shares(self) -> bool:
+        """Whether some sub-tree is shared (one node object at several positions)."""
+        return bool(self._refs)
+
+    def _trainable_mask(self) -> tuple[bool, ...] | None:
+        """`trainable`, or None when every leaf is trainable."""
+        return self._trainable
+
+    def _generated_match(self) -> Any:
+        """The generated ``match(tree, ties=True) -> leaves or MISS`` the plan cache made for this
+        definition, valid under the published node table; None if there is none."""
+        hit = self._gen_match
+        if hit is None:
+            found = match_of(self)
+            if found is None:
+                return None
+            hit = self._gen_match = (found, TABLES[0])
+        return hit[0] if hit[1] is TABLES[0] else None
+
+    def _num_entries(self) -> int:
+        """The length of the program (what the generated code's size limits count)."""
+        return len(self._prog)
 
     def _match(
         self,
@@ -661,34 +470,16 @@ class TreeDef:
         which: int,
         names: tuple[str, ...] | None,
         firsts: list[Any] | None = None,
-        fail: Callable[[KeyPath, str, str], StructureError] | None = None,
+        fail: Callable[[KeyPath, Any, Any], StructureError] | None = None,
     ) -> list[Any] | int:
         """`flatten_up_to`, or the program index of a shared sub-tree here that is not shared in `tree`
-        (``_match.py``)."""
+        (``_program_match.py``)."""
         return match_tree(self, tree, which, names, firsts, fail)
 
 
-def _check_program(
-    prog: list[Any], npos: int, nleaves: int, pos_leaf: Any, trainable: Any, forced: list[int], bad: str
-) -> None:
-    """The counts of an unpickled program agree (every index it holds is in range), so running it
-    can only fail in a node's own code: the stack never runs short, one tree comes out, positions
-    and leaves are as many as the state says."""
-    depth = positions = 0
-    for e in prog:
-        if e is None or type(e) is int:
-            depth += 1
-            positions += e is None
-            continue
-        _, keys, n, leafy, _, _ = e
-        if n < 0 or (keys is not None and len(keys) != n) or (not leafy and n > depth):
-            raise pickle.UnpicklingError(bad)
-        if leafy:
-            positions += n
-        else:
-            depth -= n
-        depth += 1
-    if depth != 1 or positions != npos or not 0 <= nleaves <= npos:
+def _check_counts(npos: int, nleaves: int, pos_leaf: Any, trainable: Any, forced: list[int], bad: str) -> None:
+    """The counts of an unpickled definition agree with its program's (`program.check_program`)."""
+    if not 0 <= nleaves <= npos:
         raise pickle.UnpicklingError(bad)
     if pos_leaf is None:
         if nleaves != npos:
@@ -707,36 +498,14 @@ def _restore_treedef(state: Any) -> TreeDef:
     prog_in, npos, nleaves, pos_leaf, trainable, forced = state
     if type(prog_in) is not list or type(npos) is not int or type(nleaves) is not int:
         raise pickle.UnpicklingError(bad)
-    prog: list[Any] = []
-    for e in prog_in:
-        if e is None:
-            prog.append(None)
-        elif type(e) is int:
-            if not 0 <= e < len(prog) or type(prog[e]) is not tuple:
-                raise pickle.UnpicklingError(bad)
-            prog.append(e)
-        elif type(e) is tuple and len(e) == 6:
-            cls, keys, n, leafy, aux, named = e
-            if not isinstance(cls, type) or type(n) is not int or type(leafy) is not bool or type(named) is not bool:
-                raise pickle.UnpicklingError(bad)
-            nd = resolve(cls)
-            if not isinstance(nd, NodeDef):
-                msg = (
-                    f"unpickling a TreeDef: {cls.__qualname__} is not registered as a node in this process; "
-                    "register it (fk.register) before unpickling."
-                )
-                raise StructureError(msg)
-            if keys is not None and type(keys) is not list:
-                raise pickle.UnpicklingError(bad)
-            prog.append((nd, keys, n, leafy, aux, named))
-        else:
-            raise pickle.UnpicklingError(bad)
+    prog = program.restore_program(prog_in, bad)
     if pos_leaf is not None and (type(pos_leaf) is not tuple or any(type(j) is not int for j in pos_leaf)):
         raise pickle.UnpicklingError(bad)
     if trainable is not None and (type(trainable) is not tuple or any(type(b) is not bool for b in trainable)):
         raise pickle.UnpicklingError(bad)
     if type(forced) is not list or any(type(j) is not int for j in forced):
         raise pickle.UnpicklingError(bad)
-    _check_program(prog, npos, nleaves, pos_leaf, trainable, forced, bad)
+    program.check_program(prog, npos, bad)
+    _check_counts(npos, nleaves, pos_leaf, trainable, forced, bad)
     refs = frozenset(e for e in prog if type(e) is int)
     return TreeDef._make(prog, npos, nleaves, pos_leaf, trainable, refs, frozenset(forced))

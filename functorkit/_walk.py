@@ -80,13 +80,14 @@ def _map(
         td = td.expanded()
     others: list[list[Any]] = []
     firsts = td.position_values(leaves) if multi else None
+    fm = td._generated_match() if multi else None  # generated for a small container tree met before (_plans.py)
     for j, t in enumerate(trees[1:], start=1):
-        fm = td._fast_match
         o = fm(t, False) if fm is not None else _MISS
         if o is _MISS:
             o = td._match(t, j, names, firsts)
         if type(o) is int:  # a sub-tree shared in the first tree is not shared in this one: no sharing at all
             td = td.expanded()
+            fm = None
             firsts = td.position_values(leaves)
             others = [_expect(td._match(u, k, names, firsts)) for k, u in enumerate(trees[1:j], start=1)]
             o = _expect(td._match(t, j, names, firsts))
@@ -96,7 +97,7 @@ def _map(
     per_leaf = not multi and cache  # f once per distinct leaf; otherwise once per position (or tuple of ids)
     first = leaves if per_leaf else td.position_values(leaves)
     paths: Callable[[], Sequence[KeyPath]] = (lambda: td.paths) if per_leaf else td.position_paths
-    trainable = td._trainable
+    trainable = td._trainable_mask() if track else None  # (read only by the tracking maps below)
     if trainable is not None and not per_leaf:
         trainable = tuple(td.position_values(list(trainable)))
     if style == _TRACK:
@@ -125,7 +126,7 @@ def _map(
             cols.insert(0, paths())
         if trainable_only and trainable is not None:
             cols.append(trainable)
-    if multi and cache and td._pos_leaf is not None:
+    if multi and cache and td._ties() is not None:
         res = _call_memo(g, cols, first, paths, style)
     else:
         res = _call_all(g, cols, paths)

@@ -210,6 +210,8 @@ _STEPS = ("replace", "rename", "remove", "unlink", "rmdir", "mkdir", "open", "li
 def _inject(m: pytest.MonkeyPatch, faults: _Faults) -> None:
     for name in _STEPS:
         m.setattr(os, name, faults.wrap(getattr(os, name)))
+    if hasattr(os, "pwrite"):  # fk.save writes a file's data at offsets (os.pwrite)
+        m.setattr(os, "pwrite", faults.wrap(os.pwrite))
     m.setattr(shutil, "rmtree", faults.wrap(shutil.rmtree))
     if hasattr(os, "fsync"):
         m.setattr(os, "fsync", faults.wrap(os.fsync))

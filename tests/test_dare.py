@@ -107,13 +107,13 @@ def test_same_masks_on_every_backend(b: Backend) -> None:
     _same(ref, _np(_dare(conv(base), [conv(m) for m in ms])))
 
 
-def test_ties_threshold_is_chunked_topk_on_dask() -> None:
+def test_ties_threshold_is_a_radix_selection_on_dask() -> None:
     base, ms = _models()
     lazy = lambda d: {k: da.from_array(v, chunks=4 if v.ndim else ()) for k, v in d.items()}  # noqa: E731
     out = fk.ties(lazy(base), [lazy(m) for m in ms], 1.0, density=0.3)
     names = {str(k[0] if isinstance(k, tuple) else k).split("-")[0] for k in dict(out["emb"].__dask_graph__())}
-    assert any("topk" in n for n in names), names
-    assert not any("sort" in n for n in names), names
+    assert {"_histogram", "_pick"} <= names, names  # per-block histograms of the key bits, summed
+    assert not any("sort" in n or "topk" in n or "partition" in n for n in names), names
     _same(_np(fk.ties(base, ms, 1.0, density=0.3)), _np(out))
     dense = fk.ties(lazy(base), [lazy(m) for m in ms], 1.0, density=0.9)  # the smaller side: n - k + 1 smallest
     _same(_np(fk.ties(base, ms, 1.0, density=0.9)), _np(dense))
@@ -140,9 +140,11 @@ def test_merges_on_opened_checkpoints_are_lazy_and_stream(tmp_path: Any) -> None
             np.testing.assert_allclose(fk.KeyPath.parse(k).get(back), eager[k], rtol=1e-6, atol=1e-6, err_msg=(name, k))
 
 
-def test_save_computes_each_tensor_graph_once(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A reduction inside a tensor's graph (a merge's norm) runs once per block, not once per batch."""
-    import functorkit._checkpoint as ck
+def test_save_computes_each_tensor_graph_once_per_pass(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor with a reduction inside (a merge's norm) is saved in two passes: the reduction (every
+    input block read once), then the blocks streamed (every input block read once more); never once per
+    batch, and an elementwise tensor in one pass."""
+    import functorkit._ckpt_write as ck
 
     monkeypatch.setattr(ck, "BATCH_BYTES", 256)  # many batches per tensor before the change
     calls: list[int] = []
@@ -155,5 +157,8 @@ def test_save_computes_each_tensor_graph_once(tmp_path: Any, monkeypatch: pytest
     x = da.from_array(raw, chunks=(8, 8)).map_blocks(counted, dtype=np.float32, meta=np.empty((0, 0), np.float32))
     y = x / da.sqrt(da.sum(x * x))  # every output block needs every input block
     fk.save(tmp_path / "y.safetensors", {"y": y, "z": da.from_array(raw[:2], chunks=1)})
-    assert len(calls) == 8  # one per input block
+    assert len(calls) == 2 * 8  # each input block once per pass
+    calls.clear()
+    fk.save(tmp_path / "x.safetensors", {"x": x * 2})
+    assert len(calls) == 8  # elementwise: one pass
     np.testing.assert_allclose(fk.load(tmp_path / "y.safetensors")["y"], raw / np.linalg.norm(raw), rtol=1e-6)

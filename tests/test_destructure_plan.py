@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import functorkit as fk
-from functorkit import _destructure, _record
+from functorkit import _destructure, _plans
 
 from conftest import to_numpy
 
@@ -25,7 +25,7 @@ from conftest import to_numpy
 @pytest.fixture
 def runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the calls that took the plan (a fresh plan cache for each test)."""
-    monkeypatch.setattr(_record, "_PLANS", {})
+    _plans.clear()
     count: list[int] = []
     original = _destructure._Plan.run
 
@@ -66,7 +66,7 @@ def test_plan_is_taken_and_agrees(xp: Any, runs: list[int]) -> None:
 
 
 def test_plan_off_when_forced_off(xp: Any, runs: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_record, "PLAN_NODES", 0)
+    monkeypatch.setattr(_plans, "PLAN_NODES", 0)
     _warm(_model(xp))
     runs.clear()
     fk.destructure(_model(xp))
@@ -139,3 +139,16 @@ def test_device_change_is_seen() -> None:
     assert flat.device.type == "meta"
     with pytest.raises(fk.PolicyError):
         fk.destructure({"w": torch.ones(2, device="meta"), "b": torch.zeros(2)})
+
+
+def test_a_registration_makes_the_plan_stale(xp: Any, runs: list[int]) -> None:
+    # a plan is valid only under the node-table snapshot it was made under (the plan cache's rule)
+    _warm(_model(xp))
+    runs.clear()
+    fk.destructure(_model(xp))
+    assert runs == [1]
+    fk.register_leaf(type("FreshLeaf", (), {}))
+    runs.clear()
+    flat, _ = fk.destructure(_model(xp))
+    assert runs == []
+    assert flat.shape == (7,)

@@ -165,8 +165,8 @@ def test_the_graph_is_read() -> None:
     # a name of the own package is an edge; a sibling module alone is not one to the package
     assert "module" in g[("functorkit.adapters", "functorkit.adapters._families")]
     assert ("functorkit.adapters.torch", "functorkit.adapters") not in g
-    # TYPE_CHECKING imports are not edges (_match names TreeDef only for the type checker)
-    assert ("functorkit._match", "functorkit._treedef") not in g
+    # TYPE_CHECKING imports are not edges (_program_match names TreeDef only for the type checker)
+    assert ("functorkit._program_match", "functorkit._treedef") not in g
     assert len(_nodes(g)) > 40
 
 

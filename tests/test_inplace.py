@@ -66,9 +66,19 @@ OPS: dict[str, Callable[..., Any]] = {
 N_INPUTS = {"add": 2, "sub": 2, "scale": 1, "lincomb": 3, "mean": 3, "lerp_low": 2, "lerp_high": 2}
 
 
+@pytest.fixture(params=["columns", "per-leaf"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both paths of ``out=``: the column path (on by default) and the per-leaf one it falls back to."""
+    from functorkit import _inplace
+
+    monkeypatch.setattr(_inplace, "FAST", [request.param == "columns"])
+    return str(request.param)
+
+
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("where", ["copy", "first", "last"])
+@pytest.mark.usefixtures("path")
 def test_out_equals_the_functional_form_bit_for_bit(backend: str, op: str, where: str) -> None:
     ms = [_model(backend, s) for s in range(N_INPUTS[op])]
     want = OPS[op](ms)
@@ -88,6 +98,7 @@ def test_out_equals_the_functional_form_bit_for_bit(backend: str, op: str, where
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.usefixtures("path")
 def test_out_overlapping_an_input_elsewhere_is_refused_naming_both_paths(backend: str) -> None:
     a, b = _model(backend, 0), _model(backend, 1)
     out = fk.copy(a)
@@ -149,6 +160,7 @@ KINDS = ["structure", "shape", "dtype", "not an array", "writable", "self-overla
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.usefixtures("path")
 def test_all_or_nothing_a_failure_at_each_check_writes_nothing(backend: str, kind: str) -> None:
     ms = [_model(backend, s) for s in range(3)]
     out = fk.copy(ms[0])
@@ -168,6 +180,7 @@ def test_all_or_nothing_a_failure_at_each_check_writes_nothing(backend: str, kin
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.usefixtures("path")
 def test_ties_are_written_once_and_stay_tied(backend: str) -> None:
     def tied(seed: int) -> dict[str, Any]:
         w = _arr(backend, np.random.default_rng(seed).standard_normal(4))
@@ -184,6 +197,7 @@ def test_ties_are_written_once_and_stay_tied(backend: str) -> None:
     assert _bits_equal(a["enc"], want["enc"])
 
 
+@pytest.mark.usefixtures("path")
 def test_untied_out_where_the_first_model_is_tied_gets_both_places() -> None:
     w = np.arange(3.0)
     a = {"enc": w, "dec": w}
@@ -196,6 +210,7 @@ def test_untied_out_where_the_first_model_is_tied_gets_both_places() -> None:
         fk.add(a, b, out={"enc": w, "dec": np.zeros(3)})  # enc's result would overwrite `a`'s dec before it is read
 
 
+@pytest.mark.usefixtures("path")
 def test_torch_parameters_without_autograd_history_stay_registered() -> None:
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
@@ -237,6 +252,7 @@ def test_immutable_backends_are_refused_with_the_functional_form(lib: str) -> No
         fk.add(a, a, out=a)
 
 
+@pytest.mark.usefixtures("path")
 def test_numpy_blocked_kernel_is_taken_and_blocks_do_not_change_the_bits(monkeypatch: pytest.MonkeyPatch) -> None:
     from functorkit.adapters import numpy as npad
 
@@ -263,6 +279,7 @@ def test_numpy_blocked_kernel_is_taken_and_blocks_do_not_change_the_bits(monkeyp
     assert _bits_equal(ms[3]["w"], whole["w"])
 
 
+@pytest.mark.usefixtures("path")
 def test_narrow_dtypes_in_place_match_the_functional_form() -> None:
     ml_dtypes = pytest.importorskip("ml_dtypes")
     rng = np.random.default_rng(1)
@@ -312,6 +329,7 @@ def test_compiled_ema_step_has_no_graph_breaks_from_the_first_call() -> None:
     assert r.stdout.strip().endswith("ok"), r.stdout[-3000:]
 
 
+@pytest.mark.usefixtures("path")
 def test_torch_foreach_lerp_is_taken_and_its_fallback_gives_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
     from functorkit.adapters import torch as tad
@@ -355,3 +373,68 @@ def test_generic_adapter_out_equals_the_functional_form(op: str) -> None:
     assert OPS[op](ms, out=out) is out
     assert out["w"] is w
     np.testing.assert_array_equal(np.asarray(out["w"]._array), np.asarray(want["w"]._array))
+
+
+def _no_per_leaf_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    from functorkit import _inplace
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the per-leaf path of out= ran")
+
+    monkeypatch.setattr(_inplace, "walk", refuse)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_column_path_is_taken_for_plain_models(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The column path (bench_arith small-model ``out=`` rows): every op, `out` a copy and an input,
+    with no per-leaf walk at all (this fails when the column path stops being taken)."""
+    ms = [_model(backend, s) for s in range(3)]
+    wants = {op: OPS[op](ms[: N_INPUTS[op]]) for op in OPS}
+    _no_per_leaf_walk(monkeypatch)
+    for op, f in OPS.items():
+        ins = [fk.copy(m) for m in ms[: N_INPUTS[op]]]
+        for out in (fk.copy(ms[0]), ins[0]):  # a separate model, then the first input (in place)
+            assert f(ins, out=out) is out
+            for x, y in zip(fk.leaves(out), fk.leaves(wants[op]), strict=True):
+                if hasattr(y, "shape") and _host(y).dtype.kind == "f":
+                    assert _bits_equal(x, y), op
+
+
+def test_out_column_path_for_an_nn_module_ema_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+    ema = fk.copy(net)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(1.0)
+    want = fk.lerp(ema, net, 0.01)
+    _no_per_leaf_walk(monkeypatch)
+    assert fk.lerp(ema, net, 0.01, out=ema) is ema
+    for p, q in zip(ema.parameters(), want.parameters(), strict=True):
+        assert _bits_equal(p, q)
+        assert p.grad_fn is None
+        assert p.requires_grad
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_column_path_hands_what_it_cannot_decide_to_the_per_leaf_path(backend: str) -> None:
+    """Views into one buffer (NumPy: not separate allocations; torch: ranges compared), `out` an
+    input that a later term reads, and an input array at another place of `out`: the same results
+    or refusals as the per-leaf path (the column path only says yes when it is sure)."""
+    ms = [_model(backend, s) for s in range(3)]
+    flat = _arr(backend, np.zeros(15 + 5 + 2, np.float32))
+    views = fk.copy(ms[0])
+    views["a"], views["b"][1] = flat[:15].reshape(5, 3), flat[20:22]
+    want = fk.lincomb([0.5, -0.3, 0.9], ms)
+    fk.lincomb([0.5, -0.3, 0.9], ms, out=views)
+    assert _bits_equal(views["a"], want["a"])
+    assert _bits_equal(views["b"][1], want["b"][1])
+    last = fk.copy(ms[2])
+    fk.lincomb([0.5, -0.3, 0.9], [ms[0], ms[1], last], out=last)  # read after the first write: aside
+    assert _bits_equal(last["a"], want["a"])
+    a = {"x": _arr(backend, np.ones(3)), "y": _arr(backend, np.zeros(3))}
+    b = {"x": a["y"], "y": _arr(backend, np.ones(3))}  # `b` reads at x what `out=a` writes at y
+    with pytest.raises(fk.StructureError, match=r"at y \(`out`\) and x \(`b`\)"):
+        fk.add(a, b, out=a)
+    np.testing.assert_array_equal(_host(a["x"]), np.ones(3))  # nothing written

@@ -1,7 +1,8 @@
 """The merges' streaming paths on Dask: each method's element-wise body runs as one task per block in
 row pieces (bit-identical to the eager result), DARE's mask is hashed in pieces, fk.save streams an
-element-wise tensor batch by batch and computes a tensor with a reduction in one batch, and fk.save
-does not import dask.distributed when no client can exist."""
+file in one store (every block written by the task that computes it) after one pass of the shared
+reductions, or, where workers cannot write the file, batch by batch; and fk.save does not import
+dask.distributed when no client can exist."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import functorkit as fk
-import functorkit._checkpoint as ck
+import functorkit._ckpt_write as ck
 import functorkit._pertensor as pt
 
 da = pytest.importorskip("dask.array")
@@ -87,17 +88,48 @@ class _Computes(Callback):  # type: ignore[misc]
         self.n += 1
 
 
-def test_save_streams_elementwise_tensors_and_computes_reductions_whole(
+def test_save_stores_a_file_in_one_compute_after_one_pass_of_reductions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Threads (the default scheduler): every lazy block of a file in one ``dask.array.store`` (the
+    batch writer would make 8 computes here); a tensor with a shared reduction adds one compute
+    before it (the reductions of the whole file)."""
     monkeypatch.setattr(ck, "BATCH_BYTES", 256)  # one 8 x 8 float32 block per batch
     raw = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
     x = da.from_array(raw, chunks=(8, 8))
-    for y, computes in [(x * 2 + 1, 8), (x / da.sqrt(da.sum(x * x)), 1)]:
+    for y, computes in [(x * 2 + 1, 1), (x / da.sqrt(da.sum(x * x)), 2)]:
         with _Computes() as c:
-            fk.save(tmp_path / "y.safetensors", {"y": y})
+            fk.save(tmp_path / "y.safetensors", {"y": y, "z": y[:5] - 1, "e": raw[:3]})
         assert c.n == computes
-        np.testing.assert_array_equal(fk.load(tmp_path / "y.safetensors")["y"], y.compute())
+        back = fk.load(tmp_path / "y.safetensors")
+        np.testing.assert_array_equal(back["y"], y.compute())
+        np.testing.assert_array_equal(back["z"], y[:5].compute() - 1)
+        np.testing.assert_array_equal(back["e"], raw[:3])
+
+
+@pytest.mark.parametrize("what", ["elementwise", "reduction", "ties"])
+def test_save_streams_batch_by_batch_where_workers_cannot_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    """A scheduler whose workers are other processes (here ``processes``; a ``distributed`` client
+    alike) cannot write to this process's file: the blocks come back a batch at a time, and a tensor
+    with a shared reduction streams too, its reductions computed first (in rounds where one needs
+    another)."""
+    monkeypatch.setattr(ck, "BATCH_BYTES", 256)  # one 8 x 8 float32 block per batch
+    raw = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
+    x = da.from_array(raw, chunks=(8, 8))
+    if what == "ties":
+        base, other = {"y": x}, {"y": x[::-1] * 0.5}
+        y = fk.ties(base, [other], 1.0, density=0.5)["y"]
+        expected = fk.ties({"y": raw}, [{"y": raw[::-1] * 0.5}], 1.0, density=0.5)["y"]
+    else:
+        y = x * 2 + 1 if what == "elementwise" else x / da.sqrt(da.sum(x * x))
+        expected = y.compute()
+    with dask.config.set(scheduler="processes", num_workers=1), _Computes() as c:
+        fk.save(tmp_path / "y.safetensors", {"y": y})
+    # 8 batches, after one pass of the reductions (TIES: two, one per 16 bits of its radix selection)
+    assert c.n == {"elementwise": 8, "reduction": 9, "ties": 10}[what]
+    np.testing.assert_array_equal(fk.load(tmp_path / "y.safetensors")["y"], expected)
 
 
 def test_merges_with_reductions_share_work_and_linear_ones_stream() -> None:
@@ -123,3 +155,24 @@ def test_save_does_not_import_distributed(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert done.stdout.strip() == "False"
     np.testing.assert_array_equal(fk.load(tmp_path / "a.safetensors")["x"], np.full((64, 8), 2.0))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_dask_threshold_radix_selection_equals_the_eager_selection(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TIES's threshold on Dask (a radix selection over the blocks, histograms in pieces) is the value
+    NumPy's ``partition`` selects, with ties, zeros and infinities, for every density."""
+    import functorkit.adapters.dask as fdask
+
+    monkeypatch.setattr(fdask, "_HIST_PIECE", 7)  # several pieces per block
+    ml = pytest.importorskip("ml_dtypes") if dtype == "bfloat16" else None
+    dt = ml.bfloat16 if ml is not None else np.dtype(dtype)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((37, 5)).astype(dt)
+    x[0, :4] = x[1, 0]  # ties
+    x[2, :3] = 0
+    x[3, 0], x[3, 1] = np.inf, -np.inf
+    for density in (0.01, 0.2, 0.5, 0.77, 1.0):
+        eager = fk.tensor_thresholds({"w": x}, density)["w"]
+        lazy = fk.tensor_thresholds({"w": da.from_array(x, chunks=(6, 5))}, density)["w"].compute()
+        assert lazy.dtype == eager.dtype
+        assert lazy == eager, (density, lazy, eager)

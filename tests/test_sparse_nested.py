@@ -147,3 +147,13 @@ def test_fmap_and_leaves_still_hand_them_over(layout: str) -> None:
     if not layout.startswith("nested"):  # the fix the message names works
         flat, _ = fk.destructure(fk.fmap(lambda x: x.to_dense() if x.layout is not torch.strided else x, m))
         assert flat.shape == (6,)
+
+
+def test_a_nested_integer_constant_repeats_through_the_plan_cache() -> None:
+    # an integer nested tensor is a constant (not a parameter): destructure carries it, call after
+    # call; the plan cache's facts must not read its shape (it has none)
+    n = torch.nested.nested_tensor([torch.tensor([1, 2]), torch.tensor([3])])
+    for _ in range(4):
+        flat, re = fk.destructure({"w": torch.ones(2), "n": n})
+        assert flat.shape == (2,)
+        assert re(flat)["n"] is n

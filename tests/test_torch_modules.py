@@ -799,3 +799,19 @@ def test_independently_parametrized_modules_combine(how: str) -> None:
     diff, _ = fk.destructure(out)
     assert diff.numel() == flat_b.numel()
     assert float(diff.abs().max()) == 0.0
+
+
+def test_expanded_definition_keeps_the_frozen_leaves_of_a_shared_module() -> None:
+    # a module used twice (one shared sub-tree) with a frozen parameter: written out at each place
+    # (expanded(), cache=False), its frozen bias stays frozen (it was trainable before the fix:
+    # the expansion was made before the trainable pass and kept)
+    lin = torch.nn.Linear(2, 2)
+    lin.bias.requires_grad_(False)
+    m = torch.nn.ModuleList([lin, lin])
+    _, td = fk.flatten(m)
+    assert td.trainable == (True, False)
+    assert td.expanded().trainable == (True, False)
+    out = fk.fmap(lambda x: x * 0 + 5, m, trainable_only=True, cache=False)
+    assert bool((out[0].weight == 5).all())
+    assert bool((out[1].bias == lin.bias).all())
+    assert not bool((out[0].bias == 5).any())

@@ -1082,7 +1082,7 @@ def _count_walks(monkeypatch: pytest.MonkeyPatch, walks: list[int]) -> None:
 def test_small_container_trees_take_the_planned_path(monkeypatch: pytest.MonkeyPatch) -> None:
     # bench_walk's "(b) A small model" rows: a dict/list/tuple tree met before is matched by
     # generated code, not walked; forcing that off must show here
-    from functorkit import _record
+    from functorkit import _plans
 
     def tree() -> dict[str, Any]:
         return {"l1": {"w": np.ones((2, 2)), "b": np.zeros(2)}, "l2": [np.ones(1), (np.ones(1), 3)]}
@@ -1090,7 +1090,7 @@ def test_small_container_trees_take_the_planned_path(monkeypatch: pytest.MonkeyP
     walks: list[int] = []
 
     _count_walks(monkeypatch, walks)
-    monkeypatch.setattr(_record, "_PLANS", {})
+    _plans.clear()
     for _ in range(3):
         fk.fmap(lambda x: x, tree())
     n = len(walks)
@@ -1115,8 +1115,8 @@ def test_small_container_trees_take_the_planned_path(monkeypatch: pytest.MonkeyP
     fk.fmap(lambda x: x, tree())
     assert len(walks) == n + 3
     # forced off: every call walks
-    monkeypatch.setattr(_record, "PLAN_NODES", 0)
-    monkeypatch.setattr(_record, "_PLANS", {})
+    monkeypatch.setattr(_plans, "PLAN_NODES", 0)
+    _plans.clear()
     before = len(walks)
     for _ in range(4):
         fk.fmap(lambda x: x, tree())
@@ -1127,7 +1127,7 @@ def test_small_container_trees_take_the_planned_path(monkeypatch: pytest.MonkeyP
 def test_wide_container_trees_take_the_planned_matcher(monkeypatch: pytest.MonkeyPatch, planned: bool) -> None:
     # bench_walk's "(a) A wide tree" rows: more positions than PLAN_MAX, few nodes: matched by
     # generated code, rebuilt by the definition (no generated builder); forcing it off must show
-    from functorkit import _record
+    from functorkit import _plans
 
     def tree() -> dict[str, Any]:
         return {
@@ -1138,9 +1138,9 @@ def test_wide_container_trees_take_the_planned_matcher(monkeypatch: pytest.Monke
     walks: list[int] = []
 
     _count_walks(monkeypatch, walks)
-    monkeypatch.setattr(_record, "_PLANS", {})
+    _plans.clear()
     if not planned:
-        monkeypatch.setattr(_record, "PLAN_NODES", 0)
+        monkeypatch.setattr(_plans, "PLAN_NODES", 0)
     for _ in range(3):
         fk.fmap(lambda x: x, tree())
     n = len(walks)
@@ -1164,11 +1164,11 @@ def test_tie_test_on_many_leaves_with_and_without_object_words(monkeypatch: pyte
     # the tie test of a walk of many leaves sorts the objects' words (an object array's buffer)
     # or, without that (the fallback), their ids: both find every tie, in the walk and in the
     # generated matcher of a tree met before
-    from functorkit import _record
+    from functorkit import _plans, _record
 
     monkeypatch.setattr(_record, "OBJECT_WORDS", words)
     monkeypatch.setattr(_record, "_DISTINCT_SORT", 128 if words else 2048)
-    monkeypatch.setattr(_record, "_PLANS", {})
+    _plans.clear()
 
     def tree() -> dict[str, Any]:
         return {

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from test_properties import PROPS, draw_trees
 
 import functorkit as fk
-from functorkit import _record
+from functorkit import _plans, _record
 
 from conftest import Backend
 
@@ -43,8 +43,8 @@ def explicit_walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             return super().run(t)
 
     monkeypatch.setattr(_record, "_Recorder", Counting)
-    monkeypatch.setattr(_record, "_PLANS", {})  # no generated matcher: every call walks
-    monkeypatch.setattr(_record, "PLAN_NODES", 0)
+    _plans.clear()  # no generated matcher: every call walks
+    monkeypatch.setattr(_plans, "PLAN_NODES", 0)
     return walks
 
 

@@ -465,6 +465,23 @@ class ArrayAdapter(Kernels):
         else one batch at a time. False for eager arrays."""
         return False
 
+    def kth_largest(self, a: Any, k: int) -> Any:
+        """The `k`-th largest element of `a` as a 0-d array, where this library has a faster way
+        than the namespace's functions (Dask: one chunked selection); None: use those."""
+        return None
+
+    def reductions_first(self, xs: list[Any]) -> list[Any]:
+        """Lazy arrays `xs` with the small reductions their blocks share (a merge's norms,
+        thresholds) computed now, in one pass, and held as values, so that each array then streams
+        block by block; `xs` as they are for eager arrays."""
+        return xs
+
+    def store_blocks(self, blocks: list[Any], sinks: list[Any]) -> bool:
+        """Compute the `host_blocks` pieces `blocks` together and hand each one's value (a `to_host`
+        array) to its sink (``sinks[i](value)``) where it is computed, if this can be done in this
+        process; False (nothing computed) where it cannot."""
+        return False
+
     def from_stored(self, src: Any, like: Any) -> Any:
         """A new array of this namespace holding the stored tensor `src` (``src.array()``: a NumPy array
         read from the file, or a view of its copy-on-write map with ``mmap=True``), on `like`'s

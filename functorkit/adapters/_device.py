@@ -14,6 +14,10 @@ __all__ = ["same_device"]
 def same_device(a: Any, b: Any) -> bool:
     """Devices equal. THE rule: a device that cannot be determined (None) counts as equal to any.
 
+    A placement over several devices (a JAX ``Sharding``, which is what the array API's ``device``
+    gives for a sharded JAX array) is one device set: two shardings over the same devices are one
+    placement, however each array is split (docs/sharded.md).
+
     Examples
     --------
     >>> from functorkit.adapters._device import same_device
@@ -23,6 +27,9 @@ def same_device(a: Any, b: Any) -> bool:
     if a is None or b is None or a is b:
         return True
     try:
-        return bool(a == b)
+        if a == b:
+            return True
     except (TypeError, ValueError):  # devices of two libraries that refuse to compare
         return str(a) == str(b)
+    sa = getattr(a, "device_set", None)
+    return sa is not None and sa == getattr(b, "device_set", None)

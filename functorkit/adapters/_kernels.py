@@ -7,10 +7,11 @@ ufuncs with ``out=`` in cache-sized blocks; torch: in-place methods under ``no_g
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Kernels"]
+__all__ = ["Kernels", "spans_disjoint"]
 
 _PY_NUMBERS = (int, float, complex)
 _NO = object()
@@ -30,6 +31,18 @@ def _lerp(x: Any, y: Any, t: Any) -> Any:
             return x + (y - x) * t
         return y - (y - x) * (1 - t)
     return x + (y - x) * t
+
+
+def spans_disjoint(los: list[int], his: list[int]) -> bool:
+    """No two of the byte ranges ``[los[i], his[i])`` (each ``lo <= hi``) overlap: with the starts
+    and the ends sorted separately, each end is at most the next start (then no address lies in two
+    ranges: the ranges covering it are the starts at or below it, less the ends at or below it, and
+    at most one start is not matched by an end). Two sorts of ints and one C-level pass: no tuple
+    per range (bench_arith small-model ``out=`` rows)."""
+    if len(los) < 2:
+        return True
+    lo, hi = sorted(los), sorted(his)
+    return all(map(operator.le, hi[:-1], lo[1:]))
 
 
 def _itemsize(xp: Any, dtype: Any) -> int:
@@ -142,6 +155,17 @@ class Kernels:
             return acc / n
 
         return self._elementwise(f, xs, out)
+
+    def out_fast(self, outs: list[Any], arrays: list[Any]) -> bool:
+        """True if every array of `outs` can certainly be written in place with distinct values
+        (``write_problem`` and ``overlap_problem`` would find nothing) and the distinct arrays
+        `arrays` (`outs` and the inputs) certainly share no memory with each other, decided in
+        C-level passes over the lists (``fk.*(out=)``'s column path); False: not known here
+        (``fk.*(out=)`` then checks each array and names the one that fails). The caller has
+        checked that `arrays` are dense arrays of this adapter, each row (an out array and the
+        inputs it is computed from) on one device; ranges on different devices compared as numbers
+        can only seem to meet, which says False."""
+        return False
 
     def lerp_many_(self, xs: list[Any], ys: list[Any], t: float) -> bool:
         """``x <- lerp(x, y, t)`` in place for every pair, in one call where the library has one

@@ -26,7 +26,9 @@ non-persistent buffer set, ``ParameterDict``'s key table) are copied, and the
 parameter, buffer and submodule dicts are fresh. Torch modules that cache
 references to their own children are refreshed: an RNN's flat weight list
 points at the rebuilt weights, and a ``torch.compile``d module
-(``OptimizedModule``) calls its rebuilt inner module.
+(``OptimizedModule``) calls its rebuilt inner module. An FSDP2 module (``fully_shard``, whose class
+redirects ``__new__`` to the original class's constructor) is cloned with ``object.__new__``: the
+clone keeps its ``FSDP<cls>`` class, its DTensor parameters and their placements.
 """
 
 from __future__ import annotations
@@ -118,12 +120,21 @@ class _Live:
         return "<live module>"
 
 
+def _redirects_new(cls: type) -> bool:
+    """Whether `cls.__new__` builds something else than a bare `cls`: FSDP2's ``fully_shard`` makes
+    the class ``FSDP<cls>`` whose ``__new__`` constructs (and ``__init__``s) the original class, so a
+    clone made through it would lose its FSDP2 class and need constructor arguments. Such a class is
+    cloned with ``object.__new__`` (what ``nn.Module`` itself uses: it defines no ``__new__``)."""
+    new = getattr(cls, "__new__", None)
+    return new is not object.__new__ and str(getattr(new, "__module__", "")).startswith("torch.distributed.fsdp")
+
+
 def _make_unflatten(
-    copied: frozenset[str], fixup: Callable[[Any], None] | None
+    copied: frozenset[str], fixup: Callable[[Any], None] | None, bare_new: bool = False
 ) -> Callable[[Any, list[Any], list[Any]], Any]:
     def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
         cls, rest, layout, live = aux
-        new = cls.__new__(cls)
+        new = object.__new__(cls) if bare_new else cls.__new__(cls)
         m = live()
         # the live module's current state; its parameter, buffer and submodule dicts are replaced below
         nd = dict(rest if m is None or type(m) is not cls else m.__dict__)
@@ -259,7 +270,7 @@ def node_for(cls: type) -> NodeDef | None:
         nd = _DEFS[cls] = NodeDef(
             cls,
             _flatten,
-            _make_unflatten(copied, fixup),
+            _make_unflatten(copied, fixup, _redirects_new(cls)),
             _trainable,
             owns=True,
             kind=_kind_of(cls),

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import array_api_compat
 
+from . import _jax_sharding
 from ._base import ArrayAdapter, method_view_source, method_views
 
 __all__ = ["Adapter"]
@@ -55,6 +57,25 @@ class Adapter(ArrayAdapter):
                 lines.append(f"    v{k} = s[{k}]" + ("" if len(sh) == 1 else f".reshape({sh!r})"))
             return lines
         return method_view_source(offsets, shapes)
+
+    # ---- sharded arrays (functorkit.adapters._jax_sharding; protocol: ._sharding) ----------
+
+    def sharded_reduce(self, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float) -> Any:
+        """`functorkit.adapters._jax_sharding.reduce`: None unless an array is split over devices."""
+        return _jax_sharding.reduce(kind, xs, ys, o)
+
+    def first_sharded(self, arrays: Sequence[Any]) -> tuple[int, str] | None:
+        """`functorkit.adapters._jax_sharding.first_sharded` (a flat vector is refused for them)."""
+        return _jax_sharding.first_sharded(arrays)
+
+    def whole_tensor_problem(self, x: Any) -> str | None:
+        """`functorkit.adapters._jax_sharding.whole_tensor_problem` (Explicit-axes meshes)."""
+        return _jax_sharding.whole_tensor_problem(x)
+
+    def new_array_device(self, like: Any) -> Any:
+        """None (an uncommitted array, placed where it is used) for `like` split over several devices
+        (its sharding fits only its own shape); else `like`'s device."""
+        return None if _jax_sharding.is_split(like) else self.device(like)
 
     def copy(self, x: Any) -> Any:
         """Immutable: ``x.copy()`` gives a new buffer (same values)."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any, cast
 
 import numpy as np
 
 from ._base import _HOST, Layout, MethodSlices, _little_endian, _size, extent, normalise_layout
+from ._kernels import spans_disjoint
 
 __all__ = ["Adapter"]
 
@@ -38,6 +41,17 @@ def _narrow_float(dtype: Any) -> Any:
     except (ImportError, ValueError, TypeError):
         return None
     return np.dtype(np.float32)
+
+
+_WRITEABLE = operator.attrgetter("flags.writeable")
+_FORC = operator.attrgetter("flags.forc")
+_BASE = operator.attrgetter("base")
+_NBYTES = operator.attrgetter("nbytes")
+_ND = frozenset({np.ndarray})
+
+
+def _address(x: Any) -> int:
+    return int(x.__array_interface__["data"][0])
 
 
 def _k_add(ins: list[Any], o: Any, tmp: Any) -> None:
@@ -176,6 +190,19 @@ class Adapter(MethodSlices):
         return True
 
     # ---- arithmetic kernels: ufuncs with ``out=``, in cache-sized blocks -------------------------
+
+    def out_fast(self, outs: list[Any], arrays: list[Any]) -> bool:
+        """Plain ndarrays; `outs` writeable and C- or Fortran-contiguous (no element twice in
+        memory); `arrays` separate allocations (each owns its memory: ``base is None``), or
+        contiguous with byte ranges that do not meet."""
+        if not set(map(type, arrays)) <= _ND or not all(map(_WRITEABLE, outs)) or not all(map(_FORC, outs)):
+            return False
+        if all(map(operator.is_, map(_BASE, arrays), repeat(None))):
+            return True
+        if not all(map(_FORC, arrays)):
+            return False
+        los = list(map(_address, arrays))
+        return spans_disjoint(los, list(map(operator.add, los, map(_NBYTES, arrays))))
 
     def compute_dtype(self, dtype: Any) -> Any:
         """float32 for the floating dtypes narrower than 32 bits (float16, ml_dtypes bfloat16 and

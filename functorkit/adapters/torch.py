@@ -44,7 +44,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import _dtensor
 from ._base import _HOST, TRACING_PROBES, ArrayAdapter, Layout, _size, adapter_of, extent, normalise_layout
+from ._kernels import spans_disjoint
 from ._torch_module import claims, node_for
 
 __all__ = ["Adapter", "claims", "compiling", "foreach_lerp_", "has_python_dispatch", "is_functorch_wrapped", "node_for"]
@@ -84,6 +86,8 @@ def _detect_python_dispatch() -> Callable[[Any], bool]:
 
 
 _PLAIN: tuple[type, ...] = (torch.Tensor, torch.nn.Parameter)
+_PLAIN_SET = frozenset(_PLAIN)
+_NBYTES = operator.attrgetter("nbytes")
 #: ``torch.func`` wrapper test (private API; fallback: every tensor counts as wrapped)
 is_functorch_wrapped: Callable[[Any], bool] = _detect_functorch()
 #: Python-dispatch (wrapper subclass) test (private API; fallback: every subclass counts)
@@ -354,7 +358,15 @@ class Adapter(ArrayAdapter):
 
     def stage(self, dst: Any, src: Any) -> Any:
         """A plain tensor of `dst`'s dtype and device, made with ``copy_`` under ``no_grad`` (so a
-        subclass's own ``copy_`` runs here, before anything is written)."""
+        subclass's own ``copy_`` runs here, before anything is written). A DTensor `dst` or `src`:
+        `functorkit.adapters._dtensor.stage` (shard to shard, or this rank's shard cut locally)."""
+        if type(src) in _PLAIN and src.dtype is dst.dtype and src.device == dst.device and type(dst) in _PLAIN:
+            return src.detach()
+        if type(dst) not in _PLAIN or type(src) not in _PLAIN:
+            return _dtensor.stage(dst, src, self._stage_plain)
+        return self._stage_plain(dst, src)
+
+    def _stage_plain(self, dst: Any, src: Any) -> Any:
         if type(src) in _PLAIN and src.dtype is dst.dtype and src.device == dst.device:
             return src.detach()
         sa = adapter_of(src)
@@ -522,19 +534,37 @@ class Adapter(ArrayAdapter):
             out.div_(n)
         return out
 
+    def out_fast(self, outs: list[Any], arrays: list[Any]) -> bool:
+        """Plain contiguous tensors of a device that has memory (not ``meta``), with storage
+        (``data_ptr`` raises for ``torch.func`` wrappers); no inference tensor in `outs`; the byte
+        ranges (``data_ptr``, ``nbytes``) of `arrays` do not meet. Not while ``torch.compile``
+        traces (the per-leaf path traces)."""
+        if compiling() or not set(map(type, arrays)) <= _PLAIN_SET or arrays[0].device.type == "meta":
+            return False
+        if not all(map(torch.Tensor.is_contiguous, arrays)) or any(map(torch.Tensor.is_inference, outs)):
+            return False
+        try:
+            los = list(map(torch.Tensor.data_ptr, arrays))
+        except RuntimeError:  # no storage: a torch.func wrapper (the per-leaf path looks at each)
+            return False
+        return spans_disjoint(los, list(map(operator.add, los, map(_NBYTES, arrays))))
+
     def lerp_many_(self, xs: list[Any], ys: list[Any], t: float) -> bool:
-        """One ``torch._foreach_lerp_`` under ``no_grad`` for plain tensors of one device (one C++
-        loop, or one fused kernel on GPUs, instead of one Python call per tensor: bench_arith's
-        12-block ``nn.Module`` EMA row, 3.5x faster than the hand loop of ``lerp_``); not while
-        ``torch.compile`` traces (one ``lerp_`` per tensor traces as well) or in ``torch.func``."""
+        """One ``torch._foreach_lerp_`` under ``no_grad`` for plain tensors (one C++ loop, or one
+        fused kernel on GPUs, instead of one Python call per tensor: bench_arith's 12-block
+        ``nn.Module`` EMA row, 2.3x faster than the hand loop of ``lerp_``); not while
+        ``torch.compile`` traces (one ``lerp_`` per tensor traces as well) or in ``torch.func``.
+        The tests over the tensors are C-level passes (no Python step per tensor). Each pair is
+        on one device (the caller checked); pairs on several devices are no reason to refuse:
+        ``_foreach_lerp_`` then runs its per-tensor loop, the same ``lerp_`` as the fallback."""
         fe = foreach_lerp_
         if fe is None or compiling() or not xs:
             return False
-        dev = xs[0].device
-        wrapped = is_functorch_wrapped
-        for a in (*xs, *ys):
-            if type(a) not in _PLAIN or a.device != dev or wrapped(a):
-                return False
+        if type(xs[0]) not in _PLAIN:  # DTensors: one _foreach_lerp_ over the local shards
+            return _dtensor.lerp_many_(fe, xs, ys, t)
+        arrays = [*xs, *ys]
+        if not set(map(type, arrays)) <= _PLAIN_SET or any(map(is_functorch_wrapped, arrays)):
+            return False
         with torch.no_grad():
             fe(xs, ys, t)
         return True
@@ -549,6 +579,41 @@ class Adapter(ArrayAdapter):
             else:
                 torch.lerp(x, y, t, out=out)
         return out
+
+    # ---- sharded arrays (DTensor: functorkit.adapters._dtensor; protocol: ._sharding) --------
+
+    def sharded_reduce(self, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float) -> Any:
+        """`functorkit.adapters._dtensor.reduce`: None unless a DTensor is among `xs`."""
+        return _dtensor.reduce(self, kind, xs, ys, o)
+
+    def first_sharded(self, arrays: Sequence[Any]) -> tuple[int, str] | None:
+        """The first DTensor of `arrays` (all of one type) and why it cannot go into a flat vector
+        (`functorkit.adapters._dtensor.sharded_problem`); plain tensors: one type test."""
+        if not arrays or type(arrays[0]) in _PLAIN:
+            return None
+        why = _dtensor.sharded_problem(arrays[0])
+        return None if why is None else (0, why)
+
+    def local_pair(self, x: Any, y: Any) -> tuple[Any, Any] | str:
+        """``fk.allclose``: DTensors `x`, `y` as their local shards (same mesh and placements, else
+        why not); plain tensors as they are (`functorkit.adapters._dtensor.local_pair`)."""
+        if type(x) in _PLAIN and type(y) in _PLAIN:
+            return x, y
+        return _dtensor.local_pair(x, y)
+
+    def any_rank(self, leaves: Sequence[Any]) -> Callable[[bool], bool] | None:
+        """``fk.allclose``: for leaves holding a DTensor, ``flag -> flag on any rank`` (one
+        all-reduce over its mesh); None otherwise."""
+        return _dtensor.any_rank(leaves)
+
+    def whole_tensor_problem(self, x: Any) -> str | None:
+        """Why a selection over the whole of `x` (``fk.ties``, ``fk.dare``) cannot be made here: a
+        DTensor (`functorkit.adapters._dtensor.whole_tensor_problem`); None for plain tensors."""
+        return None if type(x) in _PLAIN else _dtensor.whole_tensor_problem(x)
+
+    def settle(self, r: Any) -> Any:
+        """A per-tensor 0-d result with pending (`Partial`) reductions made whole (``fk.tensor_dots``)."""
+        return r if type(r) in _PLAIN else _dtensor.settle(r)
 
     def vdot(self, x: Any, y: Any) -> Any:
         """BLAS ``vdot`` for the dtypes it supports (bench_arith ``dot`` torch rows; ``vecdot``
@@ -572,6 +637,10 @@ class Adapter(ArrayAdapter):
     def to_host(self, x: Any) -> Any:
         """Detached, on the CPU, contiguous, as NumPy (no copy for a contiguous CPU tensor); dtypes
         NumPy lacks (bfloat16, float8) as same-width integers holding the bytes."""
+        if type(x) not in _PLAIN:
+            why = _dtensor.host_problem(x)
+            if why is not None:
+                raise TypeError(why)
         t = x.detach()
         if t.device.type == "meta":
             msg = "it is a `meta` tensor, which holds no values; materialise the model first"

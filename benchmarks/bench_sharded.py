@@ -1,0 +1,136 @@
+"""Sharded models on 2 gloo ranks (CPU): the FSDP2 EMA step and the global norm (issue #26).
+
+Targets: ``fk.lerp(ema, model, t, out=ema)`` on an FSDP2 module costs at most 1.1x
+``torch._foreach_lerp_`` over the same local shards (no communication in the update);
+``fk.norm(model)`` costs about one all-reduce of one scalar on top of the local sums.
+
+Run alone: ``python benchmarks/bench_sharded.py [--quick]`` (it starts its two ranks itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MARK = "BENCH_SHARDED "
+
+
+def _worker(quick: bool) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    sys.path.insert(0, str(HERE))
+    from _timing import once
+
+    import functorkit as fk
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    width, blocks = (128, 4) if quick else (512, 12)
+    rounds = 3 if quick else 9
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(blocks)])
+        for layer in m:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        return m
+
+    model, ema = make(), make()
+    with torch.no_grad():  # the local shards as plain tensors (views), written without autograd
+        le = [p.to_local() for p in ema.parameters()]
+        lm = [p.to_local() for p in model.parameters()]
+    ones = torch.ones(())
+    t = 0.001
+
+    def foreach() -> None:
+        with torch.no_grad():
+            torch._foreach_lerp_(le, lm, t)
+
+    calls = {
+        "fk.lerp(ema, model, t, out=ema)": lambda: fk.lerp(ema, model, t, out=ema),
+        "torch._foreach_lerp_ over the local shards": foreach,
+        "fk.norm(model)": lambda: fk.norm(model),
+        "local sums of squares, no all-reduce": lambda: sum(x.reshape(-1).dot(x.reshape(-1)) for x in lm),
+        "dist.all_reduce of one scalar": lambda: dist.all_reduce(ones),
+    }
+    # the same fixed number of calls on every rank (a collective must be called as often on each)
+    number = 20 if quick else 200
+    times = dict.fromkeys(calls, float("inf"))
+    for f in calls.values():
+        f()
+    for _ in range(rounds):
+        for name, f in calls.items():
+            dist.barrier()
+            times[name] = min(times[name], once(f, number))
+    params = sum(p.numel() for p in model.parameters())
+    print(MARK + json.dumps({"rank": dist.get_rank(), "times": times, "params": params}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _ranks(quick: bool, world: int = 2) -> list[dict[str, Any]]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+        env["OMP_NUM_THREADS"] = "1"
+        args = [sys.executable, __file__, "--worker", *(["--quick"] if quick else [])]
+        procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out = []
+    for p in procs:
+        so, se = p.communicate(timeout=600)
+        lines = [ln for ln in so.splitlines() if ln.startswith(MARK)]
+        if p.returncode != 0 or len(lines) != 1:
+            msg = f"a rank failed (exit {p.returncode}):\n{so[-2000:]}\n{se[-4000:]}"
+            raise RuntimeError(msg)
+        out.append(json.loads(lines[0][len(MARK) :]))
+    return out
+
+
+def run(quick: bool) -> str:
+    """The markdown section of this benchmark (timings of rank 0; rank 1's ratios alongside)."""
+    ranks = _ranks(quick)
+    t0 = ranks[0]["times"]
+    rows = "\n".join(f"| {name} | {sec * 1e6:.1f} µs |" for name, sec in t0.items())
+    ema = [
+        r["times"]["fk.lerp(ema, model, t, out=ema)"] / r["times"]["torch._foreach_lerp_ over the local shards"]
+        for r in ranks
+    ]
+    norm_extra = [
+        (r["times"]["fk.norm(model)"] - r["times"]["local sums of squares, no all-reduce"])
+        / r["times"]["dist.all_reduce of one scalar"]
+        for r in ranks
+    ]
+    return f"""## Sharded models: FSDP2 EMA step and global norm (2 gloo ranks, CPU)
+
+An FSDP2 `nn.Sequential` of Linear layers ({ranks[0]["params"]:,} parameters, each rank holding half),
+two ranks on this machine. The EMA step `fk.lerp(ema, model, t, out=ema)` against
+`torch._foreach_lerp_` over the same local shards (target at most 1.1x): rank 0 {ema[0]:.2f}x, rank 1
+{ema[1]:.2f}x. `fk.norm(model)` minus the local sums of squares, in units of one `dist.all_reduce`
+of one scalar (target: about 1): rank 0 {norm_extra[0]:.2f}, rank 1 {norm_extra[1]:.2f}.
+
+| rank 0 | best time per call |
+|---|---|
+{rows}
+"""
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        _worker("--quick" in sys.argv)
+    else:
+        print(run("--quick" in sys.argv))

@@ -1,0 +1,212 @@
+"""The one plan cache: what an operation worked out once for a tree definition, reused.
+
+A model called in a loop (a small MLP mapped or flattened every step) pays each call's fixed
+costs again: the walk, the analysis of `destructure`. For small trees made only of dicts,
+lists and tuples this cache keeps, per recorded definition:
+
+* a generated **matcher** (``_program_match.matcher``): from the second recording of one
+  structure on, ``record_plain`` checks a tree against it (types, lengths, keys in order,
+  leaves where leaves were, no two positions holding one object) instead of walking it
+  (bench_walk's "(b) A small model" rows; tests/test_walk.py turns it off to see the
+  difference);
+* a generated **builder** (``_program_match.builder``) for the definition's rebuild, when it is
+  small (`PLAN_MAX`);
+* the **plans of operations** (`plan_for` / `keep_plan`), keyed by the definition, the
+  operation (with its options: ``("destructure", policy)``) and the *facts* the plan was made
+  from (`LeafFacts`: the type of every leaf; the dtype, shape, device and density of every
+  array). The cache stores the facts with the plan and compares them at each lookup, so a plan
+  is only reused for leaves it would decide the same for. An operation's plan must depend on
+  nothing else: a new decision that reads another property of the leaves adds it to
+  `LeafFacts` (one place), and every plan then keys on it.
+
+Every entry holds the node-table snapshot (``TABLES[0]``) it was made under and is valid only
+while that snapshot is published: a registration makes every plan stale. Nothing here is made
+under ``torch.compile`` tracing (no ``compile()``/``exec`` then, ``adapters.tracing()``). The
+cache is bounded (`_MAX` structures, then cleared) and holds each definition it plans for, so
+the ``id`` it is indexed by stays that definition's. No module writes onto a `TreeDef`.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._dense import may_be_sparse
+from ._program import is_plain, num_entries
+from ._program_match import builder, matcher
+from ._registry import TABLES
+from ._xp import is_array
+from .adapters import adapter_of, tracing
+
+if TYPE_CHECKING:
+    from ._treedef import TreeDef
+
+__all__ = [
+    "PLAN_MAX",
+    "PLAN_NODES",
+    "LeafFacts",
+    "clear",
+    "keep_plan",
+    "match_of",
+    "plan_for",
+    "remember",
+]
+
+#: trees with more program entries than this (nodes, and leaves outside all-leaf nodes) are not
+#: planned; a planned tree with more than PLAN_MAX positions and entries gets a matcher but no
+#: generated builder (the definition's own build slices the leaves of an all-leaf node at once)
+PLAN_NODES = 512
+PLAN_MAX = 64
+#: at most this many structures are kept (then the cache starts again)
+_MAX = 256
+
+
+class _Entry:
+    """One planned definition: the snapshot it was made under, how often it was recorded, its
+    generated matcher and builder (None until made), and the operations' ``(facts, plan)``."""
+
+    __slots__ = ("build", "match", "ops", "seen", "tables", "td")
+
+    def __init__(self, td: TreeDef, tables: Any) -> None:
+        self.td = td
+        self.tables = tables
+        self.seen = 1
+        self.match: Callable[..., Any] | None = None
+        self.build: Callable[[list[Any]], Any] | None = None
+        self.ops: dict[Any, tuple[LeafFacts, Any]] = {}
+
+
+#: (root type, root length) -> the entry of the last definition recorded for such a root (read by
+#: ``_record.record_plain``: its matcher, made under the published snapshot, tried before a walk)
+_BY_ROOT: dict[tuple[type, int], _Entry] = {}
+#: id(definition) -> its entry (the entry holds the definition, so the id stays its; read by
+#: `match_of` and `plan_for`)
+_BY_TD: dict[int, _Entry] = {}
+#: the two lookups every small map makes, as flat tuples (a slot read costs more than an index):
+#: (root type, root length) -> (matcher, snapshot, definition), read by ``_record.record_plain``;
+#: id(definition) -> (builder, snapshot, definition), read by ``TreeDef.build``. Each holds its
+#: definition (so the id stays its) and is set and dropped with its entry. A definition keeps the
+#: builder and matcher it was handed (``TreeDef._gen_build``/``_gen_match``, its own slots) with
+#: their snapshot, and uses them only while that snapshot is published.
+MATCH_BY_ROOT: dict[tuple[type, int], tuple[Callable[..., Any], Any, TreeDef]] = {}
+BUILD_BY_ID: dict[int, tuple[Callable[[list[Any]], Any], Any, TreeDef]] = {}
+
+
+def clear() -> None:
+    """Forget every plan (tests start from an empty cache)."""
+    _BY_ROOT.clear()
+    _BY_TD.clear()
+    MATCH_BY_ROOT.clear()
+    BUILD_BY_ID.clear()
+
+
+def _entry(td: TreeDef) -> _Entry | None:
+    """The entry of `td` if it is planned under the published node table."""
+    e = _BY_TD.get(id(td))  # (an entry holds its definition: while it is here, no other object has that id)
+    if e is None or e.tables is not TABLES[0]:
+        return None
+    return e
+
+
+# ---------------------------------------------------------------- the walk's matcher and builder
+
+
+def remember(tree: Any, td: TreeDef, tables: Any, distinct: Callable[[list[Any]], bool], sort_from: int) -> None:
+    """Note that `tree` (a dict, list or tuple root) was recorded as `td` under `tables` (the
+    snapshot read before the walk); the second time one structure is met, make its matcher
+    (and, small, its builder). `distinct` and `sort_from` are the walk's tie test and the size
+    from which the matcher uses it."""
+    if num_entries(td) > PLAN_NODES or not is_plain(td):
+        return
+    key = (type(tree), len(tree))
+    e = _BY_ROOT.get(key)
+    if e is None or e.tables is not tables or e.td != td:
+        if tracing():  # under torch.compile an id() is a compile-time value that cannot be kept
+            return
+        if len(_BY_ROOT) >= _MAX:
+            clear()
+        if e is not None:
+            _BY_TD.pop(id(e.td), None)
+            BUILD_BY_ID.pop(id(e.td), None)
+            MATCH_BY_ROOT.pop(key, None)
+        e = _BY_ROOT[key] = _BY_TD[id(td)] = _Entry(td, tables)
+        return
+    e.seen += 1
+    if e.match is None and e.seen >= 2 and not tracing():  # no compile()/exec under torch.compile
+        known = e.td
+        e.match = matcher(known, distinct, sort_from)
+        MATCH_BY_ROOT[key] = (e.match, e.tables, known)
+        if num_entries(known) + known.num_positions <= PLAN_MAX:
+            e.build = builder(known)
+            BUILD_BY_ID[id(known)] = (e.build, e.tables, known)
+
+
+def match_of(td: TreeDef) -> Callable[..., Any] | None:
+    """`td`'s generated ``match(tree, ties=True) -> leaves or MISS``, if it has one."""
+    e = _entry(td)
+    return None if e is None else e.match
+
+
+# ---------------------------------------------------------------- operations' plans
+
+_dtype_of = operator.attrgetter("dtype")
+_shape_of = operator.attrgetter("shape")
+
+
+class LeafFacts:
+    """The facts about a definition's leaves that a plan may depend on: the type of every leaf;
+    for the array leaves, whether all are dense (for libraries whose arrays may not be), their
+    dtypes and shapes, and their devices (for libraries with several). Leaves with equal facts are
+    decided alike by every planned operation."""
+
+    __slots__ = ("arrays", "devices", "dtypes", "multi_device", "shapes", "sparse", "types")
+
+    def __init__(self, leaves: list[Any]) -> None:
+        self.types: tuple[type, ...] | None = tuple(map(type, leaves))
+        # which leaves are arrays, and what their libraries can vary, follow from the types
+        self.arrays = [j for j, x in enumerate(leaves) if is_array(x)]
+        xs = list(map(leaves.__getitem__, self.arrays))
+        self.multi_device = not all(adapter_of(x).one_device for x in dict(zip(map(type, xs), xs)).values())
+        self.sparse = may_be_sparse(xs)  # torch: a sparse or nested tensor may come in at a later call
+        if self.sparse and adapter_of(xs[0]).first_not_dense(xs) is not None:
+            self.types = None  # (a constant that is not dense: such leaves are never planned for)
+            return
+        self.dtypes = list(map(_dtype_of, xs))
+        self.shapes = list(map(_shape_of, xs))
+        self.devices = [adapter_of(x).device(x) for x in xs] if self.multi_device else None
+
+    def hold(self, leaves: list[Any]) -> bool:
+        """Whether `leaves` have these facts (compared in that order, density before shapes: a
+        nested tensor has no shape to read)."""
+        if self.types is None or tuple(map(type, leaves)) != self.types:
+            return False
+        xs = list(map(leaves.__getitem__, self.arrays))
+        if not xs:
+            return True
+        if self.sparse and adapter_of(xs[0]).first_not_dense(xs) is not None:
+            return False
+        return (
+            list(map(_dtype_of, xs)) == self.dtypes
+            and list(map(_shape_of, xs)) == self.shapes
+            and (self.devices is None or [adapter_of(x).device(x) for x in xs] == self.devices)
+        )
+
+
+def plan_for(td: TreeDef, op: Any, leaves: list[Any]) -> Any:
+    """The plan kept for operation `op` on `td`, if `leaves` have the facts it was made from; else None."""
+    e = _entry(td)
+    if e is None:
+        return None
+    hit = e.ops.get(op)
+    if hit is None or not hit[0].hold(leaves):
+        return None
+    return hit[1]
+
+
+def keep_plan(td: TreeDef, op: Any, leaves: list[Any], plan: Any) -> None:
+    """Keep `plan` for operation `op` on `td`, made from `leaves`, when `td` is a definition the
+    walk reuses (a small container tree met before); otherwise nothing."""
+    e = _entry(td)
+    if e is not None and e.match is not None:
+        e.ops[op] = (LeafFacts(leaves), plan)

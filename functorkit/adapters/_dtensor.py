@@ -1,0 +1,337 @@
+"""torch ``DTensor`` (``torch.distributed.tensor``: FSDP2's ``fully_shard``, ``distribute_tensor``):
+part of the torch adapter, imported with it (``torch.distributed.tensor`` itself is never imported
+here: a process that has not imported it holds no DTensor).
+
+What functorkit does with DTensors (docs/sharded.md):
+
+* elementwise work (``fk.fmap``, the arithmetic with and without ``out=``, ``fk.copy``,
+  ``fk.stack``) runs through DTensor's own operators, which act on the local shards with no
+  communication and keep the placements;
+* `reduce` (``fk.norm``, ``fk.dot``, ``fk.all_finite``): each rank reduces its local shards to one scalar (a shard
+  replicated over a mesh dimension is counted on that dimension's coordinate 0 only, so that no
+  value counts twice), and the scalars are combined by one all-reduce per mesh dimension (one on
+  FSDP2's 1-D mesh): the result is a 0-d ``Replicate`` DTensor holding the global value on every
+  rank;
+* `stage` (``fk.load_into``): a DTensor of the destination's mesh and placements is copied shard
+  to shard; a plain (full) tensor is cut into this rank's shard locally
+  (``distribute_tensor(..., src_data_rank=None)``: no communication), so a checkpoint loaded whole
+  on every rank fills a sharded model;
+* `lerp_many_` (the in-place EMA ``fk.lerp(ema, model, t, out=ema)``): one
+  ``torch._foreach_lerp_`` over the local shards;
+* refused by path, with the alternative: a flat vector (`sharded_problem`: ``fk.destructure``,
+  ``re.flatten``) and a checkpoint file (`host_problem`: ``fk.save``).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Sequence
+from itertools import repeat
+from typing import Any
+
+import torch
+
+from ._sharding import ShardRefusal
+
+__all__ = [
+    "any_rank",
+    "dtensor_type",
+    "has_dtensor",
+    "host_problem",
+    "lerp_many_",
+    "local_pair",
+    "reduce",
+    "settle",
+    "sharded_problem",
+    "stage",
+    "whole_tensor_problem",
+]
+
+
+def dtensor_type() -> Any:
+    """``torch.distributed.tensor.DTensor`` if that module is imported (else no DTensor exists)."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    found = getattr(mod, "DTensor", None)
+    return found if isinstance(found, type) else None
+
+
+def has_dtensor(xs: Sequence[Any]) -> bool:
+    """Whether any of `xs` is a DTensor (one C-level pass)."""
+    dt = dtensor_type()
+    return dt is not None and any(map(isinstance, xs, repeat(dt)))
+
+
+def _describe(x: Any) -> str:
+    return f"a DTensor of shape {tuple(x.shape)} with placements {tuple(x.placements)} over {x.device_mesh}"
+
+
+def sharded_problem(x: Any) -> str | None:
+    """Why the DTensor `x` cannot go into a flat vector, with the alternatives; None for others."""
+    dt = dtensor_type()
+    if dt is None or not isinstance(x, dt):
+        return None
+    return (
+        f"it is {_describe(x)}: a flat vector in this process would hold this rank's shard only, and "
+        "`re` could not give back the placements. Expected plain tensors; fix: work on the sharded model "
+        "directly (fk.fmap, the arithmetic, fk.norm and fk.dot act on the local shards), or flatten the "
+        "local shards yourself: fk.destructure(fk.fmap(lambda x: x.to_local(), model)), rebuilding each "
+        "with DTensor.from_local(v, x.device_mesh, x.placements, shape=x.shape, stride=x.stride())"
+    )
+
+
+def host_problem(x: Any) -> str | None:
+    """Why the DTensor `x` cannot be read whole on the host (``fk.save``), with the alternatives;
+    None for others."""
+    dt = dtensor_type()
+    if dt is None or not isinstance(x, dt):
+        return None
+    return (
+        f"it is {_describe(x)}, and its values are read whole on the host here (fk.save writes whole "
+        "tensors). Expected plain tensors; fix: save the shards of every rank with "
+        "torch.distributed.checkpoint.save(fk.state_dict(model), checkpoint_id=path) (the same keys; it "
+        "reshards on load), or gather a small model first: fk.fmap(lambda x: x.full_tensor(), model)"
+    )
+
+
+# ---------------------------------------------------------------- reductions (fk.norm, fk.dot)
+
+
+def _counted(x: Any) -> bool:
+    """Whether this rank's local shard of `x` counts in a sum: on every mesh dimension where `x` is
+    replicated, only coordinate 0 counts (the others hold the same values)."""
+    coord = x.device_mesh.get_coordinate()
+    if coord is None:  # this rank is not in the mesh: it holds nothing
+        return False
+    return all(c == 0 for c, p in zip(coord, x.placements, strict=True) if p.is_replicate())
+
+
+def _check(k: int, x: Any, dt: Any, mesh: Any, y: Any) -> None:
+    if not isinstance(x, dt):
+        msg = (
+            f"this is a plain {type(x).__name__} among DTensors, so whether every rank holds it whole or a "
+            "part of it is unknown. Expected every array of the reduction to be a DTensor; fix: reduce the "
+            "parameters only (trainable_only=True: FSDP2 shards parameters, not buffers), or make it one "
+            "with distribute_tensor(x, mesh, [Replicate()])"
+        )
+        raise ShardRefusal(k, msg)
+    if x.device_mesh != mesh:
+        msg = (
+            f"this is {_describe(x)}, but the first parameter is on {mesh}. Expected one device mesh for "
+            "one reduction across ranks; fix: reduce each mesh's parameters separately "
+            "(fk.partition) and combine the results"
+        )
+        raise ShardRefusal(k, msg)
+    if any(p.is_partial() for p in x.placements):
+        msg = (
+            f"this is {_describe(x)}: a Partial placement holds an unreduced sum, not values. Expected "
+            "Shard or Replicate placements; fix: x.redistribute(x.device_mesh, [Replicate()]) first"
+        )
+        raise ShardRefusal(k, msg)
+    if y is not None and (not isinstance(y, dt) or y.device_mesh != mesh or tuple(y.placements) != tuple(x.placements)):
+        found = _describe(y) if isinstance(y, dt) else f"a plain {type(y).__name__}"
+        msg = (
+            f"`a` holds {_describe(x)} here but `b` {found}: their local shards hold different "
+            "elements. Expected the same mesh and placements in both models; fix: "
+            "b.redistribute(a.device_mesh, a.placements) for this array"
+        )
+        raise ShardRefusal(k, msg)
+
+
+def _reduced_local(x: Any) -> Any:
+    """The local shard of DTensor `x` for a reduction: ``to_local()`` (differentiable) where autograd
+    records `x`, else `_local` (a gradient's norm, ``no_grad``: no autograd Function call)."""
+    return x.to_local() if x.requires_grad and torch.is_grad_enabled() else _local(x)
+
+
+def _local_part(ad: Any, kind: str, x: Any, y: Any, o: float) -> Any:
+    lx = _reduced_local(x)
+    if kind == "all_finite":
+        return torch.isfinite(lx).all().to(torch.int32)  # combined by min (an all-reduce of ints)
+    if kind == "dot":
+        return ad.vdot(lx, _reduced_local(y))
+    if o == 2:
+        return ad.sum_squares(lx)
+    acc = ad.accumulate_dtype(lx.dtype)
+    a = lx.abs() if acc is None else lx.abs().to(acc)
+    if o == math.inf:
+        return a.amax() if a.numel() else a.new_zeros(())  # |x| >= 0: 0 is the identity of max
+    if o == -math.inf:
+        return a.amin() if a.numel() else a.new_full((), math.inf)
+    if o == 0:
+        return (a != 0).sum().to(a.dtype)
+    if o == 1:
+        return a.sum()
+    return (a**o).sum()
+
+
+def reduce(ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float) -> Any:
+    """The global total of a reduction over the DTensors `xs` (`ys`: ``fk.dot``'s second model;
+    `kind` "dot", "norm" or "all_finite", the last a 0-d bool), a 0-d ``Replicate`` DTensor: local
+    shards reduced on each rank, then one all-reduce per mesh dimension (`Partial` -> `Replicate`).
+    None when no DTensor is among `xs`. A problem is a `ShardRefusal`."""
+    dt = dtensor_type()
+    if dt is None or not has_dtensor(xs):
+        return None
+    from torch.distributed.tensor import Partial, Replicate
+
+    mesh = next(x for x in xs if isinstance(x, dt)).device_mesh
+    if kind == "all_finite":
+        op = "min"
+    else:
+        op = "max" if o == math.inf and kind == "norm" else "min" if o == -math.inf and kind == "norm" else "sum"
+    parts = []
+    for k, x in enumerate(xs):
+        y = None if ys is None else ys[k]
+        _check(k, x, dt, mesh, y)
+        p = _local_part(ad, kind, x, y, o)
+        parts.append(p if op != "sum" or _counted(x) else torch.zeros_like(p))
+    if len(parts) == 1:
+        total = parts[0]
+    else:
+        stacked = torch.stack(parts)
+        total = stacked.amax() if op == "max" else stacked.amin() if op == "min" else stacked.sum()
+    partial = dt.from_local(total, mesh, [Partial(op)] * mesh.ndim, run_check=False)
+    out = partial.redistribute(mesh, [Replicate()] * mesh.ndim)
+    return out == 1 if kind == "all_finite" else out
+
+
+# ---------------------------------------------------------------- fk.load_into
+
+
+def stage(dst: Any, src: Any, plain: Callable[[Any, Any], Any]) -> Any:
+    """`src` ready to be copied into the DTensor `dst` (`dst.copy_` of it makes no communication), or
+    `src` staged by `plain` when neither is a DTensor. Raises TypeError (with the fix) otherwise."""
+    dt = dtensor_type()
+    if dt is None or not (isinstance(dst, dt) or isinstance(src, dt)):
+        return plain(dst, src)
+    if not isinstance(dst, dt):
+        msg = (
+            f"`src` is {_describe(src)} and `dst` a plain tensor: this rank holds only a shard of the "
+            "values. Expected a DTensor `dst` of the same placements, or a plain `src`; fix: gather "
+            "`src` first (fk.fmap(lambda x: x.full_tensor(), src), a collective)"
+        )
+        raise TypeError(msg)
+    if isinstance(src, dt):
+        if src.device_mesh != dst.device_mesh or tuple(src.placements) != tuple(dst.placements):
+            msg = (
+                f"`src` is {_describe(src)} and `dst` {_describe(dst)}: their local shards hold different "
+                "elements. Expected the same mesh and placements; fix: "
+                "src.redistribute(dst.device_mesh, dst.placements) first (a collective)"
+            )
+            raise TypeError(msg)
+        s = src.detach()
+        return s if s.dtype is dst.dtype else s.to(dst.dtype)
+    from torch.distributed.tensor import distribute_tensor
+
+    full = plain(torch.empty(tuple(dst.shape), dtype=dst.dtype, device=dst.to_local().device), src)
+    # every rank holds the whole value: each cuts its own shard (src_data_rank=None: no communication)
+    return distribute_tensor(full, dst.device_mesh, dst.placements, src_data_rank=None)
+
+
+# ---------------------------------------------------------------- the in-place EMA
+
+
+def _local(x: Any) -> Any:
+    """The local shard of DTensor `x` for a write without autograd: its ``_local_tensor`` (private:
+    ``to_local()`` goes through an autograd Function, ~10 µs a call: bench_sharded's EMA row),
+    feature-detected per call, else ``to_local()``."""
+    t = getattr(x, "_local_tensor", None)
+    return t if type(t) is torch.Tensor else x.to_local()
+
+
+def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float) -> bool:
+    """``torch._foreach_lerp_`` over the local shards when every pair of `xs`/`ys` is a DTensor of one
+    mesh and placements (the local shards then hold the same elements: no communication); False
+    (nothing written) otherwise."""
+    dt = dtensor_type()
+    if dt is None:
+        return False
+    lx, ly = [], []
+    for x, y in zip(xs, ys, strict=True):
+        if type(x) is not dt or type(y) is not dt:
+            return False
+        if x.device_mesh != y.device_mesh or tuple(x.placements) != tuple(y.placements):
+            return False
+        lx.append(_local(x))
+        ly.append(_local(y))
+    dev = lx[0].device
+    if any(a.device != dev or type(a) is not torch.Tensor for a in (*lx, *ly)):
+        return False
+    with torch.no_grad():
+        fe(lx, ly, t)
+    return True
+
+
+# ---------------------------------------------------------------- fk.allclose, fk.assert_allclose
+
+
+def local_pair(x: Any, y: Any) -> tuple[Any, Any] | str:
+    """The local shards of DTensors `x` and `y` (compared on each rank), or why they cannot be
+    compared shard by shard (the same answer on every rank: placements are global)."""
+    dt = dtensor_type()
+    xd, yd = dt is not None and isinstance(x, dt), dt is not None and isinstance(y, dt)
+    if not (xd or yd):
+        return x, y
+    if not (xd and yd):
+        d = x if xd else y
+        return (
+            f"{_describe(d)} in `{'a' if xd else 'b'}` but a plain tensor in `{'b' if xd else 'a'}`: a rank "
+            "holds only a shard of one of them. Compare models of the same placements, or gather "
+            "(fk.fmap(lambda t: t.full_tensor(), model))"
+        )
+    if x.device_mesh != y.device_mesh or tuple(x.placements) != tuple(y.placements):
+        return (
+            f"`a` holds {_describe(x)} but `b` {_describe(y)}: their shards hold different elements. "
+            "Compare after b.redistribute(a.device_mesh, a.placements)"
+        )
+    if any(p.is_partial() for p in x.placements):
+        return f"{_describe(x)}: a Partial placement holds unreduced sums; redistribute it first"
+    return x.to_local(), y.to_local()
+
+
+def any_rank(leaves: Sequence[Any]) -> Callable[[bool], bool] | None:
+    """For `leaves` holding a DTensor: a function ``flag -> bool``, True when `flag` is True on any
+    rank of that DTensor's mesh (one all-reduce of one integer); None otherwise."""
+    dt = dtensor_type()
+    if dt is None or not has_dtensor(leaves):
+        return None
+    first = next(x for x in leaves if isinstance(x, dt))
+    mesh = first.device_mesh
+
+    def agree(flag: bool) -> bool:
+        from torch.distributed.tensor import Partial, Replicate
+
+        local = torch.tensor(int(flag), device=first.to_local().device)
+        partial = dt.from_local(local, mesh, [Partial("max")] * mesh.ndim, run_check=False)
+        return bool(partial.redistribute(mesh, [Replicate()] * mesh.ndim).to_local().item())
+
+    return agree
+
+
+# ---------------------------------------------------------------- per-tensor merges (fk.ties, fk.dare...)
+
+
+def whole_tensor_problem(x: Any) -> str | None:
+    """Why a per-tensor selection over the whole of DTensor `x` (a top-k threshold, DARE's masks
+    keyed by each element's global index) is not made on its shards; None for other tensors."""
+    dt = dtensor_type()
+    if dt is None or not isinstance(x, dt):
+        return None
+    return (
+        f"this is {_describe(x)}, and this method selects over each whole tensor (a top-k threshold, or "
+        "masks keyed by every element's index), which the local shards cannot do alone. Expected plain "
+        "tensors; fix: merge with fk.task_arithmetic/fk.lincomb (element-wise: on the shards), or gather "
+        "the models first (fk.fmap(lambda t: t.full_tensor(), model), a collective)"
+    )
+
+
+def settle(r: Any) -> Any:
+    """A per-tensor result `r` whose DTensor placements are `Partial` (an unreduced sum: each rank
+    holds its own part) reduced to `Replicate` (one all-reduce); anything else as it is."""
+    dt = dtensor_type()
+    if dt is None or not isinstance(r, dt) or not any(p.is_partial() for p in r.placements):
+        return r
+    from torch.distributed.tensor import Replicate
+
+    return r.redistribute(r.device_mesh, [Replicate()] * r.device_mesh.ndim)
