@@ -292,7 +292,12 @@ HELD = "fk.fmap(f, h) (h: a copy of t whose leaves are also held in a list)"
 #: the walk's fast paths, each with the settings that switch it off (module, attribute, value)
 SWITCHES: dict[str, tuple[tuple[str, str, Any], ...]] = {
     "recursive walk": (("functorkit._record", "RECURSIVE", False),),
-    "generated matcher and builder": (("functorkit._record", "PLAN_NODES", 0),),
+    # off: no plan is looked up or made (the walk records, the definition's program rebuilds)
+    "generated matcher and builder": (
+        ("functorkit._record", "MATCH_BY_ROOT", {}),
+        ("functorkit._treedef", "BUILD_BY_ID", {}),
+        ("functorkit._plans", "remember", lambda *args: None),
+    ),
     # off: the plain tie test, a set of ids (the fast path sorts the objects' words in NumPy)
     "object-word tie sort": (
         ("functorkit._record", "OBJECT_WORDS", False),
