@@ -17,7 +17,7 @@ import numpy as np
 
 from ._errors import known_shape
 from ._safetensors_io import CODE_OF, header_bytes, stand_in
-from .adapters._base import adapter_of
+from .adapters import adapter_of
 
 __all__ = ["BATCH_BYTES", "TWO_PASS", "Item", "dtype_name", "write_file"]
 
