@@ -89,13 +89,7 @@ def _record_recursive(tree: Any, track: bool) -> tuple[list[Any], TreeDef] | Non
         return None
     tables = TABLES[0]  # one snapshot of the node table for the whole walk
     _, disp, leaf_types, known_types, _ = tables
-    t0 = type(tree)
-    if t0 in leaf_types:
-        nd0 = None
-    else:
-        nd0 = disp.get(t0, _MISS)
-        if nd0 is _MISS:
-            nd0 = resolve(t0, tables)
+    nd0 = disp.get(type(tree)) or resolve(type(tree), tables)
     if not isinstance(nd0, NodeDef):
         return None  # a leaf at the root: nothing to gain
     flat: list[Any] = []
