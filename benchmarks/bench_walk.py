@@ -202,9 +202,27 @@ def contenders() -> dict[str, list[Op]]:
             ("functorkit", "fk.flatten(t)", fk.flatten),
         ],
     }
+    # matching a second tree against the first one's recorded structure (what every multi-tree map,
+    # the arithmetic and load_into do), the structure recorded once outside the timing
+    fk_defs: dict[int, Any] = {}
+    groups["match"] = [
+        (
+            "functorkit",
+            "td.flatten_up_to(u)",
+            lambda t, u: fk_defs.setdefault(id(t), fk.flatten(t)[1]).flatten_up_to(u),
+        )
+    ]
     try:
         import optree
 
+        opt_defs: dict[int, Any] = {}
+        groups["match"].append(
+            (
+                "optree",
+                "optree: treespec.flatten_up_to(u)",
+                lambda t, u: opt_defs.setdefault(id(t), optree.tree_structure(t)).flatten_up_to(u),
+            )
+        )
         groups["map (1 tree)"].append(("optree", "optree.tree_map(f, t)", lambda t: optree.tree_map(f, t)))
         groups["map (2 trees)"].append(("optree", "optree.tree_map(f, t, u)", lambda t, u: optree.tree_map(f2, t, u)))
         groups["leaves"] += [
@@ -217,6 +235,14 @@ def contenders() -> dict[str, list[Op]]:
         import jax
 
         jtu = jax.tree_util
+        jax_defs: dict[int, Any] = {}
+        groups["match"].append(
+            (
+                "jax",
+                "jax: treedef.flatten_up_to(u)",
+                lambda t, u: jax_defs.setdefault(id(t), jtu.tree_structure(t)).flatten_up_to(u),
+            )
+        )
         groups["map (1 tree)"].append(("jax", "jax.tree_util.tree_map(f, t)", lambda t: jtu.tree_map(f, t)))
         groups["map (2 trees)"].append(("jax", "jax.tree_util.tree_map(f, t, u)", lambda t, u: jtu.tree_map(f2, t, u)))
         groups["leaves"] += [
@@ -279,6 +305,7 @@ REFERENCE = {  # the call each ratio column divides by, per group
         "torch _pytree.tree_map(f, t, u)",
     ),
     "leaves": ("jax.tree_util.tree_leaves(t)", "optree.tree_leaves(t)", "torch _pytree.tree_leaves(t)"),
+    "match": ("jax: treedef.flatten_up_to(u)", "optree: treespec.flatten_up_to(u)", "-"),
 }
 FLOOR = {
     "map (1 tree)": "floor: list(map(f, leaves))",
@@ -299,6 +326,7 @@ SWITCHES: dict[str, tuple[tuple[str, str, Any], ...]] = {
         ("functorkit._plans", "remember", lambda *args: None),
     ),
     # off: the plain tie test, a set of ids (the fast path sorts the objects' words in NumPy)
+    "recursive matcher": (("functorkit._program_match", "RECURSIVE_MATCH", False),),
     "object-word tie sort": (
         ("functorkit._record", "OBJECT_WORDS", False),
         ("functorkit._record", "_DISTINCT_SORT", 1 << 62),
@@ -330,6 +358,8 @@ ONOFF = (
     ("leaves", "fk.flatten(t)", "recursive walk"),
     ("leaves", "fk.leaves(t)", "recursive walk"),
     ("map (1 tree)", "fk.fmap(f, t)", "recursive walk"),
+    ("match", "td.flatten_up_to(u)", "recursive matcher"),
+    ("map (2 trees)", "fk.fmap(f, t, u)", "recursive matcher"),
     ("leaves", "fk.flatten(t)", "object-word tie sort"),
     ("leaves", "fk.leaves(t)", "generated matcher and builder"),
     ("map (1 tree)", "fk.fmap(f, t)", "generated matcher and builder"),
@@ -355,15 +385,23 @@ def time_tree(tree: Any, rounds: int) -> tuple[int, dict[str, dict[str, float]]]
     where: dict[str, str] = {}
     for group, ops in groups.items():
         for _, call, fn in ops:
-            calls[call] = functools.partial(fn, tree, u) if group == "map (2 trees)" else functools.partial(fn, tree)
+            two = group in ("map (2 trees)", "match")
+            calls[call] = functools.partial(fn, tree, u) if two else functools.partial(fn, tree)
             where[call] = group
     calls[FLOOR["map (1 tree)"]] = lambda: list(map(_ident, flat))
     calls[FLOOR["map (2 trees)"]] = lambda: list(map(_first, flat, flat_u))
     calls[HELD] = lambda: fk.fmap(_ident, held)
-    off_fns = {"fk.flatten(t)": fk.flatten, "fk.leaves(t)": fk.leaves, "fk.fmap(f, t)": lambda t: fk.fmap(_ident, t)}
+    off_fns = {
+        "fk.flatten(t)": fk.flatten,
+        "fk.leaves(t)": fk.leaves,
+        "fk.fmap(f, t)": lambda t: fk.fmap(_ident, t),
+        "fk.fmap(f, t, u)": lambda t, u: fk.fmap(_first, t, u),
+        "td.flatten_up_to(u)": next(fn for _, call, fn in groups["match"] if call == "td.flatten_up_to(u)"),
+    }
     for group, on, switch in ONOFF:
         off = _off_call(on, switch)
-        calls[off] = functools.partial(switched_off(switch, off_fns[on]), tree)
+        args = (tree, u) if group in ("map (2 trees)", "match") else (tree,)
+        calls[off] = functools.partial(switched_off(switch, off_fns[on]), *args)
         where[off] = group
     where[FLOOR["map (1 tree)"]] = "map (1 tree)"
     where[FLOOR["map (2 trees)"]] = "map (2 trees)"
@@ -372,7 +410,7 @@ def time_tree(tree: Any, rounds: int) -> tuple[int, dict[str, dict[str, float]]]
     # sanity: every call sees every leaf (a map's output has as many leaves as the input)
     for call, run_once in calls.items():
         out = run_once()
-        got = (out[0] if isinstance(out, tuple) else out) if where[call] == "leaves" else _rec_leaves(out)
+        got = (out[0] if isinstance(out, tuple) else out) if where[call] in ("leaves", "match") else _rec_leaves(out)
         if len(got) != len(flat):
             msg = f"{call} gave {len(got)} leaves, expected {len(flat)}"
             raise AssertionError(msg)
@@ -733,7 +771,9 @@ the same run (issue #21, item 5: a fast path stays only if its own workload show
 the **recursive walk** (one Python call per node, a layer's leaves taken in one C-level
 `extend`; the explicit-stack walk takes deep trees, cycles and shared sub-trees), the
 **generated matcher and builder** (a small container tree met before is matched and rebuilt by
-straight-line code instead of being walked), and the **object-word tie sort** (the ties of many
+straight-line code instead of being walked), the **recursive matcher** (a second tree matched
+against the first one's structure by the same kind of recursion, the full matcher deciding and
+naming anything else), and the **object-word tie sort** (the ties of many
 leaves found by sorting their object words in NumPy instead of a set of ids). A switch that shows
 little gain in one section is kept for the section whose shape it serves.
 

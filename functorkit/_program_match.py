@@ -39,6 +39,10 @@ def match_tree(
     `firsts` (the first tree's value at each position) only improves the messages; `fail`
     makes the error (default: the lock-step maps' message); ``slots=True`` matches a `td`
     recorded with ``record(..., slots=True)`` (nodes' ``None`` slots are children)."""
+    if not slots and not td._forced and not td._refs and RECURSIVE_MATCH:
+        fast = _match_recursive(td._prog, tree)
+        if fast is not None:
+            return fast
     if fail is None:
 
         def fail(path: KeyPath, left: Any, right: Any) -> StructureError:
@@ -142,6 +146,96 @@ def match_tree(
             if stack.pop()[3]:
                 cur.pop()
     return out
+
+
+#: tests and benchmarks switch the recursive matcher off (bench_walk's two-tree rows)
+RECURSIVE_MATCH = True
+
+
+class _NotSure(Exception):
+    """The recursive matcher met something only the full matcher decides (or names)."""
+
+
+def _match_recursive(prog: list[Any], tree: Any) -> list[Any] | None:
+    """`match_tree` for the common case, by recursion (the mirror of the recursive walk in
+    ``_record.py``): `tree` is walked as the walk would record it, and each entry it would record
+    is compared with `prog`'s entry at that place (node class, keys in order, length, all-leaf or
+    not). Returns the objects at the leaf positions, or None at the first difference, a node met
+    where a leaf is, a dict with its keys in another order, a type never met, or a tree deeper
+    than the recursion goes: the full matcher then decides, and names any mismatch."""
+    tables = TABLES[0]
+    _, disp, leaf_types, _, _ = tables
+    leaves_of = leaf_types.issuperset
+    disp_get = disp.get
+    out: list[Any] = []
+    push = out.append
+    extend = out.extend
+    nprog = len(prog)
+    at = [0]  # the next program entry
+
+    def visit(c: Any, nd: NodeDef, depth: int) -> None:
+        fast = nd.fast
+        if fast == DICT:
+            okeys: Any = [*c]
+            vals: Any = c.values()
+        elif fast in (LIST, TUPLE):
+            okeys = None
+            vals = c
+        else:
+            okeys, vals, _aux, _named = nd.flatten(c)
+        if leaves_of(map(type, vals)):
+            k = at[0]
+            if k >= nprog:
+                raise _NotSure
+            e = prog[k]
+            if type(e) is not tuple or not e[LEAFY] or e[ND] is not nd or e[N] != len(vals) or e[KEYS] != okeys:
+                raise _NotSure
+            extend(vals)
+            at[0] = k + 1
+            return
+        if depth >= 200:
+            raise _NotSure
+        for v in vals:
+            t = type(v)
+            if t in leaf_types:
+                k = at[0]
+                if k >= nprog or prog[k] is not None:
+                    raise _NotSure
+                push(v)
+                at[0] = k + 1
+                continue
+            vnd = disp_get(t)
+            if type(vnd) is not NodeDef:
+                raise _NotSure
+            if vnd.fast == DICT:  # a dict of leaves, inline (most nodes of a model: one layer)
+                vv = v.values()
+                if leaves_of(map(type, vv)):
+                    k = at[0]
+                    e = prog[k] if k < nprog else None
+                    if type(e) is not tuple or not e[LEAFY] or e[ND] is not vnd or e[KEYS] != [*v]:
+                        raise _NotSure
+                    extend(vv)
+                    at[0] = k + 1
+                    continue
+            visit(v, vnd, depth + 1)
+        k = at[0]
+        if k >= nprog:
+            raise _NotSure
+        e = prog[k]
+        if type(e) is not tuple or e[LEAFY] or e[ND] is not nd or e[N] != len(vals) or e[KEYS] != okeys:
+            raise _NotSure
+        at[0] = k + 1
+
+    nd0 = disp_get(type(tree))
+    if type(nd0) is not NodeDef:
+        return None
+    try:
+        visit(tree, nd0, 0)
+    except (_NotSure, RecursionError):
+        return None
+    finally:
+        visit = None  # type: ignore[assignment]  # the closure refers to itself: break the cycle
+    return out if at[0] == nprog else None
 
 
 def _reorder(okeys: Any, vals: Any, keys: Any, named: bool) -> list[Any] | None:

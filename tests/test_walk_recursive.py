@@ -234,3 +234,73 @@ def test_the_recursive_and_explicit_walks_record_the_same_definition(xp: Any, ba
     tree, _, _ = draw_trees(data, xp, backend)
     _assert_same(tree)
     _assert_same(tree, track=True)
+
+
+# ---------------------------------------------------------------- the recursive matcher
+
+
+def _count_fast_matches(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    from functorkit import _program_match
+
+    taken: list[bool] = []
+    real = _program_match._match_recursive
+
+    def spy(prog: Any, tree: Any) -> Any:
+        out = real(prog, tree)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(_program_match, "_match_recursive", spy)
+    return taken
+
+
+def test_a_second_model_shaped_tree_takes_the_recursive_matcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    _plans.clear()
+    monkeypatch.setattr(_plans, "PLAN_NODES", 0)  # no generated matcher: the definition matches
+    taken = _count_fast_matches(monkeypatch)
+    t, u = _model(), _model()
+    out = fk.fmap(lambda a, b: b, t, u)
+    assert taken == [True]
+    assert out["h1"]["attn"]["v"]["weight"] is u["h1"]["attn"]["v"]["weight"]
+    _, td = fk.flatten(t)
+    got = td.flatten_up_to(u)
+    assert [id(x) for x in got] == [id(x) for x in fk.leaves(u)]
+    assert taken == [True, True]
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["keys reordered", "a leaf for a node", "a node for a leaf", "a longer list", "another node type"],
+)
+def test_the_full_matcher_decides_what_the_recursive_one_cannot(monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    _plans.clear()
+    monkeypatch.setattr(_plans, "PLAN_NODES", 0)
+    taken = _count_fast_matches(monkeypatch)
+    t, u = _model(2), _model(2)
+    if change == "keys reordered":  # dicts match by key: the full matcher reorders
+        u["h0"]["ln"] = {"bias": u["h0"]["ln"]["bias"], "weight": u["h0"]["ln"]["weight"]}
+    elif change == "a leaf for a node":
+        u["h1"]["fc"][0] = np.ones(2)
+    elif change == "a node for a leaf":
+        u["h1"]["fc"][1] = ([u["h1"]["fc"][1][0]], 3)
+    elif change == "a longer list":
+        u["h0"]["fc"].append(np.ones(1))
+    else:
+        u["h0"]["fc"] = tuple(u["h0"]["fc"])
+
+    def both() -> Any:
+        try:
+            return fk.fmap(lambda a, b: b, t, u)
+        except fk.StructureError as e:
+            return str(e)
+
+    got = both()
+    assert taken == [False]  # the recursive matcher handed it over
+    monkeypatch.setattr("functorkit._program_match.RECURSIVE_MATCH", False)
+    want = both()
+    if change == "keys reordered":
+        assert got["h0"]["ln"]["weight"] is u["h0"]["ln"]["weight"]
+        assert list(got["h0"]["ln"]) == ["weight", "bias"]  # the first tree's structure
+    else:
+        assert isinstance(got, str)
+        assert got == want  # the same message, naming the same path
