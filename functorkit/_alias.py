@@ -323,6 +323,20 @@ def separate_allocations(arrays: list[Any]) -> bool:
     )
 
 
+def _disjoint_by_adapter(arrays: list[Any]) -> bool:
+    """True if the arrays, all of one type, are distinct arrays whose adapter proves in C-level
+    passes that their memory ranges do not meet (``out_fast`` with nothing to write: torch's
+    ``data_ptr``/``nbytes`` ranges of plain contiguous tensors, bench_walk's module
+    ``fk.destructure(m)`` row); False: not known, every array is looked at."""
+    if len(arrays) < 2 or len(set(map(type, arrays))) != 1 or not all_distinct(arrays):
+        return False
+    try:
+        ad = adapter_of(arrays[0])
+    except TypeError:  # not arrays: nothing the adapter can tell
+        return False
+    return bool(ad.out_fast([], arrays))
+
+
 def may_overlap(dsts: list[Any], srcs: list[Any]) -> list[bool]:
     """For each of `srcs`: could its memory overlap some array of `dsts`? False only where that is
     certain without reading a pointer: every `dst` is a NumPy array whose memory an ndarray owns,
@@ -354,8 +368,10 @@ def check_no_aliases(entries: Iterable[tuple[KeyPath, Any]], what: str) -> None:
     every other array costs one extent, then one sort and one sweep.
     """
     arrays = getattr(entries, "arrays", None)
-    if arrays is not None and separate_allocations(arrays()):
-        return
+    if arrays is not None:
+        xs = arrays()
+        if separate_allocations(xs) or _disjoint_by_adapter(xs):
+            return
     spans: list[tuple[tuple[str, int], int, int, int, KeyPath, Any, Any, int]] = []
     host_np: list[tuple[int, KeyPath, Any, Any, int | None]] = []  # (order, path, array, ndarray, owner)
     foreign_host = False

@@ -377,3 +377,28 @@ def test_equal_addresses_on_different_devices_are_not_aliases() -> None:
     raises(a=FakeCupy(base, 0, (4,), (8,)), b=FakeCupy(base + 8, 0, (4,), (8,)))
     passes(a=FakeCupy(base, 0, (4,), (16,)), b=FakeCupy(base + 8, 0, (4,), (16,)))
     assert "transpose view" in raises(a=FakeCupy(base, 0, (2, 3), (24, 8)), b=FakeCupy(base, 0, (3, 2), (8, 24)))
+
+
+def test_torch_parameters_are_proved_disjoint_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench_walk's module fk.destructure(m) row: a module's separate parameters are proved disjoint
+    # by the adapter's C-level passes over data_ptr/nbytes, with no per-tensor extent; views still
+    # get the full check and its message
+    torch = pytest.importorskip("torch")
+    from functorkit.adapters import torch as ta
+
+    calls: list[int] = []
+    real = ta.Adapter.memory_extent
+
+    def counting(self: Any, x: Any) -> Any:
+        calls.append(1)
+        return real(self, x)
+
+    monkeypatch.setattr(ta.Adapter, "memory_extent", counting)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    flat, _ = fk.destructure(net)
+    assert flat.shape == (26,)
+    assert calls == []  # the one-pass proof was taken
+    w = torch.zeros(4, 4)
+    with pytest.raises(fk.StructureError, match=r"at a and b: two different arrays share memory"):
+        fk.destructure({"a": w[:2], "b": w[1:3]})
+    assert calls  # overlapping ranges: every tensor looked at
