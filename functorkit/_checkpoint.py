@@ -34,6 +34,7 @@ from ._ckpt_files import replace_dir, replace_file
 from ._dense import check_dense
 from ._errors import StructureError, known_shape
 from ._safetensors_io import CODE_OF, TIES, Checkpoint, header_bytes, stand_in
+from ._sharded_ckpt import save_sharded, sharded_pieces
 from ._state import state_positions
 from ._treedef import TreeDef
 from .adapters import adapter_of
@@ -196,7 +197,10 @@ def save(
         items.append(_Item(ks[0], leaves[j]))
         ties.update({k: ks[0] for k in ks[1:]})
     meta[TIES] = json.dumps(ties)  # always written: it marks the other metadata as the user's
-    if size is None:
+    sharded = sharded_pieces(items)  # DTensors: every rank writes its own pieces (_sharded_ckpt)
+    if sharded is not None:
+        save_sharded(target, items, meta, *sharded, shard_size=size)
+    elif size is None:
         replace_file(target, lambda tmp: _write_file(tmp, items, meta))
     else:
         shards = _plan_shards(items, size)

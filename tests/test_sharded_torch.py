@@ -9,10 +9,17 @@ all-gather, or a per-rank partial sum, fails here.
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+
+import functorkit as fk
 
 pytest.importorskip("torch")
 
@@ -25,8 +32,14 @@ ONE_ALL_REDUCE = {"all_reduce": 1}
 
 
 @pytest.fixture(scope="module")
-def ranks() -> list[dict[str, Any]]:
-    return run_torch_ranks("sharded_torch_worker.py", world=2)
+def ckpt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the ranks write their checkpoints (read here, in one process without a group)."""
+    return tmp_path_factory.mktemp("sharded_ckpt")
+
+
+@pytest.fixture(scope="module")
+def ranks(ckpt_dir: Path) -> list[dict[str, Any]]:
+    return run_torch_ranks("sharded_torch_worker.py", world=2, extra={"FK_CKPT_DIR": str(ckpt_dir)})
 
 
 def _ok(ranks: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -174,10 +187,6 @@ def test_flat_vectors_of_sharded_models_are_refused(ranks: list[dict[str, Any]],
     _refused(ranks, name, "TypeError", where, "DTensor", "to_local()", "DTensor.from_local")
 
 
-def test_save_refuses_dtensors_and_names_the_alternative(ranks: list[dict[str, Any]]) -> None:
-    _refused(ranks, "save", "TypeError", "'w'", "torch.distributed.checkpoint.save(fk.state_dict(model)", "full_tensor")
-
-
 def test_the_documented_checkpoint_alternative_round_trips(ranks: list[dict[str, Any]]) -> None:
     for res in _ok(ranks, "save_dcp"):
         assert res["err"] == 0.0
@@ -235,3 +244,145 @@ def test_fsdp2_load_state_dict_of_full_tensors_cuts_shards_locally(ranks: list[d
     for res in _ok(ranks, "fsdp_load_full"):
         assert res["comms"] == {}
         assert res["err"] == 0.0
+
+
+# ---- checkpoints written rank by rank (docs/checkpoints.md, "Sharded checkpoints")
+
+SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+#: the object collectives of fk.save (rank 0's plan and commit broadcast, one exchange of the
+#: written keys), and the c10d ops they are made of (sizes, then pickled bytes): nothing else
+SAVE_COMMS = {"eager.broadcast_object_list": 2, "eager.all_gather_object": 1, "broadcast": 4, "allgather": 2}
+
+
+def _index(folder: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((folder / "model.safetensors.index.json").read_text())
+    return doc
+
+
+@pytest.mark.parametrize("name", ["ckpt_save", "ckpt_fsdp_save"])
+def test_save_writes_each_ranks_shards_without_a_gather(ranks: list[dict[str, Any]], name: str) -> None:
+    for res in _ok(ranks, name):
+        assert res["comms"] == SAVE_COMMS
+        assert res["files"] == SHARDS
+
+
+def test_each_rank_wrote_only_its_pieces_in_a_hugging_face_layout(ranks: list[dict[str, Any]], ckpt_dir: Path) -> None:
+    from safetensors.numpy import load_file
+
+    _ok(ranks, "ckpt_save")
+    folder = ckpt_dir / "dict"
+    index = _index(folder)
+    pieces = index["metadata"]["functorkit.pieces"]
+    assert pieces == {
+        "w": {"shape": [5, 4], "pieces": {"w@0,0": [0, 0], "w@3,0": [3, 0]}},  # uneven: 3 + 2 rows
+        "v": {"shape": [3, 6], "pieces": {"v@0,0": [0, 0], "v@0,3": [0, 3]}},  # Shard(1)
+        "even": {"shape": [4, 2], "pieces": {"even@0,0": [0, 0], "even@2,0": [2, 0]}},
+        "i": {"shape": [7], "pieces": {"i@0": [0], "i@4": [4]}},
+    }
+    files = {n: load_file(str(folder / n)) for n in sorted({*index["weight_map"].values()})}  # the safetensors package
+    assert {k: n for n, f in files.items() for k in f} == index["weight_map"]
+    first, second = (files[n] for n in sorted(files))  # rank 0's, rank 1's
+    assert sorted(first) == ["even@0,0", "i@0", "r", "v@0,0", "w@0,0"]  # the replicated `r`: once, by rank 0
+    assert sorted(second) == ["even@2,0", "i@4", "v@0,3", "w@3,0"]
+    assert first["w@0,0"].shape == (3, 4) and second["w@3,0"].shape == (2, 4) and second["v@0,3"].shape == (3, 3)
+    assert index["metadata"]["total_size"] == sum(a.nbytes for f in files.values() for a in f.values())
+
+
+def _same(got: dict[str, Any], ref: dict[str, Any]) -> None:
+    assert sorted(got) == sorted(ref)
+    for k in ref:
+        g = np.asarray(got[k])
+        assert g.dtype == ref[k].dtype and g.shape == ref[k].shape, k
+        assert np.array_equal(g, ref[k]), k
+
+
+@pytest.mark.parametrize(("name", "ref"), [("dict", "ref.safetensors"), ("fsdp", "fsdp_ref.safetensors")])
+def test_load_gives_the_full_tensors_bit_for_bit(ranks: list[dict[str, Any]], ckpt_dir: Path, name: str, ref: str) -> None:
+    _ok(ranks, "ckpt_save")
+    reference = fk.load(ckpt_dir / ref)  # the unsharded model, written by the ordinary fk.save
+    flat = {k: v for k, v in fk.state_dict(reference).items()}
+    got = fk.state_dict(fk.load(ckpt_dir / name))
+    _same(got, flat)
+    like = fk.fmap(lambda x: np.zeros_like(x), reference)
+    _same(fk.state_dict(fk.load(ckpt_dir / name, like=like)), flat)
+
+
+def test_open_is_a_dask_array_of_the_pieces(ranks: list[dict[str, Any]], ckpt_dir: Path) -> None:
+    pytest.importorskip("dask")
+    _ok(ranks, "ckpt_save")
+    opened = fk.open(ckpt_dir / "dict")
+    assert opened["w"].chunks == ((3, 2), (4,))  # one chunk per piece
+    assert opened["v"].chunks == ((3,), (3, 3))
+    _same({k: v.compute() for k, v in opened.items()}, fk.load(ckpt_dir / "ref.safetensors"))
+    assert np.array_equal(opened["w"][2:4, 1:3].compute(), fk.load(ckpt_dir / "ref.safetensors")["w"][2:4, 1:3])
+
+
+@pytest.mark.parametrize("name", ["ckpt_load_like", "ckpt_fsdp_load_like"])
+def test_load_like_restores_placements_reading_only_this_ranks_pieces(ranks: list[dict[str, Any]], name: str) -> None:
+    res = _ok(ranks, name)
+    for r in res:
+        assert r["placements"] == r["orig"]
+        assert r["err"] == 0.0
+        assert r["comms"] == {}
+        assert set(r["params"]) == {"DTensor"}
+    if name == "ckpt_load_like":
+        assert res[0]["reads"] == ["even@0,0", "i@0", "r", "v@0,0", "w@0,0"]
+        assert res[1]["reads"] == ["even@2,0", "i@4", "r", "v@0,3", "w@3,0"]  # `r` is whole on every rank
+    else:
+        assert res[0]["cls"] == "FSDPMLP"
+        assert res[0]["reads"] == ["fc1.bias@0", "fc1.weight@0,0", "fc2.bias@0", "fc2.weight@0,0"]
+        assert res[1]["reads"] == ["fc1.bias@4", "fc1.weight@4,0", "fc2.bias@2", "fc2.weight@2,0"]
+
+
+def test_saving_again_replaces_the_checkpoint_whole(ranks: list[dict[str, Any]], ckpt_dir: Path) -> None:
+    for r in _ok(ranks, "ckpt_resave"):
+        assert r["before"] == SHARDS
+        assert r["after"] == [n.replace(".safetensors", "-1.safetensors") for n in SHARDS[:2]] + SHARDS[2:]
+    _same(fk.load(ckpt_dir / "dict"), fk.load(ckpt_dir / "ref.safetensors"))
+
+
+def test_save_refuses_partial_placements_by_key(ranks: list[dict[str, Any]]) -> None:
+    _refused(ranks, "ckpt_partial", "TypeError", "'g'", "Partial", "redistribute")
+
+
+def _pieces_of(doc: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = doc["metadata"]["functorkit.pieces"]
+    return out
+
+
+def _move(doc: dict[str, Any], key: str, piece: str, off: list[int]) -> None:
+    _pieces_of(doc)[key]["pieces"][piece] = off
+
+
+def _rename(doc: dict[str, Any]) -> None:
+    entry = _pieces_of(doc)["w"]["pieces"]
+    entry["w@9,9"] = entry.pop("w@3,0")
+
+
+MALFORMED: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
+    "overlap": (lambda d: _move(d, "w", "w@3,0", [2, 0]), "'w'", "overlaps another piece"),
+    "gap": (lambda d: _pieces_of(d)["v"]["pieces"].pop("v@0,3"), "'v'", "no piece covers the block at offset (0, 3)"),
+    "out_of_range": (lambda d: _move(d, "w", "w@3,0", [4, 0]), "'w'", "reaches outside the shape (5, 4)"),
+    "missing": (_rename, "'w'", "the piece 'w@9,9' is not stored"),
+    "bad_offset": (lambda d: _move(d, "i", "i@4", [4, 0]), "'i'", "expected 1 non-negative ints"),
+    "bad_shape": (lambda d: _pieces_of(d)["w"].update(shape=[5, -4]), "'w'", "is not a non-empty list"),
+    "not_an_object": (lambda d: d["metadata"].update({"functorkit.pieces": [1]}), "functorkit.pieces", "not an object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_piece_metadata_is_a_structure_error(
+    ranks: list[dict[str, Any]], ckpt_dir: Path, tmp_path: Path, case: str
+) -> None:
+    _ok(ranks, "ckpt_save")
+    folder = tmp_path / "ck"
+    shutil.copytree(ckpt_dir / "dict", folder)
+    doc = _index(folder)
+    edit, key, words = MALFORMED[case]
+    edit(doc)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(doc))
+    for read in (fk.load, fk.open):
+        with pytest.raises(fk.StructureError) as info:
+            read(folder)
+        text = str(info.value)
+        assert "model.safetensors.index.json" in text and key in text and words in text, text
