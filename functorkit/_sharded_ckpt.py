@@ -261,10 +261,10 @@ class Assembled(Stored):
         out = np.empty(shape, dtype=stand_in(self.info.name))
         if out.size == 0:
             return out
-        ranges = []
-        for d, (o, n) in enumerate(zip(offset, shape, strict=True)):
-            b = self.bounds[d]
-            ranges.append(range(bisect.bisect_right(b, o) - 1, bisect.bisect_left(b, o + n)))
+        ranges = [
+            range(bisect.bisect_right(bd, o) - 1, bisect.bisect_left(bd, o + n))
+            for bd, o, n in zip(self.bounds, offset, shape, strict=True)
+        ]
         for cell in _product(ranges):
             piece = self.cells[cell]
             lo = [self.bounds[d][c] for d, c in enumerate(cell)]
@@ -306,12 +306,14 @@ class _LazyPieces:
         self._pieces = {c: LazyTensor(p.info) for c, p in a.cells.items()}
 
     def __getitem__(self, index: Any) -> np.ndarray[Any, Any]:
-        index = index if isinstance(index, tuple) else (index,)
-        index = index + (slice(None),) * (self.ndim - len(index))
+        asked = index if isinstance(index, tuple) else (index,)
+        index = asked + (slice(None),) * (self.ndim - len(asked))
         lo, hi = [], []
         for d, s in enumerate(index):
-            if not (isinstance(s, slice) and s.step in (None, 1)):
-                return self[(slice(None),) * self.ndim][index]  # anything but a box: read all, then index
+            if d >= self.ndim or not (isinstance(s, slice) and s.step in (None, 1)):
+                whole = self[(slice(None),) * self.ndim]
+                picked: np.ndarray[Any, Any] = whole[asked]  # anything but a box: read all, then index
+                return picked
             a, b, _ = s.indices(self.shape[d])
             lo.append(a)
             hi.append(max(a, b))
@@ -384,7 +386,10 @@ def _assemble_one(
         if len(names) > 1:
             raise _bad(index, key, f"{where} is {s.info.name}, another piece {sorted(names - {s.info.name})[0]}")
         pieces.append((s, tuple(off)))
-    bounds = [sorted({0, shape[d]} | {o[d] for _, o in pieces} | {o[d] + s.info.shape[d] for s, o in pieces}) for d in range(len(shape))]
+    bounds = [
+        sorted({0, shape[d]} | {o[d] for _, o in pieces} | {o[d] + s.info.shape[d] for s, o in pieces})
+        for d in range(len(shape))
+    ]
     cells: dict[tuple[int, ...], Stored] = {}
     for s, o in pieces:
         cell = tuple(bisect.bisect_left(bounds[d], o[d]) for d in range(len(shape)))

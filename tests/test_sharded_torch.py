@@ -279,12 +279,13 @@ def test_each_rank_wrote_only_its_pieces_in_a_hugging_face_layout(ranks: list[di
         "even": {"shape": [4, 2], "pieces": {"even@0,0": [0, 0], "even@2,0": [2, 0]}},
         "i": {"shape": [7], "pieces": {"i@0": [0], "i@4": [4]}},
     }
-    files = {n: load_file(str(folder / n)) for n in sorted({*index["weight_map"].values()})}  # the safetensors package
+    # every file read by the safetensors package: a valid sharded layout
+    files = {n: load_file(str(folder / n)) for n in sorted({*index["weight_map"].values()})}
     assert {k: n for n, f in files.items() for k in f} == index["weight_map"]
     first, second = (files[n] for n in sorted(files))  # rank 0's, rank 1's
     assert sorted(first) == ["even@0,0", "i@0", "r", "v@0,0", "w@0,0"]  # the replicated `r`: once, by rank 0
     assert sorted(second) == ["even@2,0", "i@4", "v@0,3", "w@3,0"]
-    assert first["w@0,0"].shape == (3, 4) and second["w@3,0"].shape == (2, 4) and second["v@0,3"].shape == (3, 3)
+    assert (first["w@0,0"].shape, second["w@3,0"].shape, second["v@0,3"].shape) == ((3, 4), (2, 4), (3, 3))
     assert index["metadata"]["total_size"] == sum(a.nbytes for f in files.values() for a in f.values())
 
 
@@ -292,12 +293,14 @@ def _same(got: dict[str, Any], ref: dict[str, Any]) -> None:
     assert sorted(got) == sorted(ref)
     for k in ref:
         g = np.asarray(got[k])
-        assert g.dtype == ref[k].dtype and g.shape == ref[k].shape, k
+        assert (g.dtype, g.shape) == (ref[k].dtype, ref[k].shape), k
         assert np.array_equal(g, ref[k]), k
 
 
 @pytest.mark.parametrize(("name", "ref"), [("dict", "ref.safetensors"), ("fsdp", "fsdp_ref.safetensors")])
-def test_load_gives_the_full_tensors_bit_for_bit(ranks: list[dict[str, Any]], ckpt_dir: Path, name: str, ref: str) -> None:
+def test_load_gives_the_full_tensors_bit_for_bit(
+    ranks: list[dict[str, Any]], ckpt_dir: Path, name: str, ref: str
+) -> None:
     _ok(ranks, "ckpt_save")
     reference = fk.load(ckpt_dir / ref)  # the unsharded model, written by the ordinary fk.save
     flat = {k: v for k, v in fk.state_dict(reference).items()}
@@ -385,4 +388,6 @@ def test_malformed_piece_metadata_is_a_structure_error(
         with pytest.raises(fk.StructureError) as info:
             read(folder)
         text = str(info.value)
-        assert "model.safetensors.index.json" in text and key in text and words in text, text
+        assert "model.safetensors.index.json" in text, text
+        assert key in text, text
+        assert words in text, text
