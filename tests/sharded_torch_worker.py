@@ -494,6 +494,7 @@ def main() -> None:
         ck_ref = {**refs, "even": even, "i": torch.arange(7, dtype=torch.int64)}
         ck_place = {**place, "even": [Shard(0)], "i": [Shard(0)]}
         ck = {k: distribute_tensor(ck_ref[k], mesh, ck_place[k]) for k in ck_ref}
+        ck_ref["tied"], ck["tied"] = ck_ref["w"], ck["w"]  # stored once, the tie recorded
         if rank == 0:  # the unsharded references, written by the ordinary fk.save
             fk.save(os.path.join(folder, "ref.safetensors"), ck_ref)
             fk.save(os.path.join(folder, "fsdp_ref.safetensors"), ref_m)
@@ -541,6 +542,40 @@ def main() -> None:
             }
 
         check("ckpt_load_like", lambda: load_like("dict", fk.scale(0.0, ck), ck_ref))
+        check("ckpt_load_like_whole", lambda: load_like("ref.safetensors", fk.scale(0.0, ck), ck_ref))
+
+        def tie() -> dict[str, Any]:
+            back = fk.load(os.path.join(folder, "dict"), like=fk.copy(ck))
+            return {"tied": back["tied"] is back["w"]}
+
+        check("ckpt_tie", tie)
+
+        def failing(name: str) -> dict[str, Any]:
+            """Rank 1 cannot write its file: every rank raises, and the path holds what it held."""
+            from functorkit import _checkpoint
+
+            path = os.path.join(folder, name)
+            before = sorted(os.listdir(path)) if os.path.exists(path) else None
+            write = _checkpoint._write_file
+
+            def broken(*args: Any) -> None:
+                raise OSError("disk full")
+
+            if rank == 1:
+                _checkpoint._write_file = broken
+            try:
+                fk.save(path, ck)
+                error = None
+            except Exception as e:  # noqa: BLE001 -- reported to the test
+                error = f"{type(e).__name__}: {e}"
+            finally:
+                _checkpoint._write_file = write
+            dist.barrier()
+            after = sorted(os.listdir(path)) if os.path.exists(path) else None
+            return {"error": None, "raised": error, "before": before, "after": after, "top": sorted(os.listdir(folder))}
+
+        check("ckpt_fail_existing", lambda: failing("dict"))
+        check("ckpt_fail_new", lambda: failing("new"))
         check("ckpt_fsdp_load_like", lambda: load_like("fsdp", fsdp(ref_m2), ref_sd))
         partial = DTensor.from_local(torch.ones(2), mesh, [Partial()], run_check=False)
         check("ckpt_partial", lambda: (fk.save(os.path.join(folder, "partial"), {"g": partial}), {})[1])

@@ -320,7 +320,7 @@ def test_open_is_a_dask_array_of_the_pieces(ranks: list[dict[str, Any]], ckpt_di
     assert np.array_equal(opened["w"][2:4, 1:3].compute(), fk.load(ckpt_dir / "ref.safetensors")["w"][2:4, 1:3])
 
 
-@pytest.mark.parametrize("name", ["ckpt_load_like", "ckpt_fsdp_load_like"])
+@pytest.mark.parametrize("name", ["ckpt_load_like", "ckpt_fsdp_load_like", "ckpt_load_like_whole"])
 def test_load_like_restores_placements_reading_only_this_ranks_pieces(ranks: list[dict[str, Any]], name: str) -> None:
     res = _ok(ranks, name)
     for r in res:
@@ -331,10 +331,32 @@ def test_load_like_restores_placements_reading_only_this_ranks_pieces(ranks: lis
     if name == "ckpt_load_like":
         assert res[0]["reads"] == ["even@0,0", "i@0", "r", "v@0,0", "w@0,0"]
         assert res[1]["reads"] == ["even@2,0", "i@4", "r", "v@0,3", "w@3,0"]  # `r` is whole on every rank
+    elif name == "ckpt_load_like_whole":  # an unsharded checkpoint: each rank reads whole, cuts its block
+        assert res[0]["reads"] == res[1]["reads"] == ["even", "i", "r", "v", "w"]
     else:
         assert res[0]["cls"] == "FSDPMLP"
         assert res[0]["reads"] == ["fc1.bias@0", "fc1.weight@0,0", "fc2.bias@0", "fc2.weight@0,0"]
         assert res[1]["reads"] == ["fc1.bias@4", "fc1.weight@4,0", "fc2.bias@2", "fc2.weight@2,0"]
+
+
+def test_ties_are_stored_once_and_restored(ranks: list[dict[str, Any]], ckpt_dir: Path) -> None:
+    for r in _ok(ranks, "ckpt_tie"):
+        assert r["tied"] is True
+    back = fk.load(ckpt_dir / "dict")
+    assert back["tied"] is back["w"]
+    assert "tied" not in _index(ckpt_dir / "dict")["weight_map"]
+
+
+def test_a_rank_that_fails_makes_every_rank_raise_and_leaves_nothing(ranks: list[dict[str, Any]]) -> None:
+    for name in ("ckpt_fail_existing", "ckpt_fail_new"):
+        res = [r[name] for r in ranks]
+        assert res[1]["raised"] == "OSError: disk full"
+        assert res[0]["raised"].startswith("RuntimeError: fk.save: rank 1 could not write its shard of"), res[0]
+        assert "OSError: disk full" in res[0]["raised"]
+        for r in res:
+            assert r["after"] == r["before"]  # the old checkpoint, whole (or still nothing)
+            assert not [n for n in r["top"] if n.startswith(".fk-tmp")]
+    assert res[0]["after"] is None
 
 
 def test_saving_again_replaces_the_checkpoint_whole(ranks: list[dict[str, Any]], ckpt_dir: Path) -> None:
