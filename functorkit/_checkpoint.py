@@ -136,6 +136,11 @@ def save(
     nothing else is left. Keys are stored exactly as given, so saving what
     `load` returned writes the keys it read.
 
+    A model of torch ``DTensor``s (FSDP2) is saved by every rank calling
+    ``save(directory, model)`` with the same directory: each rank writes its
+    own shards, nothing is gathered, and `load`/`open` give the full tensors
+    (docs/checkpoints.md, "Models sharded over ranks").
+
     Parameters
     ----------
     path
