@@ -89,6 +89,7 @@ def save_sharded(
         raise ValueError(msg)
 
     taken = {it.key for it in items}
+    problem: Exception | None = None  # raised where every rank learns of it (it may be this rank's alone)
     plan: list[tuple[str, str, Any, tuple[int, ...] | None, tuple[int, ...]]] = []
     for it, piece in zip(items, pieces, strict=True):
         if piece is None:  # a plain array among sharded ones: the same on every rank, written by rank 0
@@ -96,12 +97,12 @@ def save_sharded(
             continue
         shape, offset, local, _ = piece
         stored = it.key if offset is None else _piece_key(it.key, offset)
-        if offset is not None and stored in taken:
+        if offset is not None and stored in taken and problem is None:
             msg = (
                 f"fk.save: the piece of {it.key!r} at offset {offset} would be stored as {stored!r}, which is "
                 "another key of the model. Fix: rename that key."
             )
-            raise StructureError(msg)
+            problem = StructureError(msg)
         plan.append((it.key, stored, local, offset, shape))
 
     def write(path: str, parts: list[tuple[str, Any]]) -> int:
@@ -109,7 +110,7 @@ def save_sharded(
         _write_file(path, its, meta)
         return sum(i.nbytes for i in its)
 
-    _save(target, plan, comm, write, meta)
+    _save(target, plan, comm, write, meta, problem)
 
 
 def _piece_key(key: str, offset: tuple[int, ...]) -> str:
@@ -137,10 +138,12 @@ def _save(
     comm: Any,
     write_file: Callable[[str, list[tuple[str, Any]]], int],
     meta: dict[str, str],
+    problem: Exception | None,
 ) -> None:
     """The protocol of the module's docstring: `items` are ``(key, stored key, local array or None,
     offset or None for a whole tensor, global shape)``; ``write_file(path, [(stored key, array)])``
-    writes one safetensors file and returns its data bytes."""
+    writes one safetensors file and returns its data bytes; `problem` (found on this rank only,
+    perhaps) is raised on every rank."""
     rank, world = comm.rank, comm.world
     plan: Any = None
     if rank == 0:
@@ -158,6 +161,8 @@ def _save(
     nbytes = 0
     report: Any
     try:
+        if problem is not None:
+            raise problem
         if mine:
             final = os.path.join(folder, names[rank])
             written = final if fresh else temp_name(folder, names[rank])

@@ -544,6 +544,17 @@ def main() -> None:
         check("ckpt_load_like", lambda: load_like("dict", fk.scale(0.0, ck), ck_ref))
         check("ckpt_load_like_whole", lambda: load_like("ref.safetensors", fk.scale(0.0, ck), ck_ref))
 
+        other = {"w": [Replicate()], "v": [Shard(0)], "r": [Shard(0)], "even": [Shard(1)], "i": [Replicate()]}
+        resharded = {k: distribute_tensor(torch.zeros_like(ck_ref[k]), mesh, other[k]) for k in other}
+        resharded["tied"] = resharded["w"]
+        check("ckpt_load_resharded", lambda: load_like("dict", resharded, ck_ref))
+
+        def collision() -> dict[str, Any]:
+            fk.save(os.path.join(folder, "collision"), {"a": distribute_tensor(even, mesh, [Shard(0)]), "a@2,0": even})
+            return {}
+
+        check("ckpt_collision", collision)
+
         def tie() -> dict[str, Any]:
             back = fk.load(os.path.join(folder, "dict"), like=fk.copy(ck))
             return {"tied": back["tied"] is back["w"]}
@@ -572,7 +583,9 @@ def main() -> None:
                 _checkpoint._write_file = write
             dist.barrier()
             after = sorted(os.listdir(path)) if os.path.exists(path) else None
-            return {"error": None, "raised": error, "before": before, "after": after, "top": sorted(os.listdir(folder))}
+            top = sorted(os.listdir(folder))
+            dist.barrier()  # both ranks have looked before either starts the next save
+            return {"error": None, "raised": error, "before": before, "after": after, "top": top}
 
         check("ckpt_fail_existing", lambda: failing("dict"))
         check("ckpt_fail_new", lambda: failing("new"))

@@ -339,6 +339,30 @@ def test_load_like_restores_placements_reading_only_this_ranks_pieces(ranks: lis
         assert res[1]["reads"] == ["fc1.bias@4", "fc1.weight@4,0", "fc2.bias@2", "fc2.weight@2,0"]
 
 
+def test_load_like_other_placements_reshards_locally(ranks: list[dict[str, Any]]) -> None:
+    res = _ok(ranks, "ckpt_load_resharded")
+    for r in res:
+        assert r["placements"] == r["orig"] == [
+            "DTensor:(Replicate(),)",
+            "DTensor:(Shard(dim=0),)",
+            "DTensor:(Shard(dim=0),)",
+            "DTensor:(Shard(dim=1),)",
+            "DTensor:(Replicate(),)",
+        ]
+        assert r["err"] == 0.0
+        assert r["comms"] == {}
+        assert {"w@0,0", "w@3,0", "v@0,0", "v@0,3", "i@0", "i@4"} <= set(r["reads"])  # whole, or split across
+    assert "even@0,0" in res[0]["reads"]
+    assert "even@2,0" in res[0]["reads"]  # Shard(1) of a Shard(0)-saved tensor overlaps both pieces
+
+
+def test_a_piece_key_that_is_a_model_key_is_refused(ranks: list[dict[str, Any]]) -> None:
+    assert ranks[1]["ckpt_collision"]["error"].startswith("StructureError:")  # found on rank 1, whose piece it is
+    for r in ranks:
+        assert "'a@2,0'" in r["ckpt_collision"]["error"], r["ckpt_collision"]
+        assert "another key of the model" in r["ckpt_collision"]["error"]
+
+
 def test_ties_are_stored_once_and_restored(ranks: list[dict[str, Any]], ckpt_dir: Path) -> None:
     for r in _ok(ranks, "ckpt_tie"):
         assert r["tied"] is True
@@ -355,7 +379,7 @@ def test_a_rank_that_fails_makes_every_rank_raise_and_leaves_nothing(ranks: list
         assert "OSError: disk full" in res[0]["raised"]
         for r in res:
             assert r["after"] == r["before"]  # the old checkpoint, whole (or still nothing)
-            assert not [n for n in r["top"] if n.startswith(".fk-tmp")]
+            assert not [n for n in r["top"] if n.startswith(".fk-tmp")], (name, res)
     assert res[0]["after"] is None
 
 
