@@ -204,7 +204,7 @@ def save(
     meta[TIES] = json.dumps(ties)  # always written: it marks the other metadata as the user's
     sharded = sharded_pieces(items)  # DTensors: every rank writes its own pieces (_sharded_ckpt)
     if sharded is not None:
-        save_sharded(target, items, meta, *sharded, shard_size=size)
+        save_sharded(target, items, meta, *sharded, shard_size=size, item=_Item, write_file=_write_file)
     elif size is None:
         replace_file(target, lambda tmp: _write_file(tmp, items, meta))
     else:

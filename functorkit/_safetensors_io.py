@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import StructureError
+from ._pieces import assemble
 from ._safetensors_header import (
     _MAX_HEADER,
     _ML_DTYPES,
@@ -432,8 +433,6 @@ class Checkpoint:
                 )
                 raise StructureError(msg)
         if self.index_meta:  # pieces of sharded tensors (fk.save of DTensors) made whole
-            from ._sharded_ckpt import assemble
-
             self.tensors = assemble(self.tensors, self.index_meta, os.path.join(self.where, INDEX))
         self.metadata = meta or {}
         self.aliases = self._ties(self.metadata)

@@ -342,13 +342,17 @@ def test_load_like_restores_placements_reading_only_this_ranks_pieces(ranks: lis
 def test_load_like_other_placements_reshards_locally(ranks: list[dict[str, Any]]) -> None:
     res = _ok(ranks, "ckpt_load_resharded")
     for r in res:
-        assert r["placements"] == r["orig"] == [
-            "DTensor:(Replicate(),)",
-            "DTensor:(Shard(dim=0),)",
-            "DTensor:(Shard(dim=0),)",
-            "DTensor:(Shard(dim=1),)",
-            "DTensor:(Replicate(),)",
-        ]
+        assert (
+            r["placements"]
+            == r["orig"]
+            == [
+                "DTensor:(Replicate(),)",
+                "DTensor:(Shard(dim=0),)",
+                "DTensor:(Shard(dim=0),)",
+                "DTensor:(Shard(dim=1),)",
+                "DTensor:(Replicate(),)",
+            ]
+        )
         assert r["err"] == 0.0
         assert r["comms"] == {}
         assert {"w@0,0", "w@3,0", "v@0,0", "v@0,3", "i@0", "i@4"} <= set(r["reads"])  # whole, or split across
