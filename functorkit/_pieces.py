@@ -29,7 +29,6 @@ __all__ = ["PIECES", "Assembled", "assemble"]
 PIECES = "functorkit.pieces"
 
 
-
 class Assembled:
     """A tensor stored as pieces (`PIECES`), with the interface of
     `functorkit._safetensors_io.Stored`: read whole (`raw`, `array`), a region of it (`region`:
