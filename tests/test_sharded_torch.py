@@ -310,6 +310,25 @@ def test_load_gives_the_full_tensors_bit_for_bit(
     _same(fk.state_dict(fk.load(ckpt_dir / name, like=like)), flat)
 
 
+def test_load_with_mmap_assembles_the_pieces_too(ranks: list[dict[str, Any]], ckpt_dir: Path) -> None:
+    _ok(ranks, "ckpt_save")
+    _same(fk.load(ckpt_dir / "dict", mmap=True), fk.load(ckpt_dir / "ref.safetensors"))
+
+
+def test_load_like_a_model_of_any_backend_gets_the_full_tensors(
+    ranks: list[dict[str, Any]], ckpt_dir: Path, xp: Any
+) -> None:
+    from conftest import to_numpy
+
+    _ok(ranks, "ckpt_save")
+    reference = fk.load(ckpt_dir / "ref.safetensors")
+    like = fk.fmap(lambda x: xp.asarray(np.zeros_like(x)), reference)
+    back = fk.load(ckpt_dir / "dict", like=like)
+    assert type(back["w"]) is type(like["w"])
+    assert back["tied"] is back["w"]
+    _same({k: to_numpy(v) for k, v in fk.state_dict(back).items()}, fk.state_dict(reference))
+
+
 def test_open_is_a_dask_array_of_the_pieces(ranks: list[dict[str, Any]], ckpt_dir: Path) -> None:
     pytest.importorskip("dask")
     _ok(ranks, "ckpt_save")
