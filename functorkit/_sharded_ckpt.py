@@ -1,5 +1,5 @@
 """Sharded checkpoints: `fk.save` of a model of sharded arrays (torch ``DTensor``) written rank by
-rank, and reading such a checkpoint back whole (docs/checkpoints.md, "Sharded checkpoints").
+rank (docs/checkpoints.md, "Models sharded over ranks"); reading them is `functorkit._pieces`.
 
 The layout is Hugging Face's sharded one: ``model.safetensors.index.json`` and one safetensors
 file per rank that holds something (``model-0000{r+1}-of-0000{world}.safetensors``). Each rank
@@ -16,13 +16,15 @@ its ``weight_map``, is valid for any safetensors reader; only the meaning of the
 functorkit's.
 
 Saving: rank 0 checks the target (what `functorkit._ckpt_files` allows to replace) and picks
-fresh file names (one broadcast), every rank writes its file under a temporary name, the ranks
+fresh file names (one broadcast; a new directory is made under a temporary name and renamed
+into place at the commit), every rank writes its file under a temporary name, the ranks
 agree that every file is written (one exchange of small lists: names, keys and offsets, never
 tensor data), then rank 0 writes the index and replaces the old one with one ``os.replace``
 (the commit) and tells the others (one broadcast). On any failure every rank raises and nothing
 new is left.
 
-Reading them back is `functorkit._pieces` (``Checkpoint`` assembles the pieces of each key).
+A problem found on one rank only (a piece key that is another model key, a failed write) is
+sent to the others in that exchange, so every rank raises and none waits for the others.
 """
 
 from __future__ import annotations
