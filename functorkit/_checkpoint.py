@@ -31,6 +31,7 @@ from ._ckpt_write import Item, dtype_name, write_file
 from ._dense import check_dense
 from ._errors import StructureError, known_shape
 from ._safetensors_io import TIES, Checkpoint
+from ._sharded_ckpt import save_sharded, sharded_pieces
 from ._state import state_positions
 from ._treedef import TreeDef
 from .adapters import adapter_of
@@ -109,6 +110,11 @@ def save(
     nothing else is left. Keys are stored exactly as given, so saving what
     `load` returned writes the keys it read.
 
+    A model of torch ``DTensor``s (FSDP2) is saved by every rank calling
+    ``save(directory, model)`` with the same directory: each rank writes its
+    own shards, nothing is gathered, and `load`/`open` give the full tensors
+    (docs/checkpoints.md, "Models sharded over ranks").
+
     Parameters
     ----------
     path
@@ -170,7 +176,10 @@ def save(
         items.append(Item(ks[0], leaves[j]))
         ties.update({k: ks[0] for k in ks[1:]})
     meta[TIES] = json.dumps(ties)  # always written: it marks the other metadata as the user's
-    if size is None:
+    sharded = sharded_pieces(items)  # DTensors: every rank writes its own pieces (_sharded_ckpt)
+    if sharded is not None:
+        save_sharded(target, items, meta, *sharded, shard_size=size, item=Item, write_file=write_file)
+    elif size is None:
         replace_file(target, lambda tmp: write_file(tmp, items, meta))
     else:
         shards = _plan_shards(items, size)

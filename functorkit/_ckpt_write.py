@@ -81,7 +81,7 @@ def write_file(file: str, items: list[Item], meta: dict[str, str]) -> None:
             raise RuntimeError(msg)
 
 
-#: the two-pass save (`_write_file`): a file's shared reductions are computed first (reading those
+#: the two-pass save (`write_file`): a file's shared reductions are computed first (reading those
 #: tensors' inputs twice), so that every tensor streams and memory stays near a few blocks
 TWO_PASS = True
 _PWRITE = hasattr(os, "pwrite")

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import StructureError
+from ._pieces import assemble
 from ._safetensors_header import (
     _MAX_HEADER,
     _ML_DTYPES,
@@ -338,9 +339,10 @@ def _plain_name(folder: str, name: Any, index: str) -> str:
     return full
 
 
-def read_index(path: str) -> dict[str, str]:
+def read_index(path: str, metadata: dict[str, Any] | None = None) -> dict[str, str]:
     """``{key: shard file name}`` of a Hugging Face style ``model.safetensors.index.json``, each name
-    checked to be a plain file of the index's directory."""
+    checked to be a plain file of the index's directory; its ``metadata`` object copied into
+    `metadata` when given."""
     with open_regular(path, "shard index") as f:
         if os.fstat(f.fileno()).st_size > _MAX_HEADER:
             raise bad_file(path, f"the index is larger than {_MAX_HEADER} bytes")
@@ -352,6 +354,8 @@ def read_index(path: str) -> dict[str, str]:
     folder = os.path.dirname(path)
     for name in set(wm.values()):
         _plain_name(folder, name, path)
+    if metadata is not None and isinstance(doc.get("metadata"), dict):
+        metadata.update(doc["metadata"])
     return wm
 
 
@@ -388,6 +392,7 @@ class Checkpoint:
     def __init__(self, path: str | os.PathLike[str], fname: str, *, mmap: bool = False) -> None:
         self.where = p = os.fspath(path)
         self.index: dict[str, str] = {}
+        self.index_meta: dict[str, Any] = {}
         self.files: list[SafetensorsFile] = []
         if os.path.isdir(p):
             paths = self._shards(p)
@@ -427,6 +432,8 @@ class Checkpoint:
                     "has no such tensor; fix: write the checkpoint again."
                 )
                 raise StructureError(msg)
+        if self.index_meta:  # pieces of sharded tensors (fk.save of DTensors) made whole
+            self.tensors = assemble(self.tensors, self.index_meta, os.path.join(self.where, INDEX))
         self.metadata = meta or {}
         self.aliases = self._ties(self.metadata)
 
@@ -443,7 +450,7 @@ class Checkpoint:
     def _shards(self, p: str) -> list[str]:
         ip = os.path.join(p, INDEX)
         if os.path.lexists(ip):
-            self.index = read_index(ip)
+            self.index = read_index(ip, self.index_meta)
             names = list(dict.fromkeys(self.index.values()))
             for n in names:
                 if not os.path.lexists(os.path.join(p, n)):

@@ -46,13 +46,15 @@ def _results(out: str, err: str, rc: int, who: str) -> dict[str, Any]:
     return results
 
 
-def run_torch_ranks(script: str, world: int = 2) -> list[dict[str, Any]]:
-    """Start `world` gloo ranks of `script` (in tests/), wait for all, return each rank's results."""
+def run_torch_ranks(script: str, world: int = 2, extra: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Start `world` gloo ranks of `script` (in tests/), wait for all, return each rank's results
+    (`extra`: more environment variables)."""
     port = str(free_port())
     procs = []
     for rank in range(world):
         env = _env(
             {
+                **(extra or {}),
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world),
                 "MASTER_ADDR": "127.0.0.1",

@@ -52,6 +52,8 @@ def main() -> None:
         "send",
         "recv",
         "barrier",
+        "broadcast_object_list",
+        "all_gather_object",
     )
     originals = {n: getattr(dist, n) for n in names}
 
@@ -335,7 +337,7 @@ def main() -> None:
 
     check("mixed", mixed_refused)
 
-    # ---- refusals: a flat vector, a checkpoint file
+    # ---- refusals: a flat vector
     check("destructure", lambda: (fk.destructure(d), {})[1])
 
     def reflatten() -> dict[str, Any]:
@@ -344,17 +346,6 @@ def main() -> None:
         return {}
 
     check("reflatten", reflatten)
-
-    def save() -> dict[str, Any]:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "ck")
-            try:
-                fk.save(path, d)
-            finally:
-                left = os.listdir(tmp)
-            return {"left": left}
-
-    check("save", save)
 
     def save_dcp() -> dict[str, Any]:
         """The documented alternative: torch.distributed.checkpoint with fk.state_dict's keys."""
@@ -494,6 +485,115 @@ def main() -> None:
     check("fsdp_load_full", fsdp_load_full)
 
     check("fsdp_destructure", lambda: (fk.destructure(m), {})[1])
+
+    # ---- checkpoints: every rank writes its own pieces into one directory (the test reads them)
+    folder = os.environ.get("FK_CKPT_DIR", "")
+    if folder:
+        from functorkit import _safetensors_io
+
+        torch.manual_seed(2)
+        even = torch.randn(4, 2)
+        ck_ref = {**refs, "even": even, "i": torch.arange(7, dtype=torch.int64)}
+        ck_place = {**place, "even": [Shard(0)], "i": [Shard(0)]}
+        ck = {k: distribute_tensor(ck_ref[k], mesh, ck_place[k]) for k in ck_ref}
+        ck_ref["tied"], ck["tied"] = ck_ref["w"], ck["w"]  # stored once, the tie recorded
+        if rank == 0:  # the unsharded references, written by the ordinary fk.save
+            fk.save(os.path.join(folder, "ref.safetensors"), ck_ref)
+            fk.save(os.path.join(folder, "fsdp_ref.safetensors"), ref_m)
+        reads: list[str] = []
+        raw = _safetensors_io.SafetensorsFile.raw
+
+        def spy_raw(self: Any, key: str) -> Any:
+            reads.append(key)
+            return raw(self, key)
+
+        def save_check(name: str, model: Any) -> dict[str, Any]:
+            path = os.path.join(folder, name)
+            dist.barrier()
+            with count() as c:
+                fk.save(path, model)
+            dist.barrier()
+            return {"comms": c, "files": sorted(os.listdir(path))}
+
+        check("ckpt_save", lambda: save_check("dict", ck))
+        check("ckpt_fsdp_save", lambda: save_check("fsdp", m))
+
+        def resave() -> dict[str, Any]:
+            before = sorted(os.listdir(os.path.join(folder, "dict")))
+            out = save_check("dict", ck)
+            return {"before": before, "after": out["files"]}
+
+        check("ckpt_resave", resave)
+
+        def load_like(name: str, like: Any, ref: Any) -> dict[str, Any]:
+            reads.clear()
+            _safetensors_io.SafetensorsFile.raw = spy_raw  # type: ignore[method-assign]
+            try:
+                with count() as c:
+                    back = fk.load(os.path.join(folder, name), like=like)
+            finally:
+                _safetensors_io.SafetensorsFile.raw = raw  # type: ignore[method-assign]
+            return {
+                "placements": placements(back),
+                "orig": placements(like),
+                "err": err(back, ref),
+                "comms": c,
+                "reads": sorted(reads),
+                "params": [type(p).__name__ for p in fk.leaves(back)],
+                "cls": type(back).__name__,
+            }
+
+        check("ckpt_load_like", lambda: load_like("dict", fk.scale(0.0, ck), ck_ref))
+        check("ckpt_load_like_whole", lambda: load_like("ref.safetensors", fk.scale(0.0, ck), ck_ref))
+
+        other = {"w": [Replicate()], "v": [Shard(0)], "r": [Shard(0)], "even": [Shard(1)], "i": [Replicate()]}
+        resharded = {k: distribute_tensor(torch.zeros_like(ck_ref[k]), mesh, other[k]) for k in other}
+        resharded["tied"] = resharded["w"]
+        check("ckpt_load_resharded", lambda: load_like("dict", resharded, ck_ref))
+
+        def collision() -> dict[str, Any]:
+            fk.save(os.path.join(folder, "collision"), {"a": distribute_tensor(even, mesh, [Shard(0)]), "a@2,0": even})
+            return {}
+
+        check("ckpt_collision", collision)
+
+        def tie() -> dict[str, Any]:
+            back = fk.load(os.path.join(folder, "dict"), like=fk.copy(ck))
+            return {"tied": back["tied"] is back["w"]}
+
+        check("ckpt_tie", tie)
+
+        def failing(name: str) -> dict[str, Any]:
+            """Rank 1 cannot write its file: every rank raises, and the path holds what it held."""
+            from functorkit import _checkpoint
+
+            path = os.path.join(folder, name)
+            before = sorted(os.listdir(path)) if os.path.exists(path) else None
+            write = _checkpoint.write_file
+
+            def broken(*args: Any) -> None:
+                raise OSError("disk full")
+
+            if rank == 1:
+                _checkpoint.write_file = broken
+            try:
+                fk.save(path, ck)
+                error = None
+            except Exception as e:  # noqa: BLE001 -- reported to the test
+                error = f"{type(e).__name__}: {e}"
+            finally:
+                _checkpoint.write_file = write
+            dist.barrier()
+            after = sorted(os.listdir(path)) if os.path.exists(path) else None
+            top = sorted(os.listdir(folder))
+            dist.barrier()  # both ranks have looked before either starts the next save
+            return {"error": None, "raised": error, "before": before, "after": after, "top": top}
+
+        check("ckpt_fail_existing", lambda: failing("dict"))
+        check("ckpt_fail_new", lambda: failing("new"))
+        check("ckpt_fsdp_load_like", lambda: load_like("fsdp", fsdp(ref_m2), ref_sd))
+        partial = DTensor.from_local(torch.ones(2), mesh, [Partial()], run_check=False)
+        check("ckpt_partial", lambda: (fk.save(os.path.join(folder, "partial"), {"g": partial}), {})[1])
 
     results["_rank"] = rank
     print("FK_RESULTS " + json.dumps(results, default=str), flush=True)

@@ -9,10 +9,17 @@ all-gather, or a per-rank partial sum, fails here.
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+
+import functorkit as fk
 
 pytest.importorskip("torch")
 
@@ -25,8 +32,14 @@ ONE_ALL_REDUCE = {"all_reduce": 1}
 
 
 @pytest.fixture(scope="module")
-def ranks() -> list[dict[str, Any]]:
-    return run_torch_ranks("sharded_torch_worker.py", world=2)
+def ckpt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the ranks write their checkpoints (read here, in one process without a group)."""
+    return tmp_path_factory.mktemp("sharded_ckpt")
+
+
+@pytest.fixture(scope="module")
+def ranks(ckpt_dir: Path) -> list[dict[str, Any]]:
+    return run_torch_ranks("sharded_torch_worker.py", world=2, extra={"FK_CKPT_DIR": str(ckpt_dir)})
 
 
 def _ok(ranks: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -174,10 +187,6 @@ def test_flat_vectors_of_sharded_models_are_refused(ranks: list[dict[str, Any]],
     _refused(ranks, name, "TypeError", where, "DTensor", "to_local()", "DTensor.from_local")
 
 
-def test_save_refuses_dtensors_and_names_the_alternative(ranks: list[dict[str, Any]]) -> None:
-    _refused(ranks, "save", "TypeError", "'w'", "torch.distributed.checkpoint.save(fk.state_dict(model)", "full_tensor")
-
-
 def test_the_documented_checkpoint_alternative_round_trips(ranks: list[dict[str, Any]]) -> None:
     for res in _ok(ranks, "save_dcp"):
         assert res["err"] == 0.0
@@ -235,3 +244,219 @@ def test_fsdp2_load_state_dict_of_full_tensors_cuts_shards_locally(ranks: list[d
     for res in _ok(ranks, "fsdp_load_full"):
         assert res["comms"] == {}
         assert res["err"] == 0.0
+
+
+# ---- checkpoints written rank by rank (docs/checkpoints.md, "Sharded checkpoints")
+
+SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+#: the object collectives of fk.save (rank 0's plan and commit broadcast, one exchange of the
+#: written keys), and the c10d ops they are made of (sizes, then pickled bytes): nothing else
+SAVE_COMMS = {"eager.broadcast_object_list": 2, "eager.all_gather_object": 1, "broadcast": 4, "allgather": 2}
+
+
+def _index(folder: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((folder / "model.safetensors.index.json").read_text())
+    return doc
+
+
+@pytest.mark.parametrize("name", ["ckpt_save", "ckpt_fsdp_save"])
+def test_save_writes_each_ranks_shards_without_a_gather(ranks: list[dict[str, Any]], name: str) -> None:
+    for res in _ok(ranks, name):
+        assert res["comms"] == SAVE_COMMS
+        assert res["files"] == SHARDS
+
+
+def test_each_rank_wrote_only_its_pieces_in_a_hugging_face_layout(ranks: list[dict[str, Any]], ckpt_dir: Path) -> None:
+    from safetensors.numpy import load_file
+
+    _ok(ranks, "ckpt_save")
+    folder = ckpt_dir / "dict"
+    index = _index(folder)
+    pieces = index["metadata"]["functorkit.pieces"]
+    assert pieces == {
+        "w": {"shape": [5, 4], "pieces": {"w@0,0": [0, 0], "w@3,0": [3, 0]}},  # uneven: 3 + 2 rows
+        "v": {"shape": [3, 6], "pieces": {"v@0,0": [0, 0], "v@0,3": [0, 3]}},  # Shard(1)
+        "even": {"shape": [4, 2], "pieces": {"even@0,0": [0, 0], "even@2,0": [2, 0]}},
+        "i": {"shape": [7], "pieces": {"i@0": [0], "i@4": [4]}},
+    }
+    # every file read by the safetensors package: a valid sharded layout
+    files = {n: load_file(str(folder / n)) for n in sorted({*index["weight_map"].values()})}
+    assert {k: n for n, f in files.items() for k in f} == index["weight_map"]
+    first, second = (files[n] for n in sorted(files))  # rank 0's, rank 1's
+    assert sorted(first) == ["even@0,0", "i@0", "r", "v@0,0", "w@0,0"]  # the replicated `r`: once, by rank 0
+    assert sorted(second) == ["even@2,0", "i@4", "v@0,3", "w@3,0"]
+    assert (first["w@0,0"].shape, second["w@3,0"].shape, second["v@0,3"].shape) == ((3, 4), (2, 4), (3, 3))
+    assert index["metadata"]["total_size"] == sum(a.nbytes for f in files.values() for a in f.values())
+
+
+def _same(got: dict[str, Any], ref: dict[str, Any]) -> None:
+    assert sorted(got) == sorted(ref)
+    for k in ref:
+        g = np.asarray(got[k])
+        assert (g.dtype, g.shape) == (ref[k].dtype, ref[k].shape), k
+        assert np.array_equal(g, ref[k]), k
+
+
+@pytest.mark.parametrize(("name", "ref"), [("dict", "ref.safetensors"), ("fsdp", "fsdp_ref.safetensors")])
+def test_load_gives_the_full_tensors_bit_for_bit(
+    ranks: list[dict[str, Any]], ckpt_dir: Path, name: str, ref: str
+) -> None:
+    _ok(ranks, "ckpt_save")
+    reference = fk.load(ckpt_dir / ref)  # the unsharded model, written by the ordinary fk.save
+    flat = {k: v for k, v in fk.state_dict(reference).items()}
+    got = fk.state_dict(fk.load(ckpt_dir / name))
+    _same(got, flat)
+    like = fk.fmap(lambda x: np.zeros_like(x), reference)
+    _same(fk.state_dict(fk.load(ckpt_dir / name, like=like)), flat)
+
+
+def test_load_with_mmap_assembles_the_pieces_too(ranks: list[dict[str, Any]], ckpt_dir: Path) -> None:
+    _ok(ranks, "ckpt_save")
+    _same(fk.load(ckpt_dir / "dict", mmap=True), fk.load(ckpt_dir / "ref.safetensors"))
+
+
+def test_load_like_a_model_of_any_backend_gets_the_full_tensors(
+    ranks: list[dict[str, Any]], ckpt_dir: Path, xp: Any
+) -> None:
+    from conftest import to_numpy
+
+    _ok(ranks, "ckpt_save")
+    reference = fk.load(ckpt_dir / "ref.safetensors")
+    like = fk.fmap(lambda x: xp.asarray(np.zeros_like(x)), reference)
+    back = fk.load(ckpt_dir / "dict", like=like)
+    assert type(back["w"]) is type(like["w"])
+    assert back["tied"] is back["w"]
+    _same({k: to_numpy(v) for k, v in fk.state_dict(back).items()}, fk.state_dict(reference))
+
+
+def test_open_is_a_dask_array_of_the_pieces(ranks: list[dict[str, Any]], ckpt_dir: Path) -> None:
+    pytest.importorskip("dask")
+    _ok(ranks, "ckpt_save")
+    opened = fk.open(ckpt_dir / "dict")
+    assert opened["w"].chunks == ((3, 2), (4,))  # one chunk per piece
+    assert opened["v"].chunks == ((3,), (3, 3))
+    _same({k: v.compute() for k, v in opened.items()}, fk.load(ckpt_dir / "ref.safetensors"))
+    assert np.array_equal(opened["w"][2:4, 1:3].compute(), fk.load(ckpt_dir / "ref.safetensors")["w"][2:4, 1:3])
+
+
+@pytest.mark.parametrize("name", ["ckpt_load_like", "ckpt_fsdp_load_like", "ckpt_load_like_whole"])
+def test_load_like_restores_placements_reading_only_this_ranks_pieces(ranks: list[dict[str, Any]], name: str) -> None:
+    res = _ok(ranks, name)
+    for r in res:
+        assert r["placements"] == r["orig"]
+        assert r["err"] == 0.0
+        assert r["comms"] == {}
+        assert set(r["params"]) == {"DTensor"}
+    if name == "ckpt_load_like":
+        assert res[0]["reads"] == ["even@0,0", "i@0", "r", "v@0,0", "w@0,0"]
+        assert res[1]["reads"] == ["even@2,0", "i@4", "r", "v@0,3", "w@3,0"]  # `r` is whole on every rank
+    elif name == "ckpt_load_like_whole":  # an unsharded checkpoint: each rank reads whole, cuts its block
+        assert res[0]["reads"] == res[1]["reads"] == ["even", "i", "r", "v", "w"]
+    else:
+        assert res[0]["cls"] == "FSDPMLP"
+        assert res[0]["reads"] == ["fc1.bias@0", "fc1.weight@0,0", "fc2.bias@0", "fc2.weight@0,0"]
+        assert res[1]["reads"] == ["fc1.bias@4", "fc1.weight@4,0", "fc2.bias@2", "fc2.weight@2,0"]
+
+
+def test_load_like_other_placements_reshards_locally(ranks: list[dict[str, Any]]) -> None:
+    res = _ok(ranks, "ckpt_load_resharded")
+    for r in res:
+        assert (
+            r["placements"]
+            == r["orig"]
+            == [
+                "DTensor:(Replicate(),)",
+                "DTensor:(Shard(dim=0),)",
+                "DTensor:(Shard(dim=0),)",
+                "DTensor:(Shard(dim=1),)",
+                "DTensor:(Replicate(),)",
+            ]
+        )
+        assert r["err"] == 0.0
+        assert r["comms"] == {}
+        assert {"w@0,0", "w@3,0", "v@0,0", "v@0,3", "i@0", "i@4"} <= set(r["reads"])  # whole, or split across
+    assert "even@0,0" in res[0]["reads"]
+    assert "even@2,0" in res[0]["reads"]  # Shard(1) of a Shard(0)-saved tensor overlaps both pieces
+
+
+def test_a_piece_key_that_is_a_model_key_is_refused(ranks: list[dict[str, Any]]) -> None:
+    assert ranks[1]["ckpt_collision"]["error"].startswith("StructureError:")  # found on rank 1, whose piece it is
+    for r in ranks:
+        assert "'a@2,0'" in r["ckpt_collision"]["error"], r["ckpt_collision"]
+        assert "another key of the model" in r["ckpt_collision"]["error"]
+
+
+def test_ties_are_stored_once_and_restored(ranks: list[dict[str, Any]], ckpt_dir: Path) -> None:
+    for r in _ok(ranks, "ckpt_tie"):
+        assert r["tied"] is True
+    back = fk.load(ckpt_dir / "dict")
+    assert back["tied"] is back["w"]
+    assert "tied" not in _index(ckpt_dir / "dict")["weight_map"]
+
+
+def test_a_rank_that_fails_makes_every_rank_raise_and_leaves_nothing(ranks: list[dict[str, Any]]) -> None:
+    for name in ("ckpt_fail_existing", "ckpt_fail_new"):
+        res = [r[name] for r in ranks]
+        assert res[1]["raised"] == "OSError: disk full"
+        assert res[0]["raised"].startswith("RuntimeError: fk.save: rank 1 could not write its shard of"), res[0]
+        assert "OSError: disk full" in res[0]["raised"]
+        for r in res:
+            assert r["after"] == r["before"]  # the old checkpoint, whole (or still nothing)
+            assert not [n for n in r["top"] if n.startswith(".fk-tmp")], (name, res)
+    assert res[0]["after"] is None
+
+
+def test_saving_again_replaces_the_checkpoint_whole(ranks: list[dict[str, Any]], ckpt_dir: Path) -> None:
+    for r in _ok(ranks, "ckpt_resave"):
+        assert r["before"] == SHARDS
+        assert r["after"] == [n.replace(".safetensors", "-1.safetensors") for n in SHARDS[:2]] + SHARDS[2:]
+    _same(fk.load(ckpt_dir / "dict"), fk.load(ckpt_dir / "ref.safetensors"))
+
+
+def test_save_refuses_partial_placements_by_key(ranks: list[dict[str, Any]]) -> None:
+    _refused(ranks, "ckpt_partial", "TypeError", "'g'", "Partial", "redistribute")
+
+
+def _pieces_of(doc: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = doc["metadata"]["functorkit.pieces"]
+    return out
+
+
+def _move(doc: dict[str, Any], key: str, piece: str, off: list[int]) -> None:
+    _pieces_of(doc)[key]["pieces"][piece] = off
+
+
+def _rename(doc: dict[str, Any]) -> None:
+    entry = _pieces_of(doc)["w"]["pieces"]
+    entry["w@9,9"] = entry.pop("w@3,0")
+
+
+MALFORMED: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
+    "overlap": (lambda d: _move(d, "w", "w@3,0", [2, 0]), "'w'", "overlaps another piece"),
+    "gap": (lambda d: _pieces_of(d)["v"]["pieces"].pop("v@0,3"), "'v'", "no piece covers the block at offset (0, 3)"),
+    "out_of_range": (lambda d: _move(d, "w", "w@3,0", [4, 0]), "'w'", "reaches outside the shape (5, 4)"),
+    "missing": (_rename, "'w'", "the piece 'w@9,9' is not stored"),
+    "bad_offset": (lambda d: _move(d, "i", "i@4", [4, 0]), "'i'", "expected 1 non-negative ints"),
+    "bad_shape": (lambda d: _pieces_of(d)["w"].update(shape=[5, -4]), "'w'", "is not a non-empty list"),
+    "not_an_object": (lambda d: d["metadata"].update({"functorkit.pieces": [1]}), "functorkit.pieces", "not an object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_piece_metadata_is_a_structure_error(
+    ranks: list[dict[str, Any]], ckpt_dir: Path, tmp_path: Path, case: str
+) -> None:
+    _ok(ranks, "ckpt_save")
+    folder = tmp_path / "ck"
+    shutil.copytree(ckpt_dir / "dict", folder)
+    doc = _index(folder)
+    edit, key, words = MALFORMED[case]
+    edit(doc)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(doc))
+    for read in (fk.load, fk.open):
+        with pytest.raises(fk.StructureError) as info:
+            read(folder)
+        text = str(info.value)
+        assert "model.safetensors.index.json" in text, text
+        assert key in text, text
+        assert words in text, text

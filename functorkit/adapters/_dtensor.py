@@ -18,8 +18,12 @@ What functorkit does with DTensors (docs/sharded.md):
   on every rank fills a sharded model;
 * `lerp_many_` (the in-place EMA ``fk.lerp(ema, model, t, out=ema)``): one
   ``torch._foreach_lerp_`` over the local shards;
+* checkpoints: ``fk.save`` writes each rank's local block (`save_piece`: its global offset from
+  the placements, a replica by mesh coordinate 0 only; ``functorkit._sharded_ckpt``), and
+  ``fk.load(like=)`` gives DTensors of `like`'s placements, each rank reading its own block
+  (`from_stored`);
 * refused by path, with the alternative: a flat vector (`sharded_problem`: ``fk.destructure``,
-  ``re.flatten``) and a checkpoint file (`host_problem`: ``fk.save``).
+  ``re.flatten``) and reading a DTensor whole on the host (`host_problem`).
 """
 
 from __future__ import annotations
@@ -35,13 +39,16 @@ import torch
 from ._sharding import ShardRefusal
 
 __all__ = [
+    "WorldComm",
     "any_rank",
     "dtensor_type",
+    "from_stored",
     "has_dtensor",
     "host_problem",
     "lerp_many_",
     "local_pair",
     "reduce",
+    "save_piece",
     "settle",
     "sharded_problem",
     "stage",
@@ -81,17 +88,119 @@ def sharded_problem(x: Any) -> str | None:
 
 
 def host_problem(x: Any) -> str | None:
-    """Why the DTensor `x` cannot be read whole on the host (``fk.save``), with the alternatives;
-    None for others."""
+    """Why the DTensor `x` cannot be read whole on the host, with the alternatives; None for
+    others (``fk.save`` does not come here: it writes the local shards, `save_piece`)."""
     dt = dtensor_type()
     if dt is None or not isinstance(x, dt):
         return None
     return (
-        f"it is {_describe(x)}, and its values are read whole on the host here (fk.save writes whole "
-        "tensors). Expected plain tensors; fix: save the shards of every rank with "
-        "torch.distributed.checkpoint.save(fk.state_dict(model), checkpoint_id=path) (the same keys; it "
-        "reshards on load), or gather a small model first: fk.fmap(lambda x: x.full_tensor(), model)"
+        f"it is {_describe(x)}, and its values would be read whole on the host here. Expected plain "
+        "tensors; fix: save the sharded model with fk.save(path, model) on every rank (each writes its "
+        "own shards), or gather a small model first: fk.fmap(lambda x: x.full_tensor(), model)"
     )
+
+
+# ---------------------------------------------------------------- checkpoints (fk.save, fk.load)
+
+
+class WorldComm:
+    """The default process group, for `fk.save`'s small exchanges (``torch.distributed``'s object
+    collectives: file names, keys and offsets, never tensor data)."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's `obj`, on every rank."""
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank."""
+        out: list[Any] = [None] * self.world
+        self.dist.all_gather_object(out, obj)
+        return out
+
+
+def _block_problem(x: Any) -> str | None:
+    """Why the local shard of `x` is not one block of the tensor (a Partial sum, a strided shard)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    bad = [p for p in x.placements if type(p) not in (Shard, Replicate)]
+    if not bad:
+        return None
+    return (
+        f"it is {_describe(x)}: the placement {bad[0]!r} does not hold one block of the tensor per rank. "
+        "Expected Shard(d) and Replicate placements; fix: x.redistribute(x.device_mesh, [Shard(0)]) first "
+        "(a collective you ask for)"
+    )
+
+
+def save_piece(x: Any, key: str) -> Any:
+    """``fk.save`` of the DTensor `x` on this rank: ``(global shape, offset, local tensor, comm)``, the
+    offset None when the local tensor is the whole tensor, the local tensor None when this rank writes
+    none of it (a replica on a mesh coordinate other than 0, an empty shard); None for other tensors."""
+    dt = dtensor_type()
+    if dt is None or not isinstance(x, dt):
+        return None
+    why = _block_problem(x)
+    if why is not None:
+        msg = f"fk.save: the array at {key!r}: {why}."
+        raise TypeError(msg)
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, comm = tuple(x.shape), WorldComm()
+    coord = x.device_mesh.get_coordinate()
+    if coord is None or not all(c == 0 for c, p in zip(coord, x.placements, strict=True) if p.is_replicate()):
+        return shape, None, None, comm
+    local = _local(x).detach()
+    if math.prod(shape) == 0:  # nothing to split: the first rank writes it whole
+        return shape, None, (local.new_empty(shape) if all(c == 0 for c in coord) else None), comm
+    lshape, offset = compute_local_shape_and_global_offset(shape, x.device_mesh, x.placements)
+    if tuple(local.shape) != tuple(lshape):
+        msg = f"fk.save: the array at {key!r}: its local shard has shape {tuple(local.shape)}, expected {lshape}."
+        raise RuntimeError(msg)
+    if math.prod(lshape) == 0:
+        return shape, None, None, comm
+    if tuple(lshape) == shape:
+        return shape, None, local, comm
+    return shape, tuple(int(o) for o in offset), local, comm
+
+
+def from_stored(src: Any, like: Any, tensor_of: Callable[[Any, str, Any], Any]) -> Any:
+    """The stored tensor `src` as a DTensor of `like`'s mesh and placements, this rank reading only
+    its own block (`src.region` of a sharded checkpoint: the pieces it overlaps; a whole stored
+    tensor: read, then cut); None when `like` is not a DTensor. ``tensor_of(raw, name, None)`` makes
+    a plain tensor of stored bytes."""
+    dt = dtensor_type()
+    if dt is None or not isinstance(like, dt):
+        return None
+    why = _block_problem(like)
+    if why is not None:
+        msg = f"the array of `like` at {src.info.key!r}: {why}."
+        raise TypeError(msg)
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape = tuple(like.shape)
+    lshape, offset = compute_local_shape_and_global_offset(shape, like.device_mesh, like.placements)
+    region = getattr(src, "region", None)
+    if region is not None:
+        raw = region(tuple(offset), tuple(lshape))
+    else:
+        cut = tuple(slice(o, o + n) for o, n in zip(offset, lshape, strict=True))
+        raw = src.raw()[cut].copy()
+    t = tensor_of(raw, src.name, None)
+    dev = _local(like).device
+    if t.device != dev:
+        t = t.to(dev)
+    out = dt.from_local(t, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride())
+    if isinstance(like, torch.nn.Parameter):
+        out = torch.nn.Parameter(out, requires_grad=like.requires_grad)
+    return out
 
 
 # ---------------------------------------------------------------- reductions (fk.norm, fk.dot)

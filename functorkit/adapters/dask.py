@@ -408,7 +408,8 @@ class Adapter(MethodSlices):
         path and offset, no data), chunked along the first axis in blocks of about
         `CHUNK_BYTES` (one chunk when it holds no bytes); named by file, key and the file's identity
         (device, inode, size, modification time), so opening a file twice
-        gives the same graph keys (read once when computed together)."""
+        gives the same graph keys (read once when computed together). A tensor of a sharded
+        checkpoint (``grid``: its pieces) has one chunk per piece."""
         import importlib
         import math
 
@@ -417,8 +418,8 @@ class Adapter(MethodSlices):
 
         lazy = src.lazy()
         shape = lazy.shape
-        chunks: Any = ()
-        if shape:
+        chunks: Any = getattr(lazy, "grid", ())  # a sharded checkpoint's tensor: one chunk per piece
+        if shape and not chunks:
             row = math.prod(shape[1:]) * lazy.dtype.itemsize
             # an empty tensor is one chunk, whatever its dims say (a shape [2**46, 0] holds no bytes)
             rows = max(1, CHUNK_BYTES // row) if row and shape[0] else max(1, shape[0])

@@ -651,17 +651,31 @@ class Adapter(ArrayAdapter):
             return t.view(stand).numpy()
         return t.numpy()
 
+    def save_piece(self, x: Any, key: str) -> Any:
+        """``fk.save`` of a DTensor: this rank's piece (`functorkit.adapters._dtensor.save_piece`);
+        None for plain tensors."""
+        return None if type(x) in _PLAIN else _dtensor.save_piece(x, key)
+
     def from_stored(self, src: Any, like: Any) -> Any:
         """``torch.from_numpy`` over the array read (no second copy on the CPU; with ``mmap=True`` over
         the copy-on-write map of the file; bfloat16 and
         float8 reinterpreted in place with ``Tensor.view(dtype)``), moved to `like`'s device unless
         that is ``cpu`` or ``meta`` (a meta model is a template: the result is on the CPU); an
-        ``nn.Parameter`` in `like` gives an ``nn.Parameter`` with its ``requires_grad``."""
-        raw = src.raw()
+        ``nn.Parameter`` in `like` gives an ``nn.Parameter`` with its ``requires_grad``. A DTensor
+        `like` gives a DTensor of its placements, this rank reading its own block
+        (`functorkit.adapters._dtensor.from_stored`)."""
+        if type(like) not in _PLAIN and like is not None:
+            got = _dtensor.from_stored(src, like, self._tensor_of)
+            if got is not None:
+                return got
+        return self._tensor_of(src.raw(), src.name, like)
+
+    def _tensor_of(self, raw: Any, name: str, like: Any) -> Any:
+        """A tensor over the stored bytes `raw` of dtype `name`, on `like`'s device (see `from_stored`)."""
         if raw.dtype.kind == "u" and raw.dtype.itemsize > 1:
             raw = raw.view(raw.dtype.str.replace("u", "i"))  # torch reads uint16+ only recently
         t = torch.from_numpy(raw)
-        want = getattr(torch, src.name)
+        want = getattr(torch, name)
         if t.dtype != want:
             t = t.view(want)
         dev = getattr(like, "device", None)
