@@ -185,6 +185,14 @@ def _first(x: Any, y: Any) -> Any:
     return x
 
 
+def _structure(cache: dict[int, Any], t: Any, make: Callable[[Any], Any]) -> Any:
+    """`t`'s recorded structure, made once (the match rows time the match alone)."""
+    out = cache.get(id(t))
+    if out is None:
+        out = cache[id(t)] = make(t)
+    return out
+
+
 Op = tuple[str, str, Callable[[Any], Any]]  # (library, call as shown, fn(tree) -> result)
 
 
@@ -209,7 +217,7 @@ def contenders() -> dict[str, list[Op]]:
         (
             "functorkit",
             "td.flatten_up_to(u)",
-            lambda t, u: fk_defs.setdefault(id(t), fk.flatten(t)[1]).flatten_up_to(u),
+            lambda t, u: _structure(fk_defs, t, lambda t: fk.flatten(t)[1]).flatten_up_to(u),
         )
     ]
     try:
@@ -220,7 +228,7 @@ def contenders() -> dict[str, list[Op]]:
             (
                 "optree",
                 "optree: treespec.flatten_up_to(u)",
-                lambda t, u: opt_defs.setdefault(id(t), optree.tree_structure(t)).flatten_up_to(u),
+                lambda t, u: _structure(opt_defs, t, optree.tree_structure).flatten_up_to(u),
             )
         )
         groups["map (1 tree)"].append(("optree", "optree.tree_map(f, t)", lambda t: optree.tree_map(f, t)))
@@ -240,7 +248,7 @@ def contenders() -> dict[str, list[Op]]:
             (
                 "jax",
                 "jax: treedef.flatten_up_to(u)",
-                lambda t, u: jax_defs.setdefault(id(t), jtu.tree_structure(t)).flatten_up_to(u),
+                lambda t, u: _structure(jax_defs, t, jtu.tree_structure).flatten_up_to(u),
             )
         )
         groups["map (1 tree)"].append(("jax", "jax.tree_util.tree_map(f, t)", lambda t: jtu.tree_map(f, t)))
