@@ -448,14 +448,27 @@ def main() -> None:
             calls.append((len(xs), [type(x).__name__ for x in xs]))
             fe(xs, ys, t)
 
+        from functorkit import _inplace
+
+        plans: list[bool] = []
+        fast_plan = _inplace._fast_plan
+
+        def plan_spy(*args: Any) -> Any:
+            got = fast_plan(*args)
+            plans.append(got is not None)
+            return got
+
         torch_adapter.foreach_lerp_ = spy
+        _inplace._fast_plan = plan_spy
         try:
             with count() as c:
                 out = fk.lerp(ema, m2, 0.1, out=ema)
         finally:
             torch_adapter.foreach_lerp_ = fe
+            _inplace._fast_plan = fast_plan
         ref = {k: torch.lerp(ref_sd[k], ref_sd2[k], 0.1) for k in ref_sd}
         return {
+            "column_path": plans,
             "same": out is ema,
             "err": err(out, ref),
             "comms": c,

@@ -230,6 +230,9 @@ def test_fsdp2_ema_is_one_foreach_lerp_over_the_local_shards(ranks: list[dict[st
         assert res["err"] <= 1e-6
         assert res["comms"] == {}
         assert res["foreach"] == [[4, ["Tensor"] * 4]]  # the fast path: plain local shards, one call
+        # out='s column path takes DTensors of one mesh and placements (their local shards): one
+        # record of each module, no second walk by the per-leaf path (bench_sharded's EMA rows)
+        assert res["column_path"] == [True]
         assert res["placements"] == res["orig"]
 
 

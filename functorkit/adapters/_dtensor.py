@@ -349,6 +349,33 @@ def _local(x: Any) -> Any:
     return t if type(t) is torch.Tensor else x.to_local()
 
 
+def uniform_locals(arrays: list[Any]) -> list[Any] | None:
+    """The local shards of `arrays` when every one is a DTensor of one mesh (equal meshes) and one
+    placements tuple, so that any two of them hold the same elements on this rank and an element-wise
+    update of one from others is local (no communication); None otherwise (``out=``'s column path
+    then declines, and the per-leaf path looks at each pair). For `out_fast`: the memory tests then
+    run on the local shards (bench_sharded's EMA rows: one walk per call instead of two)."""
+    dt = dtensor_type()
+    if dt is None or not arrays:
+        return None
+    x0 = arrays[0]
+    if type(x0) is not dt:
+        return None
+    mesh, placements = x0.device_mesh, tuple(x0.placements)
+    same_mesh = {id(mesh)}  # meshes equal to the first (FSDP2 makes one per `fully_shard` call)
+    out = []
+    for a in arrays:
+        if type(a) is not dt or tuple(a.placements) != placements:
+            return None
+        m = a.device_mesh
+        if id(m) not in same_mesh:
+            if m != mesh:
+                return None
+            same_mesh.add(id(m))
+        out.append(_local(a))
+    return out
+
+
 def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float) -> bool:
     """``torch._foreach_lerp_`` over the local shards when every pair of `xs`/`ys` is a DTensor of one
     mesh and placements (the local shards then hold the same elements: no communication); False

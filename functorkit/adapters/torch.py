@@ -537,9 +537,20 @@ class Adapter(ArrayAdapter):
     def out_fast(self, outs: list[Any], arrays: list[Any]) -> bool:
         """Plain contiguous tensors of a device that has memory (not ``meta``), with storage
         (``data_ptr`` raises for ``torch.func`` wrappers); no inference tensor in `outs`; the byte
-        ranges (``data_ptr``, ``nbytes``) of `arrays` do not meet. Not while ``torch.compile``
-        traces (the per-leaf path traces)."""
-        if compiling() or not set(map(type, arrays)) <= _PLAIN_SET or arrays[0].device.type == "meta":
+        ranges (``data_ptr``, ``nbytes``) of `arrays` do not meet. DTensors of one mesh and one
+        placements tuple are judged by their local shards (`_dtensor.uniform_locals`). Not while
+        ``torch.compile`` traces (the per-leaf path traces)."""
+        if compiling():
+            return False
+        if not set(map(type, arrays)) <= _PLAIN_SET:  # DTensors of one mesh and placements: their shards
+            local = _dtensor.uniform_locals(arrays)
+            local_outs = _dtensor.uniform_locals(outs) if outs else []
+            if local is None or local_outs is None:
+                return False
+            arrays, outs = local, local_outs
+            if not set(map(type, arrays)) <= _PLAIN_SET:
+                return False
+        if arrays[0].device.type == "meta":
             return False
         if not all(map(torch.Tensor.is_contiguous, arrays)) or any(map(torch.Tensor.is_inference, outs)):
             return False
