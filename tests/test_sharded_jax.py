@@ -127,6 +127,12 @@ def test_save_then_load_like_keeps_shardings_and_load_gives_full_arrays(res: dic
     assert r["kept"] is True
     assert r["err"] <= 1e-6
     assert r["whole_err"] <= 1e-6
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_open_gives_full_arrays_of_a_sharded_save(res: dict[str, Any], mesh: str) -> None:
+    pytest.importorskip("dask")  # fk.open is lazy on Dask (the jax nox session has no Dask)
+    r = _ok(res, f"{mesh}.save_load")
     assert r["open_err"] <= 1e-6
 
 
