@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 import functorkit as fk
-from functorkit import _inplace
+from functorkit import _inplace, _lockstep
 
 COEFS = (0.5, -0.25, 2.0)
 T_EMA = 0.001
@@ -236,6 +236,19 @@ def per_leaf(f: Callable[[], Any]) -> Callable[[], Any]:
     return g
 
 
+def no_columns(f: Callable[[], Any]) -> Callable[[], Any]:
+    """`f` with the lock-step column path off (``functorkit._lockstep.COLUMNS``): the per-leaf path."""
+
+    def g() -> Any:
+        _lockstep.COLUMNS[0] = False
+        try:
+            return f()
+        finally:
+            _lockstep.COLUMNS[0] = True
+
+    return g
+
+
 def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
     """Per-call cost on small models: the 6-array MLP (NumPy and torch) and a 12-block torch
     ``nn.Module`` EMA step; each contender runs `SMALL_CALLS` times per timing."""
@@ -259,6 +272,16 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lincomb(COEFS, mlps, out=npd))),
         "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*mlps, strict=True)]),
     }
+    out["MLP add, NumPy"] = {
+        "fk": rep(lambda: fk.add(mlps[0], mlps[1])),
+        "fk (lock-step per-leaf path)": no_columns(rep(lambda: fk.add(mlps[0], mlps[1]))),
+        "hand loop": rep(lambda: [a + b for a, b in zip(mlps[0], mlps[1], strict=True)]),
+    }
+    out["MLP norm, NumPy"] = {
+        "fk": rep(lambda: fk.norm(mlps[0])),
+        "fk (lock-step per-leaf path)": no_columns(rep(lambda: fk.norm(mlps[0]))),
+        "hand loop": rep(lambda: math.sqrt(sum(float(np.vdot(a, a)) for a in mlps[0]))),
+    }
     try:
         import torch
     except ImportError:
@@ -279,6 +302,12 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lincomb(COEFS, tm, out=td))),
         "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*tm, strict=True)]),
         "torch._foreach": rep(foreach_lc),
+    }
+    out["MLP add, torch"] = {
+        "fk": rep(lambda: fk.add(tm[0], tm[1])),
+        "fk (lock-step per-leaf path)": no_columns(rep(lambda: fk.add(tm[0], tm[1]))),
+        "hand loop": rep(lambda: [a + b for a, b in zip(tm[0], tm[1], strict=True)]),
+        "torch._foreach": rep(lambda: torch._foreach_add(tm[0], tm[1])),
     }
     out["MLP EMA step, torch"] = {
         "fk, out=": rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema)),
@@ -413,7 +442,8 @@ def _run(quick: bool) -> str:
         best = timed(contenders, small_rounds)
         ref = best["hand loop"]
         fe = best.get("torch._foreach")
-        target(f"{op}, `fk, out=` per call / hand loop", best["fk, out="] / ref, 1.5)
+        if "fk, out=" in best:
+            target(f"{op}, `fk, out=` per call / hand loop", best["fk, out="] / ref, 1.5)
         for name, t in best.items():
             small_rows.append(
                 f"| {op} | {'**' + name + '**' if name.startswith('fk') else name} | {t / SMALL_CALLS * 1e6:.1f} | "
