@@ -277,6 +277,22 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
         "fk (lock-step per-leaf path)": no_columns(rep(lambda: fk.add(mlps[0], mlps[1]))),
         "hand loop": rep(lambda: [a + b for a, b in zip(mlps[0], mlps[1], strict=True)]),
     }
+    blocks = [
+        {
+            f"h{i}": {
+                "attn": {"w": m[0] + i, "b": m[1] + i},
+                "mlp": {"w": m[2] + i, "b": m[3] + i},
+            }
+            for i in range(12)
+        }
+        for m in mlps[:2]
+    ]
+    lbs = [fk.leaves(b) for b in blocks]
+    out["12-block dict add, NumPy"] = {
+        "fk": rep(lambda: fk.add(blocks[0], blocks[1])),
+        "fk (lock-step per-leaf path)": no_columns(rep(lambda: fk.add(blocks[0], blocks[1]))),
+        "hand loop": rep(lambda: [a + b for a, b in zip(*lbs, strict=True)]),
+    }
     out["MLP norm, NumPy"] = {
         "fk": rep(lambda: fk.norm(mlps[0])),
         "fk (lock-step per-leaf path)": no_columns(rep(lambda: fk.norm(mlps[0]))),
@@ -437,9 +453,12 @@ def _run(quick: bool) -> str:
                     1.0,
                 )
     small_rows = []
+    gains: dict[str, tuple[float, float]] = {}
     small_rounds = 5 if quick else SMALL_ROUNDS
     for op, contenders in small_contenders().items():
         best = timed(contenders, small_rounds)
+        if "fk (lock-step per-leaf path)" in best:
+            gains[op] = (best["fk"], best["fk (lock-step per-leaf path)"])
         ref = best["hand loop"]
         fe = best.get("torch._foreach")
         if "fk, out=" in best:
@@ -450,6 +469,9 @@ def _run(quick: bool) -> str:
                 f"{t / ref:.2f} | {'' if fe is None else f'{t / fe:.2f}'} |"
             )
     small = "\n".join(small_rows)
+    columns_gain = (
+        "Off / on, this run: " + ", ".join(f"{op} {t_off / t_on:.2f}x" for op, (t_on, t_off) in gains.items()) + "."
+    )
     table = "\n".join(rows)
     summary = ", ".join(f"{op} on {b}: {r:.2f}x" for (b, op), r in ratios.items())
     n_arrays = len(fk.leaves(ms[0]))
@@ -507,10 +529,16 @@ squares with `vecdot` on NumPy (NumPy's `vector_norm` squares into a temporary).
 
 Small models, per call ({SMALL_CALLS} calls per timing, best of {small_rounds} interleaved rounds): the 6-array MLP
 (64x32, 64x64, 10x64 and biases, float32) and an EMA step of a 12-block `nn.Module` (each block
-LayerNorm(64), Linear(64, 128), GELU, Linear(128, 64): 48 parameters), against the hand loop
+LayerNorm(64), Linear(64, 128), GELU, Linear(128, 64): 48 parameters), a 12-block dict of the MLP's
+first four arrays (48 arrays; its hand loop runs over their lists of leaves), against the hand loop
 (`lerp_` under `no_grad` per parameter) and `torch._foreach_*`. `walk only` is `fk.leaves` of both
 models: the part of a call that is recording the trees (the walk itself; `out=` also records the
-trainability of an `nn.Module`'s parameters, which `fk.leaves` does not).
+trainability of an `nn.Module`'s parameters, which `fk.leaves` does not). `fk (lock-step per-leaf
+path)` is the same `fk.add` / `fk.norm` with the lock-step column path off
+(`functorkit._lockstep.COLUMNS = [False]`): the column path (`_lockstep._columns`) records the first
+model once, matches the others against its definition and compares all types, shapes, dtypes and
+devices in C-level passes, where the per-leaf path checks each parameter in the walk's visitor
+(tests/test_arith_columns.py fails when the column path is not taken). {columns_gain}
 
 | row | contender | µs per call | / hand loop | / torch._foreach |
 |---|---|---:|---:|---:|
