@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 import functorkit as fk
-from functorkit import _inplace
+from functorkit import _inplace, _lockstep
 
 COEFS = (0.5, -0.25, 2.0)
 T_EMA = 0.001
@@ -236,6 +236,19 @@ def per_leaf(f: Callable[[], Any]) -> Callable[[], Any]:
     return g
 
 
+def no_columns(f: Callable[[], Any]) -> Callable[[], Any]:
+    """`f` with the lock-step column path off (``functorkit._lockstep.COLUMNS``): the per-leaf path."""
+
+    def g() -> Any:
+        _lockstep.COLUMNS[0] = False
+        try:
+            return f()
+        finally:
+            _lockstep.COLUMNS[0] = True
+
+    return g
+
+
 def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
     """Per-call cost on small models: the 6-array MLP (NumPy and torch) and a 12-block torch
     ``nn.Module`` EMA step; each contender runs `SMALL_CALLS` times per timing."""
@@ -259,6 +272,32 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lincomb(COEFS, mlps, out=npd))),
         "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*mlps, strict=True)]),
     }
+    out["MLP add, NumPy"] = {
+        "fk": rep(lambda: fk.add(mlps[0], mlps[1])),
+        "fk (lock-step per-leaf path)": no_columns(rep(lambda: fk.add(mlps[0], mlps[1]))),
+        "hand loop": rep(lambda: [a + b for a, b in zip(mlps[0], mlps[1], strict=True)]),
+    }
+    blocks = [
+        {
+            f"h{i}": {
+                "attn": {"w": m[0] + i, "b": m[1] + i},
+                "mlp": {"w": m[2] + i, "b": m[3] + i},
+            }
+            for i in range(12)
+        }
+        for m in mlps[:2]
+    ]
+    lbs = [fk.leaves(b) for b in blocks]
+    out["12-block dict add, NumPy"] = {
+        "fk": rep(lambda: fk.add(blocks[0], blocks[1])),
+        "fk (lock-step per-leaf path)": no_columns(rep(lambda: fk.add(blocks[0], blocks[1]))),
+        "hand loop": rep(lambda: [a + b for a, b in zip(*lbs, strict=True)]),
+    }
+    out["MLP norm, NumPy"] = {
+        "fk": rep(lambda: fk.norm(mlps[0])),
+        "fk (lock-step per-leaf path)": no_columns(rep(lambda: fk.norm(mlps[0]))),
+        "hand loop": rep(lambda: math.sqrt(sum(float(np.vdot(a, a)) for a in mlps[0]))),
+    }
     try:
         import torch
     except ImportError:
@@ -279,6 +318,12 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lincomb(COEFS, tm, out=td))),
         "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*tm, strict=True)]),
         "torch._foreach": rep(foreach_lc),
+    }
+    out["MLP add, torch"] = {
+        "fk": rep(lambda: fk.add(tm[0], tm[1])),
+        "fk (lock-step per-leaf path)": no_columns(rep(lambda: fk.add(tm[0], tm[1]))),
+        "hand loop": rep(lambda: [a + b for a, b in zip(tm[0], tm[1], strict=True)]),
+        "torch._foreach": rep(lambda: torch._foreach_add(tm[0], tm[1])),
     }
     out["MLP EMA step, torch"] = {
         "fk, out=": rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema)),
@@ -408,18 +453,25 @@ def _run(quick: bool) -> str:
                     1.0,
                 )
     small_rows = []
+    gains: dict[str, tuple[float, float]] = {}
     small_rounds = 5 if quick else SMALL_ROUNDS
     for op, contenders in small_contenders().items():
         best = timed(contenders, small_rounds)
+        if "fk (lock-step per-leaf path)" in best:
+            gains[op] = (best["fk"], best["fk (lock-step per-leaf path)"])
         ref = best["hand loop"]
         fe = best.get("torch._foreach")
-        target(f"{op}, `fk, out=` per call / hand loop", best["fk, out="] / ref, 1.5)
+        if "fk, out=" in best:
+            target(f"{op}, `fk, out=` per call / hand loop", best["fk, out="] / ref, 1.5)
         for name, t in best.items():
             small_rows.append(
                 f"| {op} | {'**' + name + '**' if name.startswith('fk') else name} | {t / SMALL_CALLS * 1e6:.1f} | "
                 f"{t / ref:.2f} | {'' if fe is None else f'{t / fe:.2f}'} |"
             )
     small = "\n".join(small_rows)
+    columns_gain = (
+        "Off / on, this run: " + ", ".join(f"{op} {t_off / t_on:.2f}x" for op, (t_on, t_off) in gains.items()) + "."
+    )
     table = "\n".join(rows)
     summary = ", ".join(f"{op} on {b}: {r:.2f}x" for (b, op), r in ratios.items())
     n_arrays = len(fk.leaves(ms[0]))
@@ -477,10 +529,16 @@ squares with `vecdot` on NumPy (NumPy's `vector_norm` squares into a temporary).
 
 Small models, per call ({SMALL_CALLS} calls per timing, best of {small_rounds} interleaved rounds): the 6-array MLP
 (64x32, 64x64, 10x64 and biases, float32) and an EMA step of a 12-block `nn.Module` (each block
-LayerNorm(64), Linear(64, 128), GELU, Linear(128, 64): 48 parameters), against the hand loop
+LayerNorm(64), Linear(64, 128), GELU, Linear(128, 64): 48 parameters), a 12-block dict of the MLP's
+first four arrays (48 arrays; its hand loop runs over their lists of leaves), against the hand loop
 (`lerp_` under `no_grad` per parameter) and `torch._foreach_*`. `walk only` is `fk.leaves` of both
 models: the part of a call that is recording the trees (the walk itself; `out=` also records the
-trainability of an `nn.Module`'s parameters, which `fk.leaves` does not).
+trainability of an `nn.Module`'s parameters, which `fk.leaves` does not). `fk (lock-step per-leaf
+path)` is the same `fk.add` / `fk.norm` with the lock-step column path off
+(`functorkit._lockstep.COLUMNS = [False]`): the column path (`_lockstep._columns`) records the first
+model once, matches the others against its definition and compares all types, shapes, dtypes and
+devices in C-level passes, where the per-leaf path checks each parameter in the walk's visitor
+(tests/test_arith_columns.py fails when the column path is not taken). {columns_gain}
 
 | row | contender | µs per call | / hand loop | / torch._foreach |
 |---|---|---:|---:|---:|

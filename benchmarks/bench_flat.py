@@ -30,7 +30,7 @@ import numpy as np
 from _timing import best_of
 
 import functorkit as fk
-from functorkit import _flat
+from functorkit import _flat, _plans
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -202,6 +202,37 @@ def _contiguous(s: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+def _off(mod: Any, attr: str, value: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """`fn` with the fast path behind ``mod.attr`` switched off (set to `value`) for the call."""
+
+    def g() -> Any:
+        saved = getattr(mod, attr)
+        setattr(mod, attr, value)
+        try:
+            return fn()
+        finally:
+            setattr(mod, attr, saved)
+
+    return g
+
+
+def switch_calls(model: Any, backend: str) -> dict[str, Callable[[], Any]]:
+    """The on/off rows of `destructure`'s fast paths on the MLP, each on and off in the same rounds:
+    the plan (``functorkit._plans.PLANS``) and torch's one ``torch.cat`` for small vectors
+    (``functorkit.adapters.torch.CAT_MAX_BYTES``)."""
+    calls: dict[str, Callable[[], Any]] = {
+        "fk: destructure(model)": functools.partial(fk.destructure, model),
+        "fk: destructure(model), plan off": _off(_plans, "PLANS", [False], functools.partial(fk.destructure, model)),
+    }
+    if backend == "torch":
+        from functorkit.adapters import torch as tad
+
+        calls["fk: destructure(model), torch.cat off"] = _off(
+            tad, "CAT_MAX_BYTES", 0, functools.partial(fk.destructure, model)
+        )
+    return calls
+
+
 def destructure_calls(model: Any, backend: str) -> dict[str, Callable[[], Any]]:
     leaves = _leaves(model)
     n = sum(int(np.prod(x.shape)) for x in leaves)
@@ -352,6 +383,7 @@ def run(quick: bool) -> str:
     summary: list[tuple[str, str, str]] = []  # (target, measured, ok)
     re_times: dict[tuple[str, str], dict[str, float]] = {}
     de_times: dict[tuple[str, str], dict[str, float]] = {}
+    sw_times: dict[str, dict[str, float]] = {}
     for workload in workloads:
         shapes = WORKLOADS[workload]()
         for backend in backends:
@@ -361,6 +393,8 @@ def run(quick: bool) -> str:
             re_times[workload, backend] = best_of(restructure_calls(model, backend), rounds, settle_s=settle)
             if workload != "mlp" or backend != "jax":
                 de_times[workload, backend] = best_of(destructure_calls(model, backend), rounds, settle_s=settle)
+            if workload == "mlp" and backend in ("numpy", "torch"):
+                sw_times[backend] = best_of(switch_calls(model, backend), 3 * rounds, target_s=0.002)
             del model
             gc.collect()
     lines += ["### Rebuild: `re(p)` (views of `p`)", ""]
@@ -377,6 +411,33 @@ def run(quick: bool) -> str:
         lines += [f"**{workload}, {backend}**", ""]
         lines += _table("call", times, limit, refs[:2])
         lines.append("")
+    lines += [
+        "### Fast paths of `destructure`, on and off (mlp)",
+        "",
+        "Each row pair in the same interleaved rounds (best of many short timings): "
+        "**the plan** (`functorkit._plans.PLANS = [False]` turns it off: every call then makes the full "
+        "analysis of the leaves; tests/test_destructure_plan.py fails when it is not taken); "
+        "**one `torch.cat`** for a torch vector under 1 MiB (`functorkit.adapters.torch.CAT_MAX_BYTES = 0` "
+        "turns it off: `empty` and a copy per leaf; tests/test_adapters.py counts the `torch.cat` calls). "
+        "Removed by issue #21's rule (under 20% gain on their own workload, measured on and off in one run "
+        "before removal): `torch.cat(..., out=buf)` in `re.flatten(model, out=buf)` on the torch mlp "
+        "(1.03-1.04x), and the alias check's Python sweep of clusters of up to 16 spans in place of NumPy's "
+        "sort (1.16x on `destructure` of a fused attention block whose q, k, v are column slices of one "
+        "(16, 48) array, the only workload here that reaches it since torch tensors and contiguous views "
+        "are proven disjoint by their adapter).",
+        "",
+        "| backend | fast path | on | off | off / on |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for backend, times in sw_times.items():
+        for on in [k for k in times if " off" not in k]:
+            for off in [k for k in times if k.startswith(on + ", ")]:
+                what = off[len(on) + 2 :].removesuffix(" off")
+                lines.append(
+                    f"| {backend} | `{on[4:]}`: {what} | {_fmt(times[on])} | {_fmt(times[off])} | "
+                    f"{times[off] / times[on]:.2f}x |"
+                )
+    lines.append("")
     # ---- targets
     big = [w for w in workloads if w != "mlp"]
     for w in big:

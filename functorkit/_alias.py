@@ -254,9 +254,6 @@ def _clusters(spans: list[Any]) -> Iterator[list[Any]]:
         n = len(group)
         if n < 2:
             continue
-        if n <= _SMALL:
-            yield from _small_clusters(group)
-            continue
         lo = np.array([sp[1] for sp in group], dtype=np.uint64)
         order = np.argsort(lo, kind="stable")
         lo = lo[order]
@@ -267,32 +264,6 @@ def _clusters(spans: list[Any]) -> Iterator[list[Any]]:
         bounds = np.concatenate(([0], np.flatnonzero(~joined) + 1, [n]))
         for c in np.flatnonzero(np.diff(bounds) > 1):
             yield [group[j] for j in order[bounds[c] : bounds[c + 1]]]
-
-
-#: up to this many spans, `_clusters` sorts them in Python (NumPy's per-call overhead is larger:
-#: bench_flat "mlp, torch" destructure row)
-_SMALL = 16
-
-
-def _small_clusters(group: list[Any]) -> Iterator[list[Any]]:
-    """`_clusters` of one address space, with Python's sort and one sweep."""
-    group = sorted(group, key=_lo)
-    cluster = [group[0]]
-    reach = group[0][2]
-    for sp in group[1:]:
-        if sp[1] < reach:
-            cluster.append(sp)
-            reach = max(reach, sp[2])
-            continue
-        if len(cluster) > 1:
-            yield cluster
-        cluster = [sp]
-        reach = sp[2]
-    if len(cluster) > 1:
-        yield cluster
-
-
-_lo = operator.itemgetter(1)
 
 
 def _resolve_spans(cluster: list[tuple[Any, ...]]) -> tuple[_Item, _Item] | None:

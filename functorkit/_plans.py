@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PLAN_MAX",
+    "PLANS",
     "PLAN_NODES",
     "LeafFacts",
     "clear",
@@ -57,6 +58,9 @@ __all__ = [
 #: planned; a planned tree with more than PLAN_MAX positions and entries gets a matcher but no
 #: generated builder (the definition's own build slices the leaves of an all-leaf node at once)
 PLAN_NODES = 512
+#: `plan_for` hands back kept plans (off: every call makes its full analysis; bench_flat's
+#: ``destructure(model)`` on/off rows, tests/test_destructure_plan.py)
+PLANS = [True]
 PLAN_MAX = 64
 #: at most this many structures are kept (then the cache starts again)
 _MAX = 256
@@ -196,7 +200,7 @@ class LeafFacts:
 def plan_for(td: TreeDef, op: Any, leaves: list[Any]) -> Any:
     """The plan kept for operation `op` on `td`, if `leaves` have the facts it was made from; else None."""
     e = _entry(td)
-    if e is None:
+    if e is None or not PLANS[0]:
         return None
     hit = e.ops.get(op)
     if hit is None or not hit[0].hold(leaves):

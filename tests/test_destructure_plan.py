@@ -73,6 +73,21 @@ def test_plan_off_when_forced_off(xp: Any, runs: list[int], monkeypatch: pytest.
     assert runs == []
 
 
+def test_plan_switch_off_takes_the_full_analysis(xp: Any, runs: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench_flat's "plan off" row: _plans.PLANS = [False] must reach destructure (the plan above
+    # is then not taken) and give the same result
+    _warm(_model(xp))
+    runs.clear()
+    on, re_on = fk.destructure(_model(xp, 2.0))
+    assert runs == [1]
+    monkeypatch.setattr(_plans, "PLANS", [False])
+    off, re_off = fk.destructure(_model(xp, 2.0))
+    assert runs == [1], "the plan was taken with _plans.PLANS off"
+    np.testing.assert_array_equal(to_numpy(on), to_numpy(off))
+    assert len(re_on) == len(re_off)
+    assert fk.leaves_with_path(re_on(on))[0][0] == fk.leaves_with_path(re_off(off))[0][0]
+
+
 def test_new_constants_are_carried(xp: Any, runs: list[int]) -> None:
     first = _model(xp)
     _warm(first)

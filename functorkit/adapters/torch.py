@@ -128,7 +128,8 @@ def _wrapped_or_compiling(t: Any) -> bool:
 _NUMPY_ALLOC_MIN = 1 << 20
 
 
-#: `Adapter.new_flat` concatenates leaves into vectors smaller than this (tests set it to 0)
+#: `Adapter.new_flat` concatenates leaves into vectors smaller than this (tests and bench_flat's
+#: on/off row set it to 0)
 CAT_MAX_BYTES = _NUMPY_ALLOC_MIN
 
 
@@ -142,16 +143,6 @@ def _cat_ok(leaves: list[Any], dtype: Any, device: Any) -> bool:
         if type(x) not in _PLAIN or x.dtype is not dtype or x.device != dev or is_functorch_wrapped(x):
             return False
     return True
-
-
-def _packed(offsets: list[int], shapes: list[tuple[int, ...]], n: int) -> bool:
-    """The slices at `offsets` of `shapes` cover ``[0, n)`` end to end, in order."""
-    at = 0
-    for o, s in zip(offsets, shapes, strict=True):
-        if o != at:
-            return False
-        at += _size(s)
-    return at == n
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -254,23 +245,9 @@ class Adapter(ArrayAdapter):
 
     def fill(self, out: Any, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> None:
         """``np.copyto`` between NumPy views of plain CPU tensors (faster than ``copy_`` for small
-        tensors: bench_flat torch ``re.flatten`` rows), else ``copy_`` under ``no_grad``.
-
-        A plain contiguous `out` under 1 MiB that the leaves fill end to end, all plain tensors of
-        its dtype and device, is one ``torch.cat(..., out=out)`` (bench_flat "mlp, torch"
-        ``re.flatten(model, out=buf)`` row)."""
-        if (
-            leaves
-            and type(out) in _PLAIN
-            and out.numel() * out.element_size() < CAT_MAX_BYTES
-            and out.is_contiguous()
-            and _packed(offsets, shapes, out.numel())
-            and _cat_ok(leaves, out.dtype, out.device)  # first: False while torch.compile traces
-            and not is_functorch_wrapped(out)
-        ):
-            with torch.no_grad():
-                torch.cat([x.reshape(-1) for x in leaves], out=out)
-            return
+        tensors: bench_flat torch ``re.flatten`` rows), else ``copy_`` under ``no_grad``. (One
+        ``torch.cat(..., out=out)`` for a small `out` gained under 5% on bench_flat's "mlp, torch"
+        ``re.flatten(model, out=buf)`` row, issue #21: removed.)"""
         out_np = None if compiling() else _numpy_view(out.detach())
         with torch.no_grad():
             for x, o, s in zip(leaves, offsets, shapes, strict=True):
