@@ -24,12 +24,12 @@ import os
 import shutil
 import stat
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ._errors import StructureError
 from ._safetensors_io import INDEX, SafetensorsFile, read_index
 
-__all__ = ["replace_dir", "replace_file", "shard_names"]
+__all__ = ["remove_old_shards", "replace_dir", "replace_file", "shard_names"]
 
 _NAME_MAX = 255
 
@@ -190,14 +190,24 @@ def replace_dir(
         for path in created:
             _discard(path)
         raise
+    failed = remove_old_shards(target, old)
+    if failed is not None:
+        name, e = failed
+        msg = (
+            f"fk.save: the new checkpoint is complete at {target}, but the old shard {name} could not be "
+            f"removed ({e}); it is no longer part of the checkpoint: remove it by hand."
+        )
+        raise OSError(msg) from e
+
+
+def remove_old_shards(target: str, old: Iterable[str]) -> tuple[str, OSError] | None:
+    """Remove the shards of the replaced checkpoint (after the new index is committed), in name
+    order; the first that cannot be removed and its error, or None (one already gone is fine)."""
     for name in sorted(old):
         try:
             os.remove(os.path.join(target, name))
         except FileNotFoundError:
             pass
         except OSError as e:
-            msg = (
-                f"fk.save: the new checkpoint is complete at {target}, but the old shard {name} could not be "
-                f"removed ({e}); it is no longer part of the checkpoint: remove it by hand."
-            )
-            raise OSError(msg) from e
+            return name, e
+    return None

@@ -35,7 +35,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ._ckpt_files import _discard, _old_checkpoint, _parent, shard_names, temp_name
+from ._ckpt_files import _discard, _old_checkpoint, _parent, remove_old_shards, shard_names, temp_name
 from ._errors import StructureError
 from ._pieces import PIECES
 from ._safetensors_io import INDEX
@@ -237,11 +237,7 @@ def _commit(
         if fresh:
             _discard(folder)
         return _error_text(e)
-    for name in sorted(old):
-        try:
-            os.remove(os.path.join(target, name))
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            return f"the new checkpoint is complete, but the old shard {name} could not be removed ({e})"
+    stuck = remove_old_shards(target, old)
+    if stuck is not None:
+        return f"the new checkpoint is complete, but the old shard {stuck[0]} could not be removed ({stuck[1]})"
     return None
