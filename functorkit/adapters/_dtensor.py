@@ -154,9 +154,9 @@ def save_piece(x: Any, key: str) -> Any:
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     shape, comm = tuple(x.shape), WorldComm()
-    coord = x.device_mesh.get_coordinate()
-    if coord is None or not all(c == 0 for c, p in zip(coord, x.placements, strict=True) if p.is_replicate()):
+    if not _counted(x):  # a replica another rank writes (the reductions' rule), or not in the mesh
         return shape, None, None, comm
+    coord = x.device_mesh.get_coordinate()
     local = _local(x).detach()
     if math.prod(shape) == 0:  # nothing to split: the first rank writes it whole
         return shape, None, (local.new_empty(shape) if all(c == 0 for c in coord) else None), comm
