@@ -424,17 +424,13 @@ def lerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True, out: T | None = 
     def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
         return adapter_of(x).op_lerp(x, others[0], get(path, x), o)
 
-    def batch(plan: list[list[Any]]) -> list[list[Any]]:
-        """In-place rows (`out` is `a`) of one adapter with a Python `t`: one ``lerp_many_``."""
+    def batch(outs: list[Any], cols: list[list[Any]], checked: bool) -> bool:
+        """In-place rows (each of `outs` is `a`'s array there) of one array type with a Python `t`:
+        one ``lerp_many_`` (True), else nothing written (False). `checked`: `out_fast` passed."""
         tt = w.c
-        if type(tt) is not float and type(tt) is not int:
-            return plan
-        inplace = [r for r in plan if r[2] is r[1][0]]
-        if len(inplace) < 2 or len({type(adapter_of(r[2])) for r in inplace}) != 1:
-            return plan
-        if not adapter_of(inplace[0][2]).lerp_many_([r[2] for r in inplace], [r[1][1] for r in inplace], tt):
-            return plan
-        return [r for r in plan if r[2] is not r[1][0]]
+        if (type(tt) is not float and type(tt) is not int) or len(outs) < 2 or len(set(map(type, outs))) != 1:
+            return False
+        return bool(adapter_of(outs[0]).lerp_many_(outs, cols[1], tt, checked))
 
     return _map_params("lerp", ("a", "b"), (a, b), fn, trainable_only, check=get, out=out, batch=batch)
 

@@ -226,25 +226,23 @@ def run_out(
     every: bool,
     out: Any,
     late: int | None,
-    batch: Callable[[list[list[Any]]], list[list[Any]]] | None = None,
+    batch: Callable[[list[Any], list[list[Any]], bool], bool] | None = None,
     *,
     check_same: CheckSame,
     columns: Callable[..., Any],
 ) -> Any:
     """Write ``fn(path, x, others, o)`` into each parameter `o` of `out`, all checks first; return `out`.
     `late`: the first model index an accumulating kernel reads after writing into `o`.
-    `batch(plan)`: writes the rows it can in one adapter call, returns the others.
+    `batch(outs, cols, checked)`: writes every in-place row (``outs[i] is cols[0][i]``) in one
+    adapter call and returns True, or writes nothing and returns False; `checked`: the adapter's
+    `out_fast` accepted the arrays.
     `check_same`, `columns`: the lock-step engine's operand check (`CheckSame`) and its
     `_columns` (handed down: the lock-step engine imports this module)."""
     fast = _fast_plan(fname, names, models, out, every, check, late, columns)
     if fast is not None:
         cols, outs, td, idx = fast
-        plan: list[list[Any]]
-        if batch is not None and outs:
-            plan = batch([[_path_at(td, i), xs, o, None, False] for i, xs, o in zip(idx, zip(*cols), outs)])
-            for path, xs, o, _, _ in plan:
-                fn(path, xs[0], list(xs[1:]), o)
-            return out
+        if batch is not None and outs and outs is cols[0] and batch(outs, cols, True):
+            return out  # every row in place, written in one adapter call (bench_arith's EMA rows)
         for i, o, *xs in zip(idx, outs, *cols):
             fn(_path_at(td, i), xs[0], xs[1:], o)
         return out
@@ -275,7 +273,9 @@ def run_out(
     walk((*models, out), visit, build=BUILD_NONE, with_path=True, track=True, names=(*names, "out"))
     _check_overlaps(fname, names, plan, late)
     if batch is not None:
-        plan = batch(plan)
+        rows = [r for r in plan if r[2] is r[1][0] and not r[4]]  # in place (an in-place row is never aside)
+        if len(rows) > 1 and batch([r[2] for r in rows], [list(c) for c in zip(*(r[1] for r in rows))], False):
+            plan = [r for r in plan if not (r[2] is r[1][0] and not r[4])]
     for path, xs, o, _, aside in plan:
         if aside:  # `o` is a term read after the first write: computed aside, then copied
             r = fn(path, xs[0], list(xs[1:]), None)

@@ -133,6 +133,7 @@ def _coefficient_list(coefficients: Any) -> list[Any]:
 
 _SHAPE_OF = operator.attrgetter("shape")
 _DTYPE_OF = operator.attrgetter("dtype")
+_DEVICE_OF = operator.attrgetter("device")
 #: the column path of `_columns` is on (tests/test_arith_columns.py and bench_arith's "lock-step per-leaf
 #: path" rows turn it off to compare both paths)
 COLUMNS = [True]
@@ -226,7 +227,9 @@ def _columns(
     else:
         idx = list(itertools.compress(range(len(leaves)), flags))
         xs = list(map(leaves.__getitem__, idx))
-    one_device = all(adapter_of(x).one_device for x in dict(zip(map(type, xs), xs)).values())
+    ads = [adapter_of(x) for x in dict(zip(map(type, xs), xs)).values()]  # one per array type
+    one_device = all(ad.one_device for ad in ads)
+    dev = _DEVICE_OF if all(ad.device_attr for ad in ads) else device_of  # (types are compared first)
     sparse = may_be_sparse(xs)
     if sparse:  # torch: a sparse or nested operand is a TypeError naming its path
         check_dense(xs, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
@@ -247,7 +250,7 @@ def _columns(
             all(map(operator.is_, map(type, xs), map(type, col)))
             and all(map(operator.eq, map(_SHAPE_OF, xs), map(_SHAPE_OF, col)))
             and all(map(operator.eq, map(_DTYPE_OF, xs), map(_DTYPE_OF, col)))
-            and (one_device or all(map(operator.eq, map(device_of, xs), map(device_of, col))))
+            and (one_device or all(map(operator.eq, map(dev, xs), map(dev, col))))
         ):
             return None  # (a device that cannot be determined, None, is left to the per-leaf test too)
         cols.append(col)
@@ -265,7 +268,7 @@ def _map_params(
     check: Callable[[KeyPath, Any], None] | None = None,
     out: Any = None,
     late: int | None = None,
-    batch: Callable[[list[list[Any]]], list[list[Any]]] | None = None,
+    batch: Callable[[list[Any], list[list[Any]], bool], bool] | None = None,
 ) -> T:
     """Rebuild the first model with ``fn(path, x, others, None)`` at every operand; constants copied.
     `op` (``op(x, *others)``, needing no path): the operation's one implementation when given, on
@@ -275,7 +278,7 @@ def _map_params(
     `check(path, x)`: the checks `fn` makes besides the models' (coefficients), run first.
     With `out`: ``fn(path, x, others, o)`` writes into `out`'s arrays, every check first (``_inplace``);
     `late`: the first model whose array an accumulating `fn` reads after writing into `o`;
-    `batch(plan)`: writes the plan's rows it can in one adapter call and returns the others."""
+    `batch(outs, cols, checked)`: writes every in-place row in one adapter call (True) or nothing."""
     every = not _check_trainable_only(trainable_only, fname)
     if out is not None:
         from ._inplace import run_out

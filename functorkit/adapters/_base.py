@@ -166,6 +166,10 @@ class ArrayAdapter(Kernels):
     #: every array of this library lives on one device (then device checks between two of its
     #: arrays can be skipped: bench_scale's ``fk.add`` row)
     one_device: bool = False
+    #: every array of this library has a ``device`` attribute that is what `device` returns (then the
+    #: column checks read it in one C-level pass instead of one `device` call per array:
+    #: bench_arith's GPT-2 EMA row)
+    device_attr: bool = False
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp

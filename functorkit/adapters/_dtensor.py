@@ -376,13 +376,17 @@ def uniform_locals(arrays: list[Any]) -> list[Any] | None:
     return out
 
 
-def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float) -> bool:
+def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float, checked: bool = False) -> bool:
     """``torch._foreach_lerp_`` over the local shards when every pair of `xs`/`ys` is a DTensor of one
     mesh and placements (the local shards then hold the same elements: no communication); False
-    (nothing written) otherwise."""
+    (nothing written) otherwise. `checked`: `uniform_locals` accepted them all (``out_fast``)."""
     dt = dtensor_type()
     if dt is None:
         return False
+    if checked:
+        with torch.no_grad():
+            fe(list(map(_local, xs)), list(map(_local, ys)), t)
+        return True
     lx, ly = [], []
     for x, y in zip(xs, ys, strict=True):
         if type(x) is not dt or type(y) is not dt:

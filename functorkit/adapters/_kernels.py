@@ -167,9 +167,11 @@ class Kernels:
         can only seem to meet, which says False."""
         return False
 
-    def lerp_many_(self, xs: list[Any], ys: list[Any], t: float) -> bool:
+    def lerp_many_(self, xs: list[Any], ys: list[Any], t: float, checked: bool = False) -> bool:
         """``x <- lerp(x, y, t)`` in place for every pair, in one call where the library has one
-        (the same values as `op_lerp` with ``out=x``); False: not done, the caller goes row by row."""
+        (the same values as `op_lerp` with ``out=x``); False: not done, the caller goes row by row.
+        `checked`: `out_fast` accepted these arrays (``out=``'s column path), so what it tests need
+        not be tested again."""
         return False
 
     def op_lerp(self, x: Any, y: Any, t: Any, out: Any = None) -> Any:

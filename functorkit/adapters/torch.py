@@ -167,6 +167,7 @@ def _numpy_view(t: Any) -> Any:
 
 class Adapter(ArrayAdapter):
     family = "torch"
+    device_attr = True
 
     def device(self, x: Any) -> Any:
         """``x.device`` (array_api_compat's lookup costs a call per tensor)."""
@@ -537,22 +538,25 @@ class Adapter(ArrayAdapter):
             return False
         return spans_disjoint(los, list(map(operator.add, los, map(_NBYTES, arrays))))
 
-    def lerp_many_(self, xs: list[Any], ys: list[Any], t: float) -> bool:
+    def lerp_many_(self, xs: list[Any], ys: list[Any], t: float, checked: bool = False) -> bool:
         """One ``torch._foreach_lerp_`` under ``no_grad`` for plain tensors (one C++ loop, or one
         fused kernel on GPUs, instead of one Python call per tensor: bench_arith's 12-block
         ``nn.Module`` EMA row, 2.3x faster than the hand loop of ``lerp_``); not while
         ``torch.compile`` traces (one ``lerp_`` per tensor traces as well) or in ``torch.func``.
         The tests over the tensors are C-level passes (no Python step per tensor). Each pair is
         on one device (the caller checked); pairs on several devices are no reason to refuse:
-        ``_foreach_lerp_`` then runs its per-tensor loop, the same ``lerp_`` as the fallback."""
+        ``_foreach_lerp_`` then runs its per-tensor loop, the same ``lerp_`` as the fallback.
+        `checked` (`out_fast` passed: plain tensors with storage, so no ``torch.func`` wrapper, or
+        DTensors of one mesh and placements): those tests are not made again."""
         fe = foreach_lerp_
         if fe is None or compiling() or not xs:
             return False
         if type(xs[0]) not in _PLAIN:  # DTensors: one _foreach_lerp_ over the local shards
-            return _dtensor.lerp_many_(fe, xs, ys, t)
-        arrays = [*xs, *ys]
-        if not set(map(type, arrays)) <= _PLAIN_SET or any(map(is_functorch_wrapped, arrays)):
-            return False
+            return _dtensor.lerp_many_(fe, xs, ys, t, checked)
+        if not checked:
+            arrays = [*xs, *ys]
+            if not set(map(type, arrays)) <= _PLAIN_SET or any(map(is_functorch_wrapped, arrays)):
+                return False
         with torch.no_grad():
             fe(xs, ys, t)
         return True
