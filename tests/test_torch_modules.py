@@ -815,3 +815,21 @@ def test_expanded_definition_keeps_the_frozen_leaves_of_a_shared_module() -> Non
     assert bool((out[0].weight == 5).all())
     assert bool((out[1].bias == lin.bias).all())
     assert not bool((out[0].bias == 5).any())
+
+
+def test_parameters_of_a_tensor_subclass_are_frozen_or_trainable_by_requires_grad():
+    """A Parameter of a tensor subclass (FSDP2's DTensor parameters are such: ``_is_param`` on the
+    instance) counts as a Parameter: frozen when it does not require grad, trainable otherwise."""
+
+    class Sub(torch.Tensor):
+        pass
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2)
+    lin.weight = torch.nn.Parameter((torch.ones(2, 3) * 2).as_subclass(Sub), requires_grad=False)
+    assert type(lin.weight) is Sub
+    with torch.no_grad():
+        assert float(fk.norm(lin)) == pytest.approx(float(lin.bias.norm()))  # the frozen weight left out
+        lin.weight.requires_grad_(True)
+        whole = float(torch.cat([lin.weight.reshape(-1), lin.bias]).norm())
+        assert float(fk.norm(lin)) == pytest.approx(whole)

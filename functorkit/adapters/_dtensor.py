@@ -29,6 +29,7 @@ What functorkit does with DTensors (docs/sharded.md):
 from __future__ import annotations
 
 import math
+import operator
 import sys
 from collections.abc import Callable, Sequence
 from itertools import repeat
@@ -349,6 +350,31 @@ def _local(x: Any) -> Any:
     return t if type(t) is torch.Tensor else x.to_local()
 
 
+_LOCAL_TENSOR = operator.attrgetter("_local_tensor")
+_SPEC_MESH = operator.attrgetter("_spec.mesh")
+_SPEC_PLACEMENTS = operator.attrgetter("_spec.placements")
+
+
+def _locals(xs: list[Any]) -> list[Any]:
+    """`_local` of each of the DTensors `xs`: one C-level pass over their ``_local_tensor`` when the
+    first has one (each is then checked to be a plain tensor: one more pass), else `_local` each."""
+    if type(getattr(xs[0], "_local_tensor", None)) is torch.Tensor:
+        out = list(map(_LOCAL_TENSOR, xs))
+        if all(map(operator.is_, map(type, out), repeat(torch.Tensor))):
+            return out
+    return list(map(_local, xs))
+
+
+def _mesh_and_placements(arrays: list[Any]) -> tuple[list[Any], list[Any]]:
+    """The meshes and placements tuples of the DTensors `arrays`, in C-level passes over their
+    ``_spec`` (private: the public ``device_mesh``/``placements`` properties read it, one Python call
+    each) when the first has one, else through the properties."""
+    spec = getattr(arrays[0], "_spec", None)
+    if spec is not None and hasattr(spec, "mesh") and hasattr(spec, "placements"):
+        return list(map(_SPEC_MESH, arrays)), list(map(tuple, map(_SPEC_PLACEMENTS, arrays)))
+    return [a.device_mesh for a in arrays], [tuple(a.placements) for a in arrays]
+
+
 def uniform_locals(arrays: list[Any]) -> list[Any] | None:
     """The local shards of `arrays` when every one is a DTensor of one mesh (equal meshes) and one
     placements tuple, so that any two of them hold the same elements on this rank and an element-wise
@@ -361,19 +387,16 @@ def uniform_locals(arrays: list[Any]) -> list[Any] | None:
     x0 = arrays[0]
     if type(x0) is not dt:
         return None
-    mesh, placements = x0.device_mesh, tuple(x0.placements)
-    same_mesh = {id(mesh)}  # meshes equal to the first (FSDP2 makes one per `fully_shard` call)
-    out = []
-    for a in arrays:
-        if type(a) is not dt or tuple(a.placements) != placements:
-            return None
-        m = a.device_mesh
-        if id(m) not in same_mesh:
-            if m != mesh:
-                return None
-            same_mesh.add(id(m))
-        out.append(_local(a))
-    return out
+    if not all(map(operator.is_, map(type, arrays), repeat(dt))):
+        return None
+    meshes, placements = _mesh_and_placements(arrays)
+    if placements.count(placements[0]) != len(placements):
+        return None
+    mesh = meshes[0]
+    # meshes equal to the first (FSDP2 makes one per `fully_shard` call): compared once each
+    if any(m != mesh for m in dict(zip(map(id, meshes), meshes)).values()):
+        return None
+    return _locals(arrays)
 
 
 def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float, checked: bool = False) -> bool:
@@ -385,7 +408,7 @@ def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float, c
         return False
     if checked:
         with torch.no_grad():
-            fe(list(map(_local, xs)), list(map(_local, ys)), t)
+            fe(_locals(xs), _locals(ys), t)
         return True
     lx, ly = [], []
     for x, y in zip(xs, ys, strict=True):

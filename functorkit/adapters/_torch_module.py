@@ -216,7 +216,11 @@ def _trainable(m: Any) -> frozenset[Any] | None:
                     "parameters; fix: run one forward pass through the model first, which initializes them."
                 )
                 raise ValueError(msg)
-            if isinstance(v, Parameter) and not v.requires_grad:
+            # a Parameter of a tensor subclass (FSDP2's DTensors) carries ``_is_param``, which is what
+            # Parameter's Python ``__instancecheck__`` reads first: tested without that call
+            # (bench_sharded's EMA rows)
+            param = getattr(v, "_is_param", False) is True or isinstance(v, Parameter)
+            if param and not v.requires_grad:
                 every = False
                 continue
         elif not v.requires_grad:
