@@ -396,7 +396,9 @@ def tensor_norms(model: Any, /, *, trainable_only: bool = True) -> Any:
     def fn(path: Any, x: Any, others: list[Any], _out: Any = None) -> Any:
         check_real("tensor_norms", path, x)
         xp = namespace(x)
-        return norm(xp, work(xp, x))
+        w = work(xp, x)
+        # a DTensor's sum of squares is made whole with one all-reduce before the root (docs/sharded.md)
+        return xp.sqrt(settle(adapter_of(x), xp.sum(w * w)))
 
     return _map_params("tensor_norms", ("model",), (model,), fn, trainable_only)
 

@@ -42,6 +42,12 @@ def ranks(ckpt_dir: Path) -> list[dict[str, Any]]:
     return run_torch_ranks("sharded_torch_worker.py", world=2, extra={"FK_CKPT_DIR": str(ckpt_dir)})
 
 
+@pytest.fixture(scope="module")
+def ranks4() -> list[dict[str, Any]]:
+    """Four ranks, for a 2x2 mesh (HSDP's layout with both dimensions real): the 2-D checks only."""
+    return run_torch_ranks("sharded_torch_worker.py", world=4, extra={"FK_ONLY": "mesh2d"})
+
+
 def _ok(ranks: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     out = [r[name] for r in ranks]
     for r, res in enumerate(out):
@@ -154,6 +160,37 @@ def test_per_tensor_reductions_are_global(ranks: list[dict[str, Any]]) -> None:
         # one all-reduce per sharded tensor; the replicated one needs none
         assert r["comms_dots"] == r["comms_norms"] == {"all_reduce": 2}
     assert res[0]["dots"] == res[1]["dots"]
+
+
+@pytest.mark.parametrize("shape", ["1x2", "2x1", "2x2"])
+def test_a_2d_mesh_still_makes_one_all_reduce_per_reduction(
+    request: pytest.FixtureRequest, shape: str
+) -> None:
+    """HSDP's 2-D layout (Replicate on one mesh dimension, Shard on the other): the global value,
+    each replica counted once, with one all-reduce for the whole mesh (not one per dimension: on
+    the 2x2 mesh of four ranks, DTensor's own Partial -> Replicate would make two)."""
+    ranks = request.getfixturevalue("ranks4" if shape == "2x2" else "ranks")
+    res = _ok(ranks, f"mesh2d_{shape}")
+    for r in res:
+        assert r["placements"] == [
+            "DTensor:(Replicate(), Shard(dim=0))",
+            "DTensor:(Shard(dim=1), Replicate())",
+            "DTensor:(Replicate(), Replicate())",
+            "DTensor:(Shard(dim=0), Shard(dim=1))",
+        ]
+        for name in ("norm_2", "norm_1", "norm_inf", "norm_-inf", "norm_0", "norm_3", "dot"):
+            assert r[name]["value"] == pytest.approx(r[name]["ref"], rel=1e-5), name
+            assert r[name]["comms"] == ONE_ALL_REDUCE, name
+        for name in ("all_finite", "allclose", "normalize"):
+            assert r[name]["value"] is r[name]["ref"], name
+            assert r[name]["comms"] == ONE_ALL_REDUCE, name
+        for name in ("tensor_dots", "tensor_norms"):
+            for k, v in r[name]["ref"].items():
+                assert r[name]["value"][k] == pytest.approx(v, rel=1e-5), (name, k)
+            # one per tensor sharded over several ranks (`s`, sharded over both dimensions, too); the
+            # replicated `r` and a shard over a mesh dimension of one rank need none
+            assert r[name]["comms"] == {"all_reduce": 3 if shape == "2x2" else 2}, name
+    assert res[0]["norm_2"]["value"] == res[1]["norm_2"]["value"]
 
 
 def test_task_arithmetic_is_elementwise_on_the_shards(ranks: list[dict[str, Any]]) -> None:

@@ -9,9 +9,9 @@ What functorkit does with DTensors (docs/sharded.md):
   communication and keep the placements;
 * `reduce` (``fk.norm``, ``fk.dot``, ``fk.all_finite``): each rank reduces its local shards to one scalar (a shard
   replicated over a mesh dimension is counted on that dimension's coordinate 0 only, so that no
-  value counts twice), and the scalars are combined by one all-reduce per mesh dimension (one on
-  FSDP2's 1-D mesh): the result is a 0-d ``Replicate`` DTensor holding the global value on every
-  rank;
+  value counts twice), and the scalars are combined by ONE all-reduce whatever the mesh
+  (`all_reduce`: an N-D mesh spanning the world reduces over a 1-D mesh of its ranks): the result
+  is a 0-d ``Replicate`` DTensor holding the global value on every rank;
 * `stage` (``fk.load_into``): a DTensor of the destination's mesh and placements is copied shard
   to shard; a plain (full) tensor is cut into this rank's shard locally
   (``distribute_tensor(..., src_data_rank=None)``: no communication), so a checkpoint loaded whole
@@ -41,6 +41,7 @@ from ._sharding import ShardRefusal
 
 __all__ = [
     "WorldComm",
+    "all_reduce",
     "any_rank",
     "dtensor_type",
     "from_stored",
@@ -278,13 +279,11 @@ def _local_part(ad: Any, kind: str, x: Any, y: Any, o: float) -> Any:
 def reduce(ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float) -> Any:
     """The global total of a reduction over the DTensors `xs` (`ys`: ``fk.dot``'s second model;
     `kind` "dot", "norm" or "all_finite", the last a 0-d bool), a 0-d ``Replicate`` DTensor: local
-    shards reduced on each rank, then one all-reduce per mesh dimension (`Partial` -> `Replicate`).
+    shards reduced on each rank, then one all-reduce (`all_reduce`).
     None when no DTensor is among `xs`. A problem is a `ShardRefusal`."""
     dt = dtensor_type()
     if dt is None or not has_dtensor(xs):
         return None
-    from torch.distributed.tensor import Partial, Replicate
-
     mesh = next(x for x in xs if isinstance(x, dt)).device_mesh
     if kind == "all_finite":
         op = "min"
@@ -301,9 +300,58 @@ def reduce(ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: f
     else:
         stacked = torch.stack(parts)
         total = stacked.amax() if op == "max" else stacked.amin() if op == "min" else stacked.sum()
-    partial = dt.from_local(total, mesh, [Partial(op)] * mesh.ndim, run_check=False)
-    out = partial.redistribute(mesh, [Replicate()] * mesh.ndim)
+    out = all_reduce(total, mesh, op)
     return out == 1 if kind == "all_finite" else out
+
+
+_FLAT: dict[tuple[str, tuple[int, ...]], Any] = {}  # (device type, a mesh's ranks) -> its 1-D mesh
+
+
+def _flat_mesh(mesh: Any) -> Any:
+    """A 1-D mesh over the ranks of the N-D `mesh` whose process group is the default one (so it is
+    made without creating a group: no collective, DeviceMesh's own rule for a mesh of the whole
+    world), kept per rank set; None when `mesh` does not span the whole world (its ranks' own group
+    would have to be created, a collective of every rank of the world)."""
+    import torch.distributed as dist
+
+    ranks = tuple(int(r) for r in mesh.mesh.reshape(-1).tolist())
+    if len(ranks) != dist.get_world_size():
+        return None
+    key = (str(mesh.device_type), ranks)
+    flat = _FLAT.get(key)
+    if flat is None:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        flat = DeviceMesh(mesh.device_type, torch.tensor(ranks))
+        if len(_FLAT) < 64:
+            _FLAT[key] = flat
+    return flat
+
+
+def all_reduce(local: Any, mesh: Any, op: str) -> Any:
+    """This rank's 0-d `local` combined over every rank of `mesh` by `op` ("sum", "max", "min") with
+    ONE all-reduce, whatever the mesh's number of dimensions: a 0-d ``Replicate`` DTensor on `mesh`
+    (each rank's part must already be counted once: `_counted`). An N-D mesh that spans the whole
+    world reduces over one 1-D mesh of the same ranks (the default group, `_flat_mesh`), then gives
+    the value back on `mesh` (``from_local`` of a replicated value: no communication); one that does
+    not span the world falls back to one all-reduce per mesh dimension (docs/sharded.md). Every step
+    is DTensor's own autograd-aware redistribution, so a norm keeps its gradient."""
+    dt = dtensor_type()
+    from torch.distributed.tensor import Partial, Replicate
+
+    flat = _flat_mesh(mesh) if _spread(mesh, range(mesh.ndim)) > 1 else None
+    if flat is None:  # at most one mesh dimension of several ranks: DTensor's own is one all-reduce
+        partial = dt.from_local(local, mesh, [Partial(op)] * mesh.ndim, run_check=False)
+        return partial.redistribute(mesh, [Replicate()] * mesh.ndim)
+    partial = dt.from_local(local, flat, [Partial(op)], run_check=False)
+    out = partial.redistribute(flat, [Replicate()])
+    return dt.from_local(out.to_local(), mesh, [Replicate()] * mesh.ndim, run_check=False)
+
+
+def _spread(mesh: Any, dims: Any) -> int:
+    """How many of the mesh dimensions `dims` hold more than one rank (a reduction over each is a
+    collective; DTensor skips those of one rank)."""
+    return sum(1 for i in dims if mesh.size(i) > 1)
 
 
 # ---------------------------------------------------------------- fk.load_into
@@ -463,11 +511,8 @@ def any_rank(leaves: Sequence[Any]) -> Callable[[bool], bool] | None:
     mesh = first.device_mesh
 
     def agree(flag: bool) -> bool:
-        from torch.distributed.tensor import Partial, Replicate
-
         local = torch.tensor(int(flag), device=first.to_local().device)
-        partial = dt.from_local(local, mesh, [Partial("max")] * mesh.ndim, run_check=False)
-        return bool(partial.redistribute(mesh, [Replicate()] * mesh.ndim).to_local().item())
+        return bool(all_reduce(local, mesh, "max").to_local().item())
 
     return agree
 
@@ -497,4 +542,17 @@ def settle(r: Any) -> Any:
         return r
     from torch.distributed.tensor import Replicate
 
-    return r.redistribute(r.device_mesh, [Replicate()] * r.device_mesh.ndim)
+    mesh, places = r.device_mesh, tuple(r.placements)
+    ops = {p.reduce_op for p in places if p.is_partial()}
+    pending = [i for i, p in enumerate(places) if p.is_partial()]
+    if r.ndim == 0 and len(ops) == 1 and _spread(mesh, pending) > 1 and not any(p.is_shard() for p in places):
+        # one all-reduce for any mesh: this rank's part counted once (on the replicated dimensions,
+        # coordinate 0 only; a sum's other replicas give 0), then one sum over every rank
+        (op,) = ops
+        part = _reduced_local(r)
+        coord = mesh.get_coordinate()
+        counted = coord is not None and all(c == 0 for c, p in zip(coord, places, strict=True) if p.is_replicate())
+        if op == "sum" and not counted:
+            part = torch.zeros_like(part)
+        return all_reduce(part, mesh, op)
+    return r.redistribute(mesh, [Replicate()] * mesh.ndim)
