@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -118,12 +119,14 @@ def sharded_total(
     xs: list[Any],
     ys: list[Any] | None,
     o: float,
+    then: Callable[[Any], Any] | None = None,
 ) -> Any:
     """The total over sharded parameters made by their adapter with at most one reduction across
-    ranks (``adapters._sharding``), or None when none is sharded; a refusal names the path."""
+    ranks (``adapters._sharding``), `then` applied to it, or None when none is sharded; a refusal
+    names the path."""
     try:
         kind = "all_finite" if fname == "all_finite" else "dot" if ys is not None else "norm"
-        return sharded_reduce(ad, kind, xs, ys, o)
+        return sharded_reduce(ad, kind, xs, ys, o, then)
     except ShardRefusal as e:
         path = _param_paths(fname, names, models, trainable_only)[e.index]
         msg = f"at {path.display}: fk.{fname} on a sharded model: {e.why}."
@@ -291,11 +294,12 @@ def _norm_acc(a: Any, o: float, fname: str, trainable_only: bool) -> tuple[Any, 
     ad = adapter_of(xs[0])
     x0 = xs[0]
     dt = _real_dtype(xp, x0.dtype) if is_complex(x0) else x0.dtype
-    total = sharded_total(fname, ("a",), (a,), trainable_only, ad, xs, None, o)
-    if total is not None:  # sharded: the global sum (or max, min, count), on every rank
-        if o == 2:
-            return _as_array(_root(xp, ad, total, 2.0)), x0.dtype
-        return _as_array(_root(xp, ad, total, o) if power else total), dt
+    # sharded: the global sum (or max, min, count) on every rank, its root taken by the adapter on
+    # the plain global value (`then`: no sharded-array operators for a 0-d result)
+    then = (lambda t: _root(xp, ad, t, o)) if power or o == 2 else None
+    total = sharded_total(fname, ("a",), (a,), trainable_only, ad, xs, None, o, then)
+    if total is not None:
+        return _as_array(total), (x0.dtype if o == 2 else dt)
     if o == 2:
         sq = _sums_of_squares(ad, xs)
         total = sq[0] if len(sq) == 1 else xp.sum(xp.stack(sq))

@@ -80,8 +80,12 @@ def main() -> None:
                 setattr(dist, n, f)
         for k, v in mode.get_comm_counts().items():
             key = str(k).rpartition(".")[2].removesuffix("_")
+            # an eager dist.all_reduce is seen twice, as its c10d op and by the patch: one all-reduce
+            key = "all_reduce" if key == "allreduce" else key
             out[key] = out.get(key, 0) + int(v)
         for k, v in eager.items():
+            if k == "all_reduce":
+                continue  # (counted as its c10d op above)
             out[f"eager.{k}"] = v
 
     only = os.environ.get("FK_ONLY", "")  # a prefix: run only the checks named so (the 4-rank run)
@@ -457,6 +461,29 @@ def main() -> None:
         return {"value": float(r), "ref": float(fk.norm(ref_m)), "comms": c}
 
     check("fsdp_norm", fsdp_norm)
+
+    def norm_routes() -> dict[str, Any]:
+        """Which all-reduce fk.norm makes: an eager dist.all_reduce where no gradient flows (the fast
+        route: a gradient's norm, no_grad), DTensor's autograd-aware redistribution otherwise."""
+        seen = []
+        plain = dist.all_reduce
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            seen.append("eager")
+            return plain(*args, **kwargs)
+
+        dist.all_reduce = spy
+        try:
+            with torch.no_grad():
+                v_plain = float(fk.norm(m))
+            n_plain = len(seen)
+            v_grad = fk.norm(m)
+            n_grad = len(seen) - n_plain
+        finally:
+            dist.all_reduce = plain
+        return {"plain": n_plain, "grad": n_grad, "same": v_plain == float(v_grad), "req": v_grad.requires_grad}
+
+    check("norm_routes", norm_routes)
 
     def fsdp_dot() -> dict[str, Any]:
         with count() as c:

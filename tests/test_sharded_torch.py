@@ -247,6 +247,13 @@ def test_fsdp2_reductions_equal_the_unsharded_module(ranks: list[dict[str, Any]]
     assert res[0]["value"] == res[1]["value"]
 
 
+def test_norm_takes_an_eager_all_reduce_where_no_gradient_flows(ranks: list[dict[str, Any]]) -> None:
+    """The fast route (one dist.all_reduce, no DTensor redistribution) is taken under no_grad, and
+    not where the norm must carry a gradient; both give the same value."""
+    for r in _ok(ranks, "norm_routes"):
+        assert (r["plain"], r["grad"], r["same"], r["req"]) == (1, 0, True, True)
+
+
 def test_fsdp2_norm_is_differentiable_and_a_gradient_norm_is_global(ranks: list[dict[str, Any]]) -> None:
     res = _ok(ranks, "fsdp_grad_norm")
     for r in res:

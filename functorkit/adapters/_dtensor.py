@@ -276,10 +276,15 @@ def _local_part(ad: Any, kind: str, x: Any, y: Any, o: float) -> Any:
     return (a**o).sum()
 
 
-def reduce(ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float) -> Any:
+def reduce(
+    ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float, then: Callable[[Any], Any] | None = None
+) -> Any:
     """The global total of a reduction over the DTensors `xs` (`ys`: ``fk.dot``'s second model;
-    `kind` "dot", "norm" or "all_finite", the last a 0-d bool), a 0-d ``Replicate`` DTensor: local
-    shards reduced on each rank, then one all-reduce (`all_reduce`).
+    `kind` "dot", "norm" or "all_finite", the last a 0-d bool), `then` applied to it (a function of
+    a plain 0-d tensor: the root of a norm), as a 0-d ``Replicate`` DTensor: local shards reduced on
+    each rank, then one all-reduce (`all_reduce`); `then` and the all-finite test run on the plain
+    replicated value (one DTensor operation each costs tens of µs: bench_sharded's norm row).
+    The checks and whether this rank counts (`_counted`) are made once per mesh and placements.
     None when no DTensor is among `xs`. A problem is a `ShardRefusal`."""
     dt = dtensor_type()
     if dt is None or not has_dtensor(xs):
@@ -290,18 +295,71 @@ def reduce(ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: f
     else:
         op = "max" if o == math.inf and kind == "norm" else "min" if o == -math.inf and kind == "norm" else "sum"
     parts = []
+    seen: dict[tuple[Any, ...], bool] = {}  # (types, meshes, placements) met -> whether this rank counts
     for k, x in enumerate(xs):
         y = None if ys is None else ys[k]
-        _check(k, x, dt, mesh, y)
+        key = _group_key(x, y)
+        counted = seen.get(key) if key is not None else None
+        if counted is None:
+            _check(k, x, dt, mesh, y)
+            counted = _counted(x)
+            if key is not None:
+                seen[key] = counted
         p = _local_part(ad, kind, x, y, o)
-        parts.append(p if op != "sum" or _counted(x) else torch.zeros_like(p))
+        parts.append(p if op != "sum" or counted else torch.zeros_like(p))
     if len(parts) == 1:
         total = parts[0]
     else:
         stacked = torch.stack(parts)
         total = stacked.amax() if op == "max" else stacked.amin() if op == "min" else stacked.sum()
-    out = all_reduce(total, mesh, op)
-    return out == 1 if kind == "all_finite" else out
+    value = _plain_all_reduce(total, mesh, op)
+    if value is None:  # autograd records `total`, or a mesh of part of the world: DTensor's own
+        out = all_reduce(total, mesh, op)
+        if kind != "all_finite" and then is None:
+            return out
+        value = out.to_local()  # the global value on every rank (differentiable)
+    value = (value == 1) if kind == "all_finite" else then(value) if then is not None else value
+    from torch.distributed.tensor import Replicate
+
+    return dt.from_local(value, mesh, [Replicate()] * mesh.ndim, run_check=False)
+
+
+_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
+
+
+def _plain_all_reduce(total: Any, mesh: Any, op: str) -> Any:
+    """`total` (this rank's part, a fresh 0-d tensor) combined over every rank of `mesh` by ONE
+    ``dist.all_reduce`` in place, when no gradient flows through it (a gradient's norm, anything
+    under ``no_grad``: DTensor's redistribution costs several times the collective itself,
+    bench_sharded's norm rows) and `mesh` is 1-D or spans the whole world (the default group);
+    None otherwise (`all_reduce`, autograd-aware, is used)."""
+    if total.requires_grad and torch.is_grad_enabled():
+        return None
+    import torch.distributed as dist
+
+    if mesh.ndim == 1:
+        group = mesh.get_group()
+    elif _flat_mesh(mesh) is not None:
+        group = None  # the default group: the whole world, which this mesh spans
+    else:
+        return None
+    dist.all_reduce(total, op=getattr(dist.ReduceOp, _OPS[op]), group=group)
+    return total
+
+
+def _group_key(x: Any, y: Any) -> tuple[Any, ...] | None:
+    """What `_check` and `_counted` depend on for DTensors `x` (and `y`): their types, meshes (by
+    identity: equal meshes are distinct objects under FSDP2, checked once each) and placements; None
+    where `x` (or `y`) is not a DTensor with a ``_spec`` (then each is checked on its own)."""
+    sx = getattr(x, "_spec", None)
+    if sx is None:
+        return None
+    if y is None:
+        return (type(x), id(sx.mesh), tuple(sx.placements))
+    sy = getattr(y, "_spec", None)
+    if sy is None:
+        return None
+    return (type(x), id(sx.mesh), tuple(sx.placements), type(y), id(sy.mesh), tuple(sy.placements))
 
 
 _FLAT: dict[tuple[str, tuple[int, ...]], Any] = {}  # (device type, a mesh's ranks) -> its 1-D mesh

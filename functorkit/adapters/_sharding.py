@@ -4,12 +4,15 @@ Sharded arrays (torch ``DTensor``, JAX arrays sharded over a ``Mesh``) need thre
 functorkit's core, each asked of the array's adapter through an optional method (a family
 without sharded arrays simply does not define it):
 
-* ``sharded_reduce(kind, xs, ys, ord)``: the global total of a reduction over the parameters
+* ``sharded_reduce(kind, xs, ys, ord, then)``: the global total of a reduction over the parameters
   `xs` (``kind="dot"``: ``sum(vdot(x, y))`` over `xs`/`ys`; ``kind="norm"``: the sum of
   ``|x|**ord``, or the max/min/count for ``ord`` inf/-inf/0, before the root; ``kind="all_finite"``:
   a 0-d bool, every element of `xs` finite), made with at most one reduction across ranks; None
   when none of `xs` is sharded, or the family's own operations are already global (the core's
-  own path runs).
+  own path runs). `then` (or None): a function of the global total as a plain array of the
+  family (the root of a norm), applied by the adapter before the result takes its sharded form
+  (torch: on the replicated local value, not through DTensor's operators: bench_sharded's norm
+  row).
 * ``first_sharded(arrays)``: ``(index, why)`` for the first of `arrays` (all of one type) that
   cannot be put whole into one flat vector in this process (a ``DTensor``, a JAX array split over
   several devices), `why` naming the alternative; None otherwise, decided in C-level passes
@@ -27,7 +30,7 @@ name its path.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["ShardRefusal", "first_sharded", "new_array_device", "settle", "sharded_reduce", "whole_tensor_problem"]
@@ -43,13 +46,15 @@ class ShardRefusal(Exception):
         self.why = why
 
 
-def sharded_reduce(ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float) -> Any:
-    """The adapter's ``sharded_reduce`` of `xs` (and `ys`), or None (no sharded array, or a family
-    without sharded arrays)."""
+def sharded_reduce(
+    ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float, then: Callable[[Any], Any] | None = None
+) -> Any:
+    """The adapter's ``sharded_reduce`` of `xs` (and `ys`), `then` applied to the global total, or
+    None (no sharded array, or a family without sharded arrays)."""
     hook = getattr(ad, "sharded_reduce", None)
     if hook is None:
         return None
-    return hook(kind, xs, ys, o)
+    return hook(kind, xs, ys, o, then)
 
 
 def first_sharded(ad: Any, arrays: Sequence[Any]) -> tuple[int, str] | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import array_api_compat
@@ -60,9 +60,13 @@ class Adapter(ArrayAdapter):
 
     # ---- sharded arrays (functorkit.adapters._jax_sharding; protocol: ._sharding) ----------
 
-    def sharded_reduce(self, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float) -> Any:
-        """`functorkit.adapters._jax_sharding.reduce`: None unless an array is split over devices."""
-        return _jax_sharding.reduce(kind, xs, ys, o)
+    def sharded_reduce(
+        self, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float, then: Callable[[Any], Any] | None
+    ) -> Any:
+        """`functorkit.adapters._jax_sharding.reduce`: None unless an array is split over devices;
+        `then` applied to the total (a JAX array whose operations are global already)."""
+        total = _jax_sharding.reduce(kind, xs, ys, o)
+        return total if total is None or then is None else then(total)
 
     def first_sharded(self, arrays: Sequence[Any]) -> tuple[int, str] | None:
         """`functorkit.adapters._jax_sharding.first_sharded` (a flat vector is refused for them)."""

@@ -574,9 +574,11 @@ class Adapter(ArrayAdapter):
 
     # ---- sharded arrays (DTensor: functorkit.adapters._dtensor; protocol: ._sharding) --------
 
-    def sharded_reduce(self, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float) -> Any:
+    def sharded_reduce(
+        self, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float, then: Callable[[Any], Any] | None
+    ) -> Any:
         """`functorkit.adapters._dtensor.reduce`: None unless a DTensor is among `xs`."""
-        return _dtensor.reduce(self, kind, xs, ys, o)
+        return _dtensor.reduce(self, kind, xs, ys, o, then)
 
     def first_sharded(self, arrays: Sequence[Any]) -> tuple[int, str] | None:
         """The first DTensor of `arrays` (all of one type) and why it cannot go into a flat vector
