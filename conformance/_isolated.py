@@ -54,13 +54,14 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _spawn(name: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    cmd = [sys.executable, str(HERE / "_isolated.py"), name]
+def _spawn(name: str, env: dict[str, str], cases: Path | None) -> subprocess.Popen[str]:
+    cmd = [sys.executable, str(HERE / "_isolated.py"), name, *([] if cases is None else [str(cases)])]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def start(name: str) -> Started:
-    """Start the processes of column `name` (its backend's ``isolated`` kind)."""
+def start(name: str, cases: Path | None = None) -> Started:
+    """Start the processes of column `name` (its backend's ``isolated`` kind) on the table in
+    `cases` (default: conformance/cases.toml)."""
     kind = BACKENDS[name].isolated
     if kind == "ranks":
         port = str(_free_port())
@@ -76,6 +77,7 @@ def start(name: str) -> Started:
                         "OMP_NUM_THREADS": "1",
                     }
                 ),
+                cases,
             )
             for rank in range(DTENSOR_RANKS)
         ]
@@ -83,7 +85,7 @@ def start(name: str) -> Started:
     if kind == "devices":
         n = JAX_MESH[0] * JAX_MESH[1]
         flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n}".strip()
-        return Started(name, [_spawn(name, _env({"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}))])
+        return Started(name, [_spawn(name, _env({"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}), cases)])
     msg = f"backend {name!r} does not run isolated"
     raise ValueError(msg)
 
@@ -125,7 +127,8 @@ def collect(started: Started, keys: list[str], log: list[str]) -> tuple[dict[str
             same_seen = first["seen"].get(key) == other["seen"].get(key)
             if (mine != theirs or not same_seen) and not str(mine).startswith("FAIL"):
                 cells[key] = f"FAIL: ranks disagree (rank 0: {mine}; rank {i}: {theirs})"
-                log.append(f"FAIL {name} {key}: rank 0 gave {first['seen'].get(key)}, rank {i} {other['seen'].get(key)}")
+                got = (first["seen"].get(key), other["seen"].get(key))
+                log.append(f"FAIL {name} {key}: rank 0 gave {got[0]}, rank {i} {got[1]}")
     missing_keys = [k for k in keys if k not in cells]
     for key in missing_keys:
         cells[key] = "FAIL: not reported"
@@ -134,14 +137,15 @@ def collect(started: Started, keys: list[str], log: list[str]) -> tuple[dict[str
 
 
 def main(argv: list[str]) -> int:
-    """In a column's process: every case on that backend, reported on one line."""
+    """In a column's process: every case on that backend (argv: the backend, and optionally
+    another cases file), reported on one line."""
     import run  # conformance/run.py, next to this file (sys.path[0] here)
-
     from _table import load
 
     name = argv[0]
+    data = load() if len(argv) < 2 else load(Path(argv[1]))
     log: list[str] = []
-    cells, seen = run.run_backend(load(), name, log)
+    cells, seen = run.run_backend(data, name, log)
     print(MARK + json.dumps({"cells": cells, "seen": seen, "log": log}), flush=True)
     if BACKENDS[name].isolated == "ranks":
         import torch.distributed as dist
