@@ -295,6 +295,19 @@ def _jax_sharded_setup() -> None:
     _MESH.append(jax.make_mesh(JAX_MESH, ("x", "y"), devices=jax.devices()[:n]))
 
 
+def _jax_sharded_role(x: Any) -> str:
+    """"default" for an array placed over the column's whole mesh (split or replicated), "one
+    device" for one that lost its sharding (the check that `re(p)` keeps it)."""
+    devices = set(_MESH[0].devices.flat)
+    return "default" if set(x.sharding.device_set) == devices else "one device"
+
+
+def _dtensor_role(x: Any) -> str:
+    """"default" for a DTensor on the column's mesh, "plain tensor" for anything else."""
+    mesh = getattr(x, "device_mesh", None)
+    return "default" if mesh is not None and mesh == _MESH[0] else "plain tensor"
+
+
 def _jax_sharded_make(v: np.ndarray, dtype: str, where: str) -> Any:
     """A JAX array over the 2 x 2 mesh: its first axis split over "x" where that axis divides,
     else replicated (replicated over "y" either way)."""
@@ -339,7 +352,7 @@ BACKENDS: dict[str, Backend] = {
         "torch",
         _dtensor_make,
         _numpy_other,
-        _default,
+        _dtensor_role,
         _mod_is("torch"),
         setup=_dtensor_setup,
         isolated="ranks",
@@ -351,7 +364,7 @@ BACKENDS: dict[str, Backend] = {
         "jax",
         _jax_sharded_make,
         _numpy_other,
-        _default,
+        _jax_sharded_role,
         _mod_is("jax|jaxlib"),
         setup=_jax_sharded_setup,
         isolated="devices",

@@ -211,6 +211,10 @@ def test_sharded_column_runs_every_case(column: str) -> None:
     assert cells["plain32/p-second-device|flat"].startswith("n/a: one ")
     own = "module/p-flat|strict" if column == "torch_dtensor" else "jax_registered/p-flat|strict"
     assert cells[own] == "pass: TypeError (destructure)"  # an FSDP2 module; a JAX-registered class
+    # odd first axes: DTensor shards them unevenly (refused); JAX replicates them (destructured, and
+    # re(p) keeps every array over the mesh)
+    odd = "pass: TypeError (destructure)" if column == "torch_dtensor" else "pass"
+    assert {cells[f"odd_rows/p-float64|{p}"] for p in _table.POLICIES} == {odd}
 
 
 def _small_table(tmp_path: Path, edit: tuple[str, str]) -> tuple[Path, dict[str, Any]]:
