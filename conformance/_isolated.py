@@ -48,10 +48,9 @@ def _free_port() -> int:
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH", "")) if p)
-    env.update(extra)
-    return env
+    """This environment and `extra` (functorkit is found as run.py finds it: installed, else the
+    checkout's)."""
+    return {**os.environ, **extra}
 
 
 def _spawn(name: str, env: dict[str, str], cases: Path | None) -> subprocess.Popen[str]:

@@ -55,7 +55,9 @@ def _gpu_cells(name: str, cells: dict[str, dict[str, str]], recorded: dict[str, 
     if not all(c.startswith("not run") for c in live.values()):
         return live
     if recorded is not None and name in recorded["cells"]:
-        return {k: f"{v} (recorded)" for k, v in recorded["cells"][name].items()}
+        old = recorded["cells"][name]
+        gone = "not run: recorded on a GPU before this case existed"
+        return {k: f"{old[k]} (recorded)" if k in old else gone for k in live}
     return live
 
 

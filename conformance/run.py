@@ -8,6 +8,8 @@
 A case fails when its outcome differs from the data's expectation, or when two backends that ran
 it disagree (dtypes, devices, namespaces, error class). A case the data marks `deviation` is
 reported as a known deviation; if it starts to pass, that is a failure too (remove the mark).
+The sharded columns (torch DTensor on 2 gloo ranks, JAX over a Mesh of 4 host devices) run in
+processes of their own (conformance/_isolated.py), while the other backends run here.
 Backends on a GPU (CuPy, torch CUDA) run only where a GPU exists; elsewhere their columns say
 "not run: no GPU on this machine", or show the results recorded on a GPU in
 conformance/gpu_results.json (written by `--write-docs` on a GPU machine).
