@@ -296,14 +296,14 @@ def _jax_sharded_setup() -> None:
 
 
 def _jax_sharded_role(x: Any) -> str:
-    """"default" for an array placed over the column's whole mesh (split or replicated), "one
+    """The role "default" for an array placed over the column's whole mesh (split or replicated), "one
     device" for one that lost its sharding (the check that `re(p)` keeps it)."""
     devices = set(_MESH[0].devices.flat)
     return "default" if set(x.sharding.device_set) == devices else "one device"
 
 
 def _dtensor_role(x: Any) -> str:
-    """"default" for a DTensor on the column's mesh, "plain tensor" for anything else."""
+    """The role "default" for a DTensor on the column's mesh, "plain tensor" for anything else."""
     mesh = getattr(x, "device_mesh", None)
     return "default" if mesh is not None and mesh == _MESH[0] else "plain tensor"
 

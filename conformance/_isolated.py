@@ -22,7 +22,8 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ class Started:
 
     name: str
     procs: list[subprocess.Popen[str]]
+    t0: float = field(default_factory=time.perf_counter)
 
 
 def _free_port() -> int:
@@ -128,6 +130,7 @@ def collect(started: Started, keys: list[str], log: list[str]) -> tuple[dict[str
                 cells[key] = f"FAIL: ranks disagree (rank 0: {mine}; rank {i}: {theirs})"
                 got = (first["seen"].get(key), other["seen"].get(key))
                 log.append(f"FAIL {name} {key}: rank 0 gave {got[0]}, rank {i} {got[1]}")
+    print(f"{name}: {time.perf_counter() - started.t0:.1f} s in {len(started.procs)} process(es) of its own")
     missing_keys = [k for k in keys if k not in cells]
     for key in missing_keys:
         cells[key] = "FAIL: not reported"

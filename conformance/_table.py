@@ -386,7 +386,7 @@ def _refusal_problems(data: dict[str, Any], be: Backend, case: dict[str, Any], e
     if not sharded:
         return ()
     text, out = str(e), []
-    first = sharded[0] if st["kind"] != "torch_module" else st["params"][0]
+    first = sharded[0]
     if not text.startswith(f"at {first}:"):
         out.append(f"the refusal does not begin with the path `at {first}:`: {text[:80]!r}")
     out += [f"the refusal does not name {w!r}" for w in rule["names"] if w not in text]

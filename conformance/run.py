@@ -179,9 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         cells[name], seen[name] = run_backend(data, name, log)
     for name, started in isolated.items():
-        t1 = time.perf_counter()
         cells[name], seen[name] = collect(started, keys, log)
-        print(f"{name}: read {time.perf_counter() - t1:.1f} s after the in-process backends")
     cells = {n: cells[n] for n in chosen}
     seen = {n: seen[n] for n in chosen if n in seen}
     cross_check(data, seen, cells, log)
