@@ -288,8 +288,10 @@ def test_a_sharded_column_not_run_says_why(monkeypatch: pytest.MonkeyPatch, caps
 
     gone = dataclasses.replace(BACKENDS["jax_sharded"], module="fk_no_such_module")
     monkeypatch.setitem(BACKENDS, "jax_sharded", gone)
-    nodist = dataclasses.replace(
-        BACKENDS["torch_dtensor"], also_missing=lambda: "not run: this torch build has no torch.distributed"
+    nodist = dataclasses.replace(  # numpy: importable everywhere, so that the reason below is the one given
+        BACKENDS["torch_dtensor"],
+        module="numpy",
+        also_missing=lambda: "not run: this torch build has no torch.distributed",
     )
     monkeypatch.setitem(BACKENDS, "torch_dtensor", nodist)
     assert _runner().main(["--backends", "jax_sharded,torch_dtensor", "--no-peers", "-v"]) == 0
