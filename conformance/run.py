@@ -109,6 +109,23 @@ def _agree(key: str, outs: dict[str, str], cells: Cells, log: list[str]) -> None
                 cells[b][key] = "FAIL: backends disagree"
 
 
+def run_backends(data: dict[str, Any], chosen: list[str], log: list[str]) -> Cells:
+    """Every case on the `chosen` backends, cross-checked: the cells of each. The backends that run
+    isolated (the sharded columns) are started first and read last, so that they run meanwhile."""
+    cells: Cells = {}
+    seen: dict[str, dict[str, str]] = {}
+    isolated = {n: start(n) for n in chosen if BACKENDS[n].isolated and BACKENDS[n].missing() is None}
+    keys = [f"{c['id']}|{p}" for c in data["case"] for p in POLICIES]
+    for name in chosen:
+        if name not in isolated:
+            cells[name], seen[name] = run_backend(data, name, log)
+    for name, started in isolated.items():
+        cells[name], seen[name] = collect(started, keys, log)
+    cells = {n: cells[n] for n in chosen}
+    cross_check(data, {n: seen[n] for n in chosen}, cells, log)
+    return cells
+
+
 def run_peers(data: dict[str, Any]) -> Cells:
     out: Cells = {}
     for name, peer in PEERS.items():
@@ -170,19 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     data = load()
     t0 = time.perf_counter()
     log: list[str] = []
-    cells: Cells = {}
-    seen: dict[str, dict[str, str]] = {}
-    isolated = {n: start(n) for n in chosen if BACKENDS[n].isolated and BACKENDS[n].missing() is None}
-    keys = [f"{c['id']}|{p}" for c in data["case"] for p in POLICIES]
-    for name in chosen:
-        if name in isolated:
-            continue
-        cells[name], seen[name] = run_backend(data, name, log)
-    for name, started in isolated.items():
-        cells[name], seen[name] = collect(started, keys, log)
-    cells = {n: cells[n] for n in chosen}
-    seen = {n: seen[n] for n in chosen if n in seen}
-    cross_check(data, seen, cells, log)
+    cells = run_backends(data, chosen, log)
     peers = {} if args.no_peers else run_peers(data)
 
     recorded = json.loads(GPU_RESULTS.read_text()) if GPU_RESULTS.exists() else None
