@@ -186,7 +186,7 @@ def _run_column(column: str, data: dict[str, Any], cases: Path | None = None) ->
 def test_sharded_column_runs_every_case(column: str) -> None:
     why = BACKENDS[column].missing()
     if not _can(column):
-        # the column degrades to a clear reason on the page, and the runner starts nothing
+        # the column degrades to a clear reason in every cell (and on the page)
         assert why is not None
         assert why.startswith("not run: ")
         log: list[str] = []
