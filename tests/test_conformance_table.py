@@ -44,6 +44,17 @@ def test_backends_are_declared_and_known() -> None:
         assert set(spec["provides"]) <= _features(), name
         assert spec["label"]
         assert bool(spec.get("gpu", False)) == BACKENDS[name].gpu, name
+        assert set(spec) <= {"label", "provides", "memory", "gpu", "reasons", "runs", "refuses"}, name
+        assert set(spec.get("reasons", {})) <= _features(), name
+        assert ("runs" in spec) == (BACKENDS[name].isolated is not None), name
+        if "refuses" in spec:
+            rule = spec["refuses"]
+            assert set(rule) == {"error", "at", "sharded", "names", "decision"}, name
+            assert rule["error"] in _table.ERRORS, name
+            assert rule["at"] == "destructure", name
+            assert rule["sharded"] == "every array" or rule["sharded"].startswith("first axis divisible by "), name
+    # the sharded columns are the ones whose destructure refuses (SPEC 17), each running isolated
+    assert {n for n, s in DATA["backend"].items() if "refuses" in s} == {"torch_dtensor", "jax_sharded"}
 
 
 def test_structures_parse() -> None:
