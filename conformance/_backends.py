@@ -30,6 +30,7 @@ def host(x: Any) -> np.ndarray | None:
     if isinstance(x, np.ndarray):
         return x
     if mod == "torch":
+        x = _local(x)
         if x.device.type == "meta":
             return None
         y = x.detach()
@@ -55,7 +56,7 @@ def _numpy_memory(x: Any) -> np.ndarray | None:
     if mod == "array_api_strict":
         return x._array  # type: ignore[no-any-return]
     if mod == "torch" and x.device.type == "cpu" and str(x.dtype) != "torch.bfloat16":
-        return x.detach().numpy()  # type: ignore[no-any-return]
+        return _local(x).detach().numpy()  # type: ignore[no-any-return]
     return None
 
 
@@ -69,6 +70,7 @@ def shares_memory(a: Any, p: Any) -> bool | None:
             return None
         if a.device != p.device:
             return False
+        a, p = _local(a), _local(p)
         sa, sp = a.untyped_storage(), p.untyped_storage()
         lo, hi = sp.data_ptr(), sp.data_ptr() + sp.nbytes()
         return bool(lo <= sa.data_ptr() < hi)
@@ -84,6 +86,12 @@ def shares_memory(a: Any, p: Any) -> bool | None:
     if na is None or np_ is None:
         return False  # one of them lives off the host while the other is on it
     return bool(np.shares_memory(na, np_))
+
+
+def _local(x: Any) -> Any:
+    """A torch DTensor's local shard (the memory this process holds); any other tensor as it is."""
+    to_local = getattr(x, "to_local", None)
+    return x if to_local is None else to_local()
 
 
 def _values(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
@@ -108,6 +116,13 @@ class Backend:
     is_own: Callable[[Any], bool]  # whether an array is of this backend's namespace
     gpu: bool = False
     setup: Callable[[], None] = field(default=lambda: None)
+    #: runs in processes of its own (conformance/_isolated.py): "ranks" (torch.distributed ranks),
+    #: "devices" (JAX with several host devices); None: in run.py's process
+    isolated: str | None = None
+    #: why it cannot run here beyond its module being absent (torch without torch.distributed)
+    also_missing: Callable[[], str | None] = field(default=lambda: None)
+    #: what becomes of the ``module`` structure's nn.Module on this backend (FSDP2: `fully_shard`)
+    wrap_module: Callable[[Any], Any] = field(default=lambda net: net)
 
     def array(self, shape: tuple[int, ...], dtype: str, where: str = "default", seed: int = 0) -> Any:
         return self.make(_values(shape, dtype, seed), dtype, where)
@@ -125,7 +140,7 @@ class Backend:
             return f"not run: {self.module} not installed"
         if self.gpu and not _has_cuda(self.module):
             return f"not run: {self.module} sees no GPU"
-        return None
+        return self.also_missing()
 
 
 def _gpu_present() -> bool:
@@ -215,6 +230,96 @@ def _cupy_make(v: np.ndarray, dtype: str, where: str) -> Any:
     return cupy.asarray(v.astype(dtype))
 
 
+# ---- sharded: torch DTensor over gloo ranks, JAX arrays over a Mesh of host devices --------------
+
+#: the ranks of the DTensor column, and the host devices (a 2 x 2 mesh) of the JAX sharded column
+DTENSOR_RANKS = 2
+JAX_MESH = (2, 2)
+_MESH: list[Any] = []  # the column's one mesh, made by its setup in its own process
+
+
+def _dtensor_missing() -> str | None:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return "not run: this torch build has no torch.distributed"
+    if not dist.is_gloo_available():
+        return "not run: this torch build has no gloo backend"
+    try:
+        importlib.import_module("torch.distributed.tensor")
+    except ImportError:
+        return "not run: this torch has no torch.distributed.tensor (DTensor)"
+    return None
+
+
+def _dtensor_setup() -> None:
+    """The default process group of this rank (the environment of conformance/_isolated.py) and a
+    1-D CPU mesh over every rank; once per process."""
+    if _MESH:
+        return
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    _MESH.append(init_device_mesh("cpu", (dist.get_world_size(),)))
+
+
+def _dtensor_make(v: np.ndarray, dtype: str, where: str) -> Any:
+    """A DTensor sharded on its first axis over the ranks (unevenly where it does not divide,
+    as FSDP2 does); 0-d: replicated. Every rank builds the same values: no communication."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    x = _torch_maker("cpu", "cpu")(v, dtype, where)
+    placement = Shard(0) if x.ndim else Replicate()
+    return distribute_tensor(x, _MESH[0], [placement], src_data_rank=None)
+
+
+def _fully_shard(net: Any) -> Any:
+    """FSDP2: every parameter of `net` a DTensor sharded over the ranks (`fully_shard` in place)."""
+    from torch.distributed.fsdp import fully_shard
+
+    return fully_shard(net, mesh=_MESH[0])
+
+
+def _jax_sharded_setup() -> None:
+    if _MESH:
+        return
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    n = JAX_MESH[0] * JAX_MESH[1]
+    if len(jax.devices()) < n:
+        msg = f"the JAX sharded column needs {n} devices, found {len(jax.devices())} (XLA_FLAGS not set?)"
+        raise RuntimeError(msg)
+    _MESH.append(jax.make_mesh(JAX_MESH, ("x", "y"), devices=jax.devices()[:n]))
+
+
+def _jax_sharded_role(x: Any) -> str:
+    """The role "default" for an array placed over the column's whole mesh (split or replicated), "one
+    device" for one that lost its sharding (the check that `re(p)` keeps it)."""
+    devices = set(_MESH[0].devices.flat)
+    return "default" if set(x.sharding.device_set) == devices else "one device"
+
+
+def _dtensor_role(x: Any) -> str:
+    """The role "default" for a DTensor on the column's mesh, "plain tensor" for anything else."""
+    mesh = getattr(x, "device_mesh", None)
+    return "default" if mesh is not None and mesh == _MESH[0] else "plain tensor"
+
+
+def _jax_sharded_make(v: np.ndarray, dtype: str, where: str) -> Any:
+    """A JAX array over the 2 x 2 mesh: its first axis split over "x" where that axis divides,
+    else replicated (replicated over "y" either way)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    x = _jax_make(v, dtype, where)
+    split = x.ndim > 0 and x.shape[0] % JAX_MESH[0] == 0
+    spec = PartitionSpec("x") if split else PartitionSpec()
+    return jax.device_put(x, NamedSharding(_MESH[0], spec))
+
+
 def _mod_is(prefix: str) -> Callable[[Any], bool]:
     return lambda x: type(x).__module__.split(".")[0] in prefix.split("|")
 
@@ -242,6 +347,28 @@ BACKENDS: dict[str, Backend] = {
     ),
     "jax": Backend("jax", "jax", _jax_make, _numpy_other, _default, _mod_is("jax|jaxlib"), setup=_jax_setup),
     "dask": Backend("dask", "dask", _dask_make, _numpy_other, _default, _mod_is("dask")),
+    "torch_dtensor": Backend(
+        "torch_dtensor",
+        "torch",
+        _dtensor_make,
+        _numpy_other,
+        _dtensor_role,
+        _mod_is("torch"),
+        setup=_dtensor_setup,
+        isolated="ranks",
+        also_missing=_dtensor_missing,
+        wrap_module=_fully_shard,
+    ),
+    "jax_sharded": Backend(
+        "jax_sharded",
+        "jax",
+        _jax_sharded_make,
+        _numpy_other,
+        _jax_sharded_role,
+        _mod_is("jax|jaxlib"),
+        setup=_jax_sharded_setup,
+        isolated="devices",
+    ),
     "cupy": Backend("cupy", "cupy", _cupy_make, _numpy_other, _default, _mod_is("cupy"), gpu=True),
     "torch_cuda": Backend(
         "torch_cuda",

@@ -55,7 +55,9 @@ def _gpu_cells(name: str, cells: dict[str, dict[str, str]], recorded: dict[str, 
     if not all(c.startswith("not run") for c in live.values()):
         return live
     if recorded is not None and name in recorded["cells"]:
-        return {k: f"{v} (recorded)" for k, v in recorded["cells"][name].items()}
+        old = recorded["cells"][name]
+        gone = "not run: recorded on a GPU before this case existed"
+        return {k: f"{old[k]} (recorded)" if k in old else gone for k in live}
     return live
 
 
@@ -86,6 +88,15 @@ def conformance_page(
         "- **not run**: the backend is not available on the machine that wrote the page; a GPU column is",
         "  never marked passed without a run on a GPU.",
         "",
+        "- **pass: TypeError (destructure)**, in the sharded columns (torch DTensor, JAX sharded): the",
+        "  contract lets `destructure` refuse a model of sharded arrays (SPEC section 17) and functorkit",
+        "  does ([sharded models](sharded.md#flat-vectors-refused)), so there the expected outcome of a",
+        "  case with a sharded parameter is that refusal, under every policy, and the cell names it; the",
+        "  message must name the parameter's path and the fix. The rule and its order against the other",
+        "  errors are listed under the decisions at the end. These columns run in processes of their own",
+        "  (`conformance/_isolated.py`): the DTensor cases on 2 `gloo` ranks on 127.0.0.1, which must",
+        "  agree cell by cell; the JAX cases with 4 host devices (`XLA_FLAGS` is read when JAX starts).",
+        "",
         "Devices: *default* is the backend's own device, *second* its second one (torch `meta`,",
         'array-api-strict `Device("device1")`, the CPU next to CUDA). *Other namespace*: NumPy (for a',
         "NumPy model: array-api-strict). Constants, ties and node types are checked on every case too:",
@@ -104,6 +115,8 @@ def conformance_page(
             status = next(iter(col.values()))
         elif BACKENDS[n].gpu and any(c.endswith("(recorded)") for c in col.values()) and recorded is not None:
             status = f"recorded on {recorded['device']}, {recorded['date']}"
+        elif "runs" in spec:
+            status = f"ran: {spec['runs']}"
         else:
             status = "ran"
         memory = spec["memory"] if spec["memory"].startswith("none") else "yes"
@@ -128,6 +141,11 @@ def conformance_page(
         out.append(f"- `{c['id']}`: {c['deviation']}")
     out += ["", "## Decisions where the SPEC is silent", ""]
     out += [f"- `{c['id']}`: {c['decision']}." for c in data["case"] if "decision" in c]
+    out += [
+        f"- {data['backend'][n]['label']}: {data['backend'][n]['refuses']['decision']}."
+        for n in names
+        if "refuses" in data["backend"][n]
+    ]
     out += ["", "See [the comparison with optree, JAX and torch](comparison.md) for the same cases on the peers.", ""]
     return "\n".join(out)
 
@@ -182,6 +200,10 @@ def comparison_page(data: dict[str, Any], peers: dict[str, dict[str, str]], stam
     out += [
         "- A peer's `n/a` follows the same rules of the data as functorkit's columns (its backend has",
         "  no such dtype or device).",
+        "- Sharded models (torch DTensor, JAX arrays split over a `Mesh`): functorkit's `destructure`",
+        "  refuses them by path with a `TypeError` naming the fix, under every policy (the sharded",
+        "  columns of [the conformance page](conformance.md); [sharded models](sharded.md)); the peers",
+        "  are not run on them.",
         "",
     ]
     return "\n".join(out)

@@ -82,7 +82,42 @@ def not_applicable(data: dict[str, Any], backend: str, case: dict[str, Any], pol
     missing = sorted(needs - provides)
     if not missing:
         return None
-    return "n/a: " + "; ".join(dict.fromkeys(data["feature"].get(m, f"no {m}") for m in missing))
+    reasons = {**data["feature"], **data["backend"][backend].get("reasons", {})}
+    return "n/a: " + "; ".join(dict.fromkeys(reasons.get(m, f"no {m}") for m in missing))
+
+
+def _sharded_params(data: dict[str, Any], backend: str, st: dict[str, Any]) -> list[str]:
+    """The parameter paths of a structure that are sharded on `backend` (its `refuses.sharded`
+    rule: "every array", or "first axis divisible by N": split where the first axis divides)."""
+    rule = data["backend"][backend]["refuses"]["sharded"]
+    if rule == "every array" or st["kind"] == "torch_module":
+        return list(st["params"])
+    n = int(rule.rsplit(" ", 1)[-1])
+    shapes: dict[str, tuple[int, ...]] = {}
+    for k, spec in st.get("leaves", {}).items():
+        leaf = parse_leaf(spec)
+        shapes[{"diagonal": f"{k}.diag", "transpose": f"{k}.parent"}.get(leaf.kind, k)] = leaf.shape
+    for k, (name, spec) in st.get("containers", {}).items():
+        index = "[0]" if name in ("UserList", "deque") else ".x"
+        shapes[f"{k}{index}"] = parse_leaf(spec).shape
+    return [q for q in st["params"] if q in shapes and shapes[q] and shapes[q][0] % n == 0]
+
+
+def refusal(data: dict[str, Any], backend: str, case: dict[str, Any], policy: str) -> dict[str, Any] | None:
+    """On a backend whose `[backend.NAME.refuses]` says `destructure` refuses its sharded arrays
+    (SPEC 17 allows it), the outcome that replaces the case's own under `policy`, or None: the
+    refusal's error at `destructure` when a parameter is sharded, unless the case's own outcome is a
+    StructureError at `destructure` (the definition's unknown-holder check comes first, SPEC 12)."""
+    rule = data["backend"][backend].get("refuses")
+    if rule is None:
+        return None
+    own = case[policy]
+    if own.get("error") == "StructureError" and own.get("at") == "destructure":
+        return None
+    st = data["structure"][case["structure"]]
+    if not _sharded_params(data, backend, st):
+        return None
+    return {"error": rule["error"], "at": rule["at"]}
 
 
 # ---- building ----------------------------------------------------------------------------------
@@ -190,7 +225,7 @@ def _torch_module(be: Backend, dtype: str) -> Any:
     device = be.array((1,), "float32").device
     net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
     net[1].weight.requires_grad_(False)
-    return net.to(dtype=getattr(torch, dtype), device=device)
+    return be.wrap_module(net.to(dtype=getattr(torch, dtype), device=device))
 
 
 def build_model(be: Backend, st: dict[str, Any]) -> Any:
@@ -259,9 +294,10 @@ def describe_leaves(leaves: dict[str, tuple[str, str, str, str]]) -> str:
     return ", ".join(f"{p}: {one(r)}" for p, r in leaves.items())
 
 
-def expected(case: dict[str, Any], policy: str, paths: list[str]) -> Outcome:
-    """The outcome the data promises for `case` under `policy`, for the given parameter paths."""
-    o = case[policy]
+def expected(case: dict[str, Any], policy: str, paths: list[str], instead: dict[str, Any] | None = None) -> Outcome:
+    """The outcome the data promises for `case` under `policy`, for the given parameter paths
+    (`instead`: a backend's `refusal` that replaces it)."""
+    o = case[policy] if instead is None else instead
     if "error" in o:
         return Outcome(error=o["error"], at=o.get("at", "re"))
     keys = paths
@@ -339,6 +375,24 @@ def _rebuilt_problems(fk: Any, st: dict[str, Any], model: Any, new: Any, paths: 
     return problems
 
 
+def _refusal_problems(data: dict[str, Any], be: Backend, case: dict[str, Any], e: Exception) -> tuple[str, ...]:
+    """A refusal of sharded arrays (`[backend.NAME.refuses]`) must name the path of the first sharded
+    parameter and the fix (SPEC 17: "a clear error"; SPEC 7)."""
+    rule = data["backend"][be.name].get("refuses")
+    if rule is None or type(e).__name__ != rule["error"]:
+        return ()
+    st = data["structure"][case["structure"]]
+    sharded = _sharded_params(data, be.name, st)
+    if not sharded:
+        return ()
+    text, out = str(e), []
+    first = sharded[0]
+    if not text.startswith(f"at {first}:"):
+        out.append(f"the refusal does not begin with the path `at {first}:`: {text[:80]!r}")
+    out += [f"the refusal does not name {w!r}" for w in rule["names"] if w not in text]
+    return tuple(out)
+
+
 def run_fk(data: dict[str, Any], be: Backend, case: dict[str, Any], policy: str) -> Outcome:
     """Run destructure + re(p) for one case under one policy on backend `be`."""
     import functorkit as fk
@@ -348,7 +402,7 @@ def run_fk(data: dict[str, Any], be: Backend, case: dict[str, Any], policy: str)
     try:
         flat, re = fk.destructure(model, policy=policy)
     except Exception as e:  # noqa: BLE001 - the table records the class of any error
-        return Outcome(error=type(e).__name__, at="destructure")
+        return Outcome(error=type(e).__name__, at="destructure", problems=_refusal_problems(data, be, case, e))
     problems = _flat_problems(be, st, model, flat)
     p = build_p(be, case["p"], dtype_name(flat), len(re))
     before = _snapshot(p)
@@ -400,5 +454,6 @@ __all__ = [
     "expected",
     "load",
     "not_applicable",
+    "refusal",
     "run_fk",
 ]

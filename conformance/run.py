@@ -8,6 +8,8 @@
 A case fails when its outcome differs from the data's expectation, or when two backends that ran
 it disagree (dtypes, devices, namespaces, error class). A case the data marks `deviation` is
 reported as a known deviation; if it starts to pass, that is a failure too (remove the mark).
+The sharded columns (torch DTensor on 2 gloo ranks, JAX over a Mesh of 4 host devices) run in
+processes of their own (conformance/_isolated.py), while the other backends run here.
 Backends on a GPU (CuPy, torch CUDA) run only where a GPU exists; elsewhere their columns say
 "not run: no GPU on this machine", or show the results recorded on a GPU in
 conformance/gpu_results.json (written by `--write-docs` on a GPU machine).
@@ -30,9 +32,10 @@ except ImportError:  # run from a checkout: the package is the parent directory'
     sys.path.insert(1, str(HERE.parent))
 
 from _backends import BACKENDS  # noqa: E402
+from _isolated import collect, start  # noqa: E402
 from _pages import comparison_page, conformance_page, strip_volatile  # noqa: E402
 from _peers import PEERS, missing, run_peer  # noqa: E402
-from _table import POLICIES, compare, expected, load, normalised, not_applicable, run_fk  # noqa: E402
+from _table import POLICIES, compare, expected, load, normalised, not_applicable, refusal, run_fk  # noqa: E402
 
 GPU_RESULTS = HERE / "gpu_results.json"
 DOCS = HERE.parent / "docs"
@@ -64,16 +67,18 @@ def run_backend(data: dict[str, Any], name: str, log: list[str]) -> tuple[dict[s
                 log.append(f"FAIL {name} {key}: runner raised {type(e).__name__}: {e}")
                 continue
             paths = data["structure"][case["structure"]]["params"]
-            diff = compare(expected(case, policy, paths), got)
+            instead = refusal(data, name, case, policy)
+            want = expected(case, policy, paths, instead)
+            diff = compare(want, got)
             seen[key] = normalised(got)
-            if "deviation" in case:
+            if "deviation" in case and instead is None:
                 if diff is None:
                     cells[key] = "FAIL: passes, but is marked as a known deviation"
                     log.append(f"FAIL {name} {key}: passes; remove its `deviation` mark")
                 else:
                     cells[key] = "known deviation"
             elif diff is None:
-                cells[key] = "pass"
+                cells[key] = "pass" if instead is None else f"pass: {want.text()}"
             else:
                 cells[key] = f"FAIL: {diff}"
                 log.append(f"FAIL {name} {key}: {diff}")
@@ -81,17 +86,44 @@ def run_backend(data: dict[str, Any], name: str, log: list[str]) -> tuple[dict[s
 
 
 def cross_check(data: dict[str, Any], seen: dict[str, dict[str, str]], cells: Cells, log: list[str]) -> None:
-    """Every backend that ran a case must give the same normalised outcome."""
+    """Every backend that ran a case must give the same normalised outcome (the backends whose
+    `refuses` rule replaces the case's outcome: the same one among themselves)."""
     for case in data["case"]:
         for policy in POLICIES:
             key = f"{case['id']}|{policy}"
-            outs = {b: s[key] for b, s in seen.items() if key in s}
-            if len(set(outs.values())) > 1:
-                detail = "; ".join(f"{b}: {o}" for b, o in outs.items())
-                log.append(f"FAIL {key}: backends disagree: {detail}")
-                for b in outs:
-                    if not cells[b][key].startswith("FAIL"):
-                        cells[b][key] = "FAIL: backends disagree"
+            groups: dict[str, dict[str, str]] = {}
+            for b, s in seen.items():
+                if key in s:
+                    groups.setdefault(str(refusal(data, b, case, policy)), {})[b] = s[key]
+            for outs in groups.values():
+                _agree(key, outs, cells, log)
+
+
+def _agree(key: str, outs: dict[str, str], cells: Cells, log: list[str]) -> None:
+    """The backends in `outs` (backend -> normalised outcome of `key`) must give one outcome."""
+    if len(set(outs.values())) > 1:
+        detail = "; ".join(f"{b}: {o}" for b, o in outs.items())
+        log.append(f"FAIL {key}: backends disagree: {detail}")
+        for b in outs:
+            if not cells[b][key].startswith("FAIL"):
+                cells[b][key] = "FAIL: backends disagree"
+
+
+def run_backends(data: dict[str, Any], chosen: list[str], log: list[str]) -> Cells:
+    """Every case on the `chosen` backends, cross-checked: the cells of each. The backends that run
+    isolated (the sharded columns) are started first and read last, so that they run meanwhile."""
+    cells: Cells = {}
+    seen: dict[str, dict[str, str]] = {}
+    isolated = {n: start(n) for n in chosen if BACKENDS[n].isolated and BACKENDS[n].missing() is None}
+    keys = [f"{c['id']}|{p}" for c in data["case"] for p in POLICIES]
+    for name in chosen:
+        if name not in isolated:
+            cells[name], seen[name] = run_backend(data, name, log)
+    for name, started in isolated.items():
+        cells[name], seen[name] = collect(started, keys, log)
+    cells = {n: cells[n] for n in chosen}
+    cross_check(data, {n: seen[n] for n in chosen}, cells, log)
+    return cells
 
 
 def run_peers(data: dict[str, Any]) -> Cells:
@@ -155,11 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     data = load()
     t0 = time.perf_counter()
     log: list[str] = []
-    cells: Cells = {}
-    seen: dict[str, dict[str, str]] = {}
-    for name in chosen:
-        cells[name], seen[name] = run_backend(data, name, log)
-    cross_check(data, seen, cells, log)
+    cells = run_backends(data, chosen, log)
     peers = {} if args.no_peers else run_peers(data)
 
     recorded = json.loads(GPU_RESULTS.read_text()) if GPU_RESULTS.exists() else None

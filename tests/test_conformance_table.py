@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,17 @@ def test_backends_are_declared_and_known() -> None:
         assert set(spec["provides"]) <= _features(), name
         assert spec["label"]
         assert bool(spec.get("gpu", False)) == BACKENDS[name].gpu, name
+        assert set(spec) <= {"label", "provides", "memory", "gpu", "reasons", "runs", "refuses"}, name
+        assert set(spec.get("reasons", {})) <= _features(), name
+        assert ("runs" in spec) == (BACKENDS[name].isolated is not None), name
+        if "refuses" in spec:
+            rule = spec["refuses"]
+            assert set(rule) == {"error", "at", "sharded", "names", "decision"}, name
+            assert rule["error"] in _table.ERRORS, name
+            assert rule["at"] == "destructure", name
+            assert rule["sharded"] == "every array" or rule["sharded"].startswith("first axis divisible by "), name
+    # the sharded columns are the ones whose destructure refuses (SPEC 17), each running isolated
+    assert {n for n, s in DATA["backend"].items() if "refuses" in s} == {"torch_dtensor", "jax_sharded"}
 
 
 def test_structures_parse() -> None:
@@ -152,3 +164,152 @@ def test_gpu_columns_are_never_passed_without_a_gpu_run() -> None:
     page = _pages.conformance_page(DATA, cells, recorded, "Generated today.")
     assert "| CuPy (cuda) | recorded on NVIDIA H200, 2026-01-01 |" in page
     assert "| torch (cuda; cpu second) | not run: no GPU on this machine |" in page
+
+
+# ---- the sharded columns (torch DTensor on gloo ranks, JAX over a Mesh): conformance/_isolated.py
+
+
+def _can(column: str) -> bool:
+    """Whether this environment has what a sharded column needs, found without the runner's help
+    (so that a runner that stops running the column, or says "not run" wrongly, fails)."""
+    if column == "jax_sharded":
+        return importlib.util.find_spec("jax") is not None
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_gloo_available())
+
+
+def _keys(data: dict[str, Any]) -> list[str]:
+    return [f"{c['id']}|{p}" for c in data["case"] for p in _table.POLICIES]
+
+
+def _run_column(column: str, data: dict[str, Any], cases: Path | None = None) -> tuple[dict[str, str], list[str]]:
+    import _isolated
+
+    log: list[str] = []
+    cells, _ = _isolated.collect(_isolated.start(column, cases), _keys(data), log)
+    return cells, log
+
+
+@pytest.mark.parametrize("column", ["torch_dtensor", "jax_sharded"])
+def test_sharded_column_runs_every_case(column: str) -> None:
+    why = BACKENDS[column].missing()
+    if not _can(column):
+        # the column degrades to a clear reason in every cell (and on the page)
+        assert why is not None
+        assert why.startswith("not run: ")
+        log: list[str] = []
+        cells, seen = _runner().run_backend(DATA, column, log)
+        assert set(cells.values()) == {why}
+        assert seen == {}
+        return
+    assert why is None
+    log = []
+    cells = _runner().run_backends(DATA, [column], log)[column]  # as `run.py` runs it
+    assert log == []
+    assert set(cells) == set(_keys(DATA))
+    kinds = {c.split(":")[0] for c in cells.values()}
+    assert kinds == {"pass", "n/a"}, kinds
+    refused = [k for k, c in cells.items() if c == "pass: TypeError (destructure)"]
+    assert len(refused) >= 90
+    # no parameters: nothing to refuse, the case's own outcome; an unknown holder: its StructureError
+    assert cells["empty/p-empty-float32|strict"] == "pass"
+    assert cells["unknown_holder/p-flat|model"] == "pass"
+    # mixed precision and two namespaces: refused before the policy's PolicyError
+    assert cells["mixed/p-flat|strict"] == "pass: TypeError (destructure)"
+    assert cells["two_namespaces/p-flat|flat"] == "pass: TypeError (destructure)"
+    assert cells["plain32/p-second-device|flat"].startswith("n/a: one ")
+    own = "module/p-flat|strict" if column == "torch_dtensor" else "jax_registered/p-flat|strict"
+    assert cells[own] == "pass: TypeError (destructure)"  # an FSDP2 module; a JAX-registered class
+    # odd first axes: DTensor shards them unevenly (refused); JAX replicates them (destructured, and
+    # re(p) keeps every array over the mesh)
+    odd = "pass: TypeError (destructure)" if column == "torch_dtensor" else "pass"
+    assert {cells[f"odd_rows/p-float64|{p}"] for p in _table.POLICIES} == {odd}
+
+
+def _small_table(tmp_path: Path, edit: tuple[str, str]) -> tuple[Path, dict[str, Any]]:
+    """cases.toml with its first case and the unknown-holder case only, and one text edit."""
+    text = _table.CASES.read_text()
+    head, *cases = text.split("\n[[case]]\n")
+    keep = [c for c in cases if 'id = "plain32/p-flat"' in c or 'id = "unknown_holder/p-flat"' in c]
+    old, new = edit
+    assert old in head
+    path = tmp_path / "cases.toml"
+    path.write_text(head.replace(old, new) + "".join("\n[[case]]\n" + c for c in keep))
+    return path, _table.load(path)
+
+
+#: one edit of each sharded column's rule that the code does not meet: a fix the message does not
+#: name (torch), another error class (JAX)
+WRONG = {
+    "torch_dtensor": ('names = ["DTensor", "to_local"', 'names = ["DTensor", "no such fix"'),
+    "jax_sharded": (
+        'error = "TypeError"\nat = "destructure"\nsharded = "first axis',
+        'error = "ValueError"\nat = "destructure"\nsharded = "first axis',
+    ),
+}
+
+
+@pytest.mark.parametrize("column", sorted(WRONG))
+def test_a_wrong_sharded_expectation_fails(column: str, tmp_path: Path) -> None:
+    if not _can(column):
+        pytest.skip(f"{column} needs what this environment lacks (its not-run reason: the test above)")
+    edit = WRONG[column]
+    path, data = _small_table(tmp_path, edit)
+    cells, log = _run_column(column, data, path)
+    assert cells["plain32/p-flat|strict"].startswith("FAIL")
+    assert cells["unknown_holder/p-flat|strict"] == "pass"
+    assert len(log) == 3  # the three policies of plain32/p-flat
+    want = "does not name 'no such fix'" if column == "torch_dtensor" else "expected ValueError (destructure)"
+    assert want in cells["plain32/p-flat|flat"]
+
+
+def test_a_failing_or_disagreeing_process_fails_the_column() -> None:
+    import subprocess
+
+    import _isolated
+
+    keys = _keys(DATA)
+    crash = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    log: list[str] = []
+    cells, seen = _isolated.collect(_isolated.Started("torch_dtensor", [crash]), keys, log)
+    assert set(cells.values()) == {"FAIL: its process exited with status 3: boom"}
+    assert seen == {}
+    assert len(log) == 1
+
+    def rank(cell: str) -> subprocess.Popen[str]:
+        report = {"cells": dict.fromkeys(keys, cell), "seen": dict.fromkeys(keys, cell), "log": []}
+        code = f"print({_isolated.MARK + json.dumps(report)!r})"
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    log = []
+    cells, _ = _isolated.collect(_isolated.Started("torch_dtensor", [rank("pass"), rank("n/a: x")]), keys, log)
+    assert all(c.startswith("FAIL: ranks disagree") for c in cells.values())
+    assert len(log) == len(keys)
+
+
+def test_a_sharded_column_not_run_says_why(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import dataclasses
+
+    gone = dataclasses.replace(BACKENDS["jax_sharded"], module="fk_no_such_module")
+    monkeypatch.setitem(BACKENDS, "jax_sharded", gone)
+    nodist = dataclasses.replace(  # numpy: importable everywhere, so that the reason below is the one given
+        BACKENDS["torch_dtensor"],
+        module="numpy",
+        also_missing=lambda: "not run: this torch build has no torch.distributed",
+    )
+    monkeypatch.setitem(BACKENDS, "torch_dtensor", nodist)
+    assert _runner().main(["--backends", "jax_sharded,torch_dtensor", "--no-peers", "-v"]) == 0
+    out = capsys.readouterr().out
+    n = len(_keys(DATA))
+    assert f"jax_sharded        {n} not run" in out
+    assert f"torch_dtensor      {n} not run" in out
+    assert "not run: fk_no_such_module not installed" in out
+    assert "not run: this torch build has no torch.distributed" in out
