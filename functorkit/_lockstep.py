@@ -230,9 +230,13 @@ def _columns(
     ads = [adapter_of(x) for x in dict(zip(map(type, xs), xs)).values()]  # one per array type
     one_device = all(ad.one_device for ad in ads)
     dev = _DEVICE_OF if all(ad.device_attr for ad in ads) else device_of  # (types are compared first)
+    # arrays with the operands' dtypes, devices and layouts that are cheaper to ask (torch
+    # DTensors: their local shards); shapes and types are the operands' own
+    stand = ads[0].stand_ins(xs) if len(ads) == 1 else None
+    vx = xs if stand is None else stand
     sparse = may_be_sparse(xs)
     if sparse:  # torch: a sparse or nested operand is a TypeError naming its path
-        check_dense(xs, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
+        check_dense(vx, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
     cols: list[list[Any]] = []
     fm = td._generated_match()  # generated for a small container tree met before (_plans.py)
     for j, m in enumerate(models[1:], start=1):
@@ -244,13 +248,17 @@ def _columns(
         td.refuse_holders(cast(list[Any], o), positions=True)
         col = cast(list[Any], o) if xs is leaves else list(map(cast(list[Any], o).__getitem__, idx))
         # streamed comparisons: no list of a million shape tuples for the garbage collector to scan
+        if not all(map(operator.is_, map(type, xs), map(type, col))):
+            return None
+        vc = col if stand is None else ads[0].stand_ins(col)
+        if vc is None:
+            return None
         if sparse:
-            check_dense(col, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
+            check_dense(vc, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
         if not (
-            all(map(operator.is_, map(type, xs), map(type, col)))
-            and all(map(operator.eq, map(_SHAPE_OF, xs), map(_SHAPE_OF, col)))
-            and all(map(operator.eq, map(_DTYPE_OF, xs), map(_DTYPE_OF, col)))
-            and (one_device or all(map(operator.eq, map(dev, xs), map(dev, col))))
+            all(map(operator.eq, map(_SHAPE_OF, xs), map(_SHAPE_OF, col)))
+            and all(map(operator.eq, map(_DTYPE_OF, vx), map(_DTYPE_OF, vc)))
+            and (one_device or all(map(operator.eq, map(dev, vx), map(dev, vc))))
         ):
             return None  # (a device that cannot be determined, None, is left to the per-leaf test too)
         cols.append(col)

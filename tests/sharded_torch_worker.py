@@ -128,6 +128,26 @@ def main() -> None:
         return {"placements": placements(out), "err": err(out, ref), "comms": c}
 
     check("placements", lambda: {"placements": base_places, "local_rows": int(d["w"].to_local().shape[0])})
+
+    def mismatches() -> dict[str, Any]:
+        """Models of DTensors that differ in one parameter's dtype or shape: refused by path, with
+        and without out= (the column checks read DTensors' local shards for dtypes and devices)."""
+        wide = dict(e, v=distribute_tensor(refs2["v"].double(), mesh, place["v"]))
+        longer = dict(e, r=distribute_tensor(torch.randn(4), mesh, place["r"]))
+        out: dict[str, Any] = {}
+        for name, other in (("dtype", wide), ("shape", longer)):
+            for how, f in (
+                ("add", lambda o=other: fk.add(d, o)),
+                ("out", lambda o=other: fk.add(d, o, out=fk.copy(d))),
+            ):
+                try:
+                    f()
+                    out[f"{name}_{how}"] = "no error"
+                except (fk.PolicyError, fk.StructureError) as exc:
+                    out[f"{name}_{how}"] = f"{type(exc).__name__}: {str(exc)[:60]}"
+        return out
+
+    check("mismatches", mismatches)
     check("fmap", lambda: elementwise(lambda: fk.fmap(lambda x: 2 * x, d), {k: 2 * v for k, v in refs.items()}))
     check(
         "fmap2", lambda: elementwise(lambda: fk.fmap(lambda x, y: x - y, d, e), {k: refs[k] - refs2[k] for k in refs})

@@ -247,6 +247,13 @@ def test_fsdp2_reductions_equal_the_unsharded_module(ranks: list[dict[str, Any]]
     assert res[0]["value"] == res[1]["value"]
 
 
+def test_models_of_dtensors_that_differ_are_refused_by_path(ranks: list[dict[str, Any]]) -> None:
+    for r in _ok(ranks, "mismatches"):
+        for how in ("add", "out"):
+            assert r[f"dtype_{how}"].startswith("PolicyError: at v: fk.add: dtype float32"), r
+            assert r[f"shape_{how}"].startswith("StructureError: at r: fk.add: shape (3,)"), r
+
+
 def test_norm_takes_an_eager_all_reduce_where_no_gradient_flows(ranks: list[dict[str, Any]]) -> None:
     """The fast route (one dist.all_reduce, no DTensor redistribution) is taken under no_grad, and
     not where the norm must carry a gradient; both give the same value."""

@@ -336,6 +336,13 @@ class ArrayAdapter(Kernels):
         """Why `x` is not a dense array (its layout, and the fix), or None."""
         return None
 
+    def stand_ins(self, arrays: list[Any]) -> list[Any] | None:
+        """Arrays of the same dtype, device, layout and density as each of `arrays` (all of one type
+        of this library) that are cheaper to ask, for the column checks of the arithmetic; None:
+        ask `arrays` themselves (torch: a DTensor's local shard, whose attributes are read at a
+        plain tensor's speed: bench_sharded's EMA rows)."""
+        return None
+
     def stage(self, dst: Any, src: Any) -> Any:
         """`src` (any namespace) as an array that `write` can copy into `dst` without failing:
         this namespace, ``dst``'s dtype, device and shape. Every conversion happens here."""

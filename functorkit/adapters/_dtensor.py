@@ -471,6 +471,15 @@ def _locals(xs: list[Any]) -> list[Any]:
     return list(map(_local, xs))
 
 
+def stand_ins(arrays: list[Any]) -> list[Any] | None:
+    """The local shards of `arrays` when every one is a DTensor: each has its DTensor's dtype,
+    device and layout (``stand_ins`` of the adapter); None otherwise."""
+    dt = dtensor_type()
+    if dt is None or not all(map(operator.is_, map(type, arrays), repeat(dt))):
+        return None
+    return _locals(arrays)
+
+
 def _mesh_and_placements(arrays: list[Any]) -> tuple[list[Any], list[Any]]:
     """The meshes and placements tuples of the DTensors `arrays`, in C-level passes over their
     ``_spec`` (private: the public ``device_mesh``/``placements`` properties read it, one Python call

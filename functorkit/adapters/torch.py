@@ -580,6 +580,10 @@ class Adapter(ArrayAdapter):
         """`functorkit.adapters._dtensor.reduce`: None unless a DTensor is among `xs`."""
         return _dtensor.reduce(self, kind, xs, ys, o, then)
 
+    def stand_ins(self, arrays: list[Any]) -> list[Any] | None:
+        """DTensors: their local shards (`functorkit.adapters._dtensor.stand_ins`); None otherwise."""
+        return None if not arrays or type(arrays[0]) in _PLAIN else _dtensor.stand_ins(arrays)
+
     def first_sharded(self, arrays: Sequence[Any]) -> tuple[int, str] | None:
         """The first DTensor of `arrays` (all of one type) and why it cannot go into a flat vector
         (`functorkit.adapters._dtensor.sharded_problem`); plain tensors: one type test."""
