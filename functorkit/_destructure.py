@@ -197,15 +197,22 @@ class _Plan:
 
 
 _dtype_of = operator.attrgetter("dtype")
+_device_attr = operator.attrgetter("device")
 _shape_of = operator.attrgetter("shape")
 _TUPLE = {tuple}
+_INT = {int}
 
 
 def _shapes(params: list[Any]) -> list[tuple[int, ...]]:
     shapes = list(map(_shape_of, params))
-    if set(map(type, shapes)) <= _TUPLE:
+    types = set(map(type, shapes))
+    if types <= _TUPLE:
         return shapes
-    return [tuple(map(int, s)) for s in shapes]  # torch.Size, or a library's own shape type
+    if all(issubclass(t, tuple) for t in types):  # torch.Size: plain tuples in C-level passes
+        plain = list(map(tuple, shapes))
+        if set(map(type, itertools.chain.from_iterable(plain))) <= _INT:
+            return plain
+    return [tuple(map(int, s)) for s in shapes]  # a library's own shape type, symbolic sizes
 
 
 def _parameters(leaves: list[Any], td: TreeDef) -> list[int]:
@@ -228,8 +235,9 @@ def _parameters(leaves: list[Any], td: TreeDef) -> list[int]:
 
 
 def _one_kind(params: list[Any]) -> tuple[list[Kind], list[int], list[type]] | None:
-    """The common case in C-level passes: every parameter of one type and dtype, on a library with
-    one device (bench_scale ``fk.destructure(d)`` row); None for anything else."""
+    """The common case in C-level passes: every parameter of one type and dtype, on one device
+    (a library with one device, or one whose arrays carry their device as an attribute: torch;
+    bench_scale ``fk.destructure(d)`` and bench_walk's module rows); None for anything else."""
     if not params:
         return [], [], []
     types = set(map(type, params))
@@ -238,7 +246,11 @@ def _one_kind(params: list[Any]) -> tuple[list[Kind], list[int], list[type]] | N
     x = params[0]
     ad = adapter_of(x)
     if not ad.one_device:
-        return None
+        if not ad.device_attr:
+            return None
+        dev = x.device
+        if not all(map(operator.eq, map(_device_attr, params), itertools.repeat(dev))):
+            return None
     dt = x.dtype
     for other in map(_dtype_of, params):
         if other is not dt and other != dt:

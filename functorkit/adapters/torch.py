@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,9 @@ def _detect_python_dispatch() -> Callable[[Any], bool]:
 _PLAIN: tuple[type, ...] = (torch.Tensor, torch.nn.Parameter)
 _PLAIN_SET = frozenset(_PLAIN)
 _NBYTES = operator.attrgetter("nbytes")
+_DTYPE = operator.attrgetter("dtype")
+_DEVICE = operator.attrgetter("device")
+_FLAT_VIEW = operator.methodcaller("reshape", -1)
 #: ``torch.func`` wrapper test (private API; fallback: every tensor counts as wrapped)
 is_functorch_wrapped: Callable[[Any], bool] = _detect_functorch()
 #: Python-dispatch (wrapper subclass) test (private API; fallback: every subclass counts)
@@ -135,14 +139,17 @@ CAT_FILL = [True]
 
 def _cat_ok(leaves: list[Any], dtype: Any, device: Any) -> bool:
     """Every leaf a plain tensor (no subclass, no functorch wrapper) of `dtype` on `device`, and no
-    ``torch.compile`` tracing: ``torch.cat`` then makes exactly the vector `fill` would."""
+    ``torch.compile`` tracing: ``torch.cat`` then makes exactly the vector `fill` would. In C-level
+    passes over the leaves (no Python step per leaf)."""
     if compiling():
         return False
     dev = torch.device("cpu") if device is None else device
-    for x in leaves:
-        if type(x) not in _PLAIN or x.dtype is not dtype or x.device != dev or is_functorch_wrapped(x):
-            return False
-    return True
+    return (
+        set(map(type, leaves)) <= _PLAIN_SET
+        and all(map(operator.is_, map(_DTYPE, leaves), repeat(dtype)))
+        and all(map(operator.eq, map(_DEVICE, leaves), repeat(dev)))
+        and not any(map(is_functorch_wrapped, leaves))
+    )
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -254,7 +261,7 @@ class Adapter(ArrayAdapter):
             and _cat_ok(leaves, out.dtype, out.device)  # first: False while torch.compile traces
         ):
             with torch.no_grad():
-                torch.cat([x.reshape(-1) for x in leaves], out=out)
+                torch.cat(list(map(_FLAT_VIEW, leaves)), out=out)
             return
         out_np = None if compiling() else _numpy_view(out.detach())
         with torch.no_grad():
