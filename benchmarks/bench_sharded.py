@@ -72,6 +72,14 @@ def _time_config(
         lm = [p.to_local() for p in model.parameters()]
     ones = torch.ones(())
     t = 0.001
+    params = list(model.parameters())
+
+    def norm_no_grad() -> Any:
+        with torch.no_grad():
+            return fk.norm(model)
+
+    def local_sums_autograd() -> Any:  # what a differentiable norm must do on each rank
+        return sum(x.to_local().reshape(-1).dot(x.to_local().reshape(-1)) for x in params)
 
     def foreach() -> None:
         with torch.no_grad():
@@ -81,15 +89,17 @@ def _time_config(
         "fk.lerp(ema, model, t, out=ema)": lambda: fk.lerp(ema, model, t, out=ema),
         "torch._foreach_lerp_ over the local shards": foreach,
         "fk.norm(model)": lambda: fk.norm(model),
+        "local sums of squares through to_local(), differentiable, no all-reduce": local_sums_autograd,
+        "fk.norm(model) under torch.no_grad()": norm_no_grad,
         "local sums of squares, no all-reduce": lambda: sum(x.reshape(-1).dot(x.reshape(-1)) for x in lm),
         "dist.all_reduce of one scalar": lambda: dist.all_reduce(ones),
     }
     # the same fixed number of calls on every rank (a collective must be called as often on each).
-    # The calls that make no collective (the EMA step and its reference, the local sums) are timed on
-    # one rank at a time while the others wait at a barrier, so that the ranks, which share this
-    # machine's cores, do not slow each other down; the collectives are timed on all ranks at once.
+    # The EMA step and its reference make no collective: they are timed on one rank at a time while
+    # the others wait at a barrier, so that the ranks, which share this machine's cores, do not slow
+    # each other down; the norm, its local sums and the all-reduce are timed on all ranks at once.
+    # (the local sums stay with the collectives: they are the reference of fk.norm, timed alike)
     local = ("fk.lerp(ema, model, t, out=ema)", "torch._foreach_lerp_ over the local shards")
-    local += ("local sums of squares, no all-reduce",)
     times = dict.fromkeys(calls, float("inf"))
     ratios = []  # the EMA step over its reference, paired within each round
     for f in calls.values():
@@ -147,7 +157,15 @@ def run(quick: bool) -> str:
             for c in cs
         ]
         norm_extra = [
-            (c["times"]["fk.norm(model)"] - c["times"]["local sums of squares, no all-reduce"])
+            (c["times"]["fk.norm(model) under torch.no_grad()"] - c["times"]["local sums of squares, no all-reduce"])
+            / c["times"]["dist.all_reduce of one scalar"]
+            for c in cs
+        ]
+        grad_extra = [
+            (
+                c["times"]["fk.norm(model)"]
+                - c["times"]["local sums of squares through to_local(), differentiable, no all-reduce"]
+            )
             / c["times"]["dist.all_reduce of one scalar"]
             for c in cs
         ]
@@ -155,21 +173,26 @@ def run(quick: bool) -> str:
         verdict = "met" if max(ema) <= 1.1 else "**not met**"
         lines.append(
             f"| {c0['params']:,} | {c0['tensors']} | {ema[0]:.2f}x / {ema[1]:.2f}x | {med[0]:.2f}x / {med[1]:.2f}x "
-            f"| {verdict} | {norm_extra[0]:.2f} / {norm_extra[1]:.2f} |"
+            f"| {verdict} | {norm_extra[0]:.2f} / {norm_extra[1]:.2f} | {grad_extra[0]:.2f} / {grad_extra[1]:.2f} |"
         )
         rows = "\n".join(f"| {name} | {sec * 1e6:,.1f} µs |" for name, sec in c0["times"].items())
         tables.append(f"Rank 0, {c0['params']:,} parameters:\n\n| call | best time per call |\n|---|---|\n{rows}\n")
     body = "\n".join(lines)
     header = (
         "| parameters | tensors per rank | EMA step / `_foreach_lerp_`, best, rank 0 / rank 1 | paired median "
-        "| ≤ 1.1x (best) | norm extra, in all-reduces |\n|---:|---:|---:|---:|---|---:|"
+        "| ≤ 1.1x (best) | norm extra, no_grad, in all-reduces | differentiable norm extra |\n"
+        "|---:|---:|---:|---:|---|---:|---:|"
     )
     return f"""## Sharded models: FSDP2 EMA step and global norm (2 gloo ranks, CPU)
 
 FSDP2 `nn.Sequential`s of Linear layers, two ranks on this machine, each rank holding half of
 every tensor. The EMA step `fk.lerp(ema, model, t, out=ema)` against `torch._foreach_lerp_` over
 the same local shards (issue #26's target: at most 1.1x), and `fk.norm(model)` minus the local sums
-of squares in units of one `dist.all_reduce` of one scalar (target: about 1). The EMA step and its
+of squares in units of one `dist.all_reduce` of one scalar (target: about 1): under `no_grad` (a
+gradient's norm, clipping, logging: one eager all-reduce) against the sums of the plain local
+shards, and with autograd recording (the parameters require grad: DTensor's autograd-aware
+redistribution, so that the norm has a gradient) against the same sums through the differentiable
+`to_local()`. The norm and its references run on both ranks at once. The EMA step and its
 reference make no collective, so they are timed on one rank at a time while the other waits at a
 barrier (the two ranks share this machine's two cores); "best" is the ratio of the best times,
 "paired median" the median over rounds of the ratio within a round. The EMA step pays a fixed
