@@ -135,12 +135,18 @@ def _publish() -> None:
     """
     import inspect
     import sys
+    import typing
 
     for name in __all__:
         obj = globals()[name]
         if not (isinstance(obj, type) or name == "Policy"):
             continue
         if isinstance(obj, type):
+            own = inspect.get_annotations(obj)
+            if own:  # resolved now, in the defining module: typing.get_type_hints(obj) would look
+                # the (postponed, string) annotations up in ``functorkit``'s namespace once moved
+                hints = typing.get_type_hints(obj)
+                obj.__annotations__ = {k: hints[k] for k in own}
             tests = sys.modules[obj.__module__].__dict__.setdefault("__test__", {})
             for member, value in vars(obj).items():
                 fn = getattr(value, "__func__", value)  # properties are collected with the class

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import pickle
 import traceback
+import typing
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,18 @@ def test_public_name_lives_at_functorkit(name: str) -> None:
     if isinstance(obj, type):
         assert obj.__qualname__ == name
         assert repr(obj) == f"<class 'functorkit.{name}'>"
+
+
+@pytest.mark.parametrize("name", PUBLIC_TYPES)
+def test_type_hints_of_public_classes_resolve(name: str) -> None:
+    """typing.get_type_hints (dataclass tools, pydantic, sphinx) looks a class's postponed
+    annotations up in the module ``__module__`` names, ``functorkit``, which does not hold ``Any``
+    or the private types: they are resolved where the class is defined, before it moves."""
+    cls = getattr(fk, name)
+    hints = typing.get_type_hints(cls)
+    assert all(not isinstance(v, str) for v in hints.values())
+    if name == "Restructure":
+        assert hints["_td"] is fk.TreeDef
 
 
 @pytest.mark.parametrize("name", PUBLIC_TYPES)
