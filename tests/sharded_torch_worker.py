@@ -20,6 +20,7 @@ from typing import Any
 
 
 def main() -> None:
+    import copy
     import os
     import tempfile
 
@@ -545,6 +546,91 @@ def main() -> None:
     check("fsdp_load_full", fsdp_load_full)
 
     check("fsdp_destructure", lambda: (fk.destructure(m), {})[1])
+
+    # ---- a rebuilt FSDP2 module works: its own FSDP2 state all-gathers its own parameters
+    xin = torch.randn(4, 6, generator=torch.Generator().manual_seed(5))
+    ref_out = ref_m(xin).detach()
+
+    def rebuilt_forward(op: Callable[[Any, Any], Any]) -> dict[str, Any]:
+        before = {k: full(v).clone() for k, v in m.state_dict().items()}
+        with count() as c:
+            r = op(m, m2)
+        # the same operation on the unsharded modules (its parameters made leaves, for their .grad)
+        want = fk.fmap(lambda t: t.detach().requires_grad_(True), op(ref_m, ref_m2))
+        y = r(xin)
+        y.square().sum().backward()
+        want(xin).square().sum().backward()
+        grads = fk.fmap(lambda p: p.grad, r)
+        y_orig = m(xin)  # the original still runs its own forward, with its own parameters
+        return {
+            "comms": c,
+            "cls": [type(r).__name__, type(r.fc1).__name__, type(r.fc2).__name__],
+            "placements": placements(r),
+            "err_forward": float((y - want(xin)).abs().max()),
+            "err_grads": err(grads, {k: p.grad for k, p in want.named_parameters()}),
+            "own_state": r._get_fsdp_state() is not m._get_fsdp_state()
+            and r.fc1._get_fsdp_state() is not m.fc1._get_fsdp_state(),
+            "differs": float((y - ref_out).abs().max()) > 1e-3,  # not the original's output
+            "err_orig": float((y_orig - ref_out).abs().max()),
+            "orig_unchanged": all(torch.equal(full(v), before[k]) for k, v in m.state_dict().items()),
+            "orig_no_grad": all(p.grad is None for p in m.parameters()),
+        }
+
+    rebuilds: dict[str, Callable[[Any, Any], Any]] = {
+        "fmap": lambda a, b: fk.fmap(lambda x: 2 * x, a),
+        # an EMA: a copy updated in place, whose forward must gather the updated shards
+        "copy": lambda a, b: (lambda c: fk.lerp(c, b, 0.5, out=c))(fk.copy(a)),
+        "lerp": lambda a, b: fk.lerp(a, b, 0.25),
+        "identity": lambda a, b: fk.sub(fk.fmap(lambda x: x, a), b),  # a rebuilt module rebuilt again
+    }
+    for name, op in rebuilds.items():
+        check(f"fsdp_rebuilt_{name}", lambda op=op: rebuilt_forward(op))
+
+    def rebuilt_hsdp(shape: tuple[int, int]) -> dict[str, Any]:
+        hmesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
+        h = copy.deepcopy(ref_m)
+        for mod in (h.fc1, h.fc2, h):
+            fully_shard(mod, mesh=hmesh)
+        with count() as c:
+            r = fk.scale(3.0, h)
+        with count() as c_norm:
+            n = float(fk.norm(r))
+        y = r(xin)
+        want = fk.scale(3.0, ref_m)
+        return {
+            "comms": c,
+            "comms_norm": c_norm,
+            "norm": n,
+            "norm_ref": float(fk.norm(want)),
+            "placements": placements(r),
+            "err_forward": float((y - want(xin)).abs().max()),
+            "err_orig": float((h(xin) - ref_out).abs().max()),
+        }
+
+    for shape in ((1, world), (world, 1)):
+        check(f"fsdp_rebuilt_hsdp_{shape[0]}x{shape[1]}", lambda shape=shape: rebuilt_hsdp(shape))
+
+    def rebuilt_plain() -> dict[str, Any]:
+        r = fk.fmap(lambda x: x.to_local(), m)
+        mods = [r, r.fc1, r.fc2]
+        return {
+            "cls": [type(x).__name__ for x in mods],
+            "hooks": sum(len(getattr(x, k)) for x in mods for k in vars(x) if "hook" in k and isinstance(getattr(x, k), dict)),
+            "rows": int(r.fc1.weight.shape[0]),
+            "flat": int(fk.destructure(r)[0].shape[0]),  # a plain module of local shards flattens
+        }
+
+    check("fsdp_rebuilt_plain", rebuilt_plain)
+    check("fsdp_rebuilt_mixed", lambda: (fk.fmap(lambda x: x.to_local() if x.ndim == 1 else x, m), {})[1])
+
+    def rebuilt_unsharded() -> dict[str, Any]:
+        lin = copy.deepcopy(ref_m.fc1)
+        fully_shard(lin, reshard_after_forward=False)
+        lin(xin)  # its parameters stay unsharded after this forward
+        fk.copy(lin)
+        return {}
+
+    check("fsdp_rebuilt_unsharded", rebuilt_unsharded)
 
     # ---- checkpoints: every rank writes its own pieces into one directory (the test reads them)
     folder = os.environ.get("FK_CKPT_DIR", "")

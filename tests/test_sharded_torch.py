@@ -500,3 +500,48 @@ def test_malformed_piece_metadata_is_a_structure_error(
         assert "model.safetensors.index.json" in text, text
         assert key in text, text
         assert words in text, text
+
+
+# ---- rebuilt FSDP2 modules (docs/sharded.md, "Rebuilt FSDP2 modules")
+
+
+@pytest.mark.parametrize("name", ["fmap", "copy", "lerp", "identity"])
+def test_a_rebuilt_fsdp2_module_runs_its_own_forward_and_backward(ranks: list[dict[str, Any]], name: str) -> None:
+    for r in _ok(ranks, f"fsdp_rebuilt_{name}"):
+        assert r["comms"] == {}  # rebuilding gathers nothing (FSDP2's all-gathers come in its forward)
+        assert r["cls"] == ["FSDPMLP", "FSDPLinear", "FSDPLinear"]
+        assert r["placements"] == ["DTensor:(Shard(dim=0),)"] * 4
+        assert r["own_state"] is True
+        assert r["err_forward"] <= 1e-5  # the unsharded modules under the same operation, same input
+        assert r["err_grads"] <= 1e-5  # its backward reduce-scatters into its own parameters' .grad
+        assert r["differs"] is True  # so its hooks gathered its own parameters, not the original's
+        assert r["err_orig"] <= 1e-6
+        assert r["orig_unchanged"] is True
+        assert r["orig_no_grad"] is True
+
+
+@pytest.mark.parametrize("shape", ["1x2", "2x1"])
+def test_a_rebuilt_hsdp_module_runs_and_its_norm_is_one_all_reduce(ranks: list[dict[str, Any]], shape: str) -> None:
+    res = _ok(ranks, f"fsdp_rebuilt_hsdp_{shape}")
+    for r in res:
+        assert r["comms"] == {}
+        assert r["placements"] == ["DTensor:(Replicate(), Shard(dim=0))"] * 4
+        assert r["err_forward"] <= 1e-5
+        assert r["err_orig"] <= 1e-6
+        assert r["norm"] == pytest.approx(r["norm_ref"], rel=1e-5)
+        assert r["comms_norm"] == ONE_ALL_REDUCE
+    assert res[0]["norm"] == res[1]["norm"]
+
+
+def test_an_fsdp2_module_of_plain_tensors_is_rebuilt_plain(ranks: list[dict[str, Any]]) -> None:
+    res = _ok(ranks, "fsdp_rebuilt_plain")
+    for r in res:
+        assert r["cls"] == ["MLP", "Linear", "Linear"]  # no FSDP2 class, state or hook
+        assert r["hooks"] == 0
+    assert sorted(r["rows"] for r in res) == [4, 4]  # fc1's 8 rows: this rank's 4
+    assert [r["flat"] for r in res] == [4 * 6 + 4 + 2 * 8 + 2, 4 * 6 + 4 + 1 * 8 + 1]  # fc2: 3 rows as 2 + 1
+
+
+def test_what_cannot_be_rebuilt_working_is_refused(ranks: list[dict[str, Any]]) -> None:
+    _refused(ranks, "fsdp_rebuilt_mixed", "StructureError", "FSDPLinear at 'fc1'", "'bias'", "fk.load_into(model, rebuilt)")
+    _refused(ranks, "fsdp_rebuilt_unsharded", "TypeError", "unsharded now", "reshard()", "fk.load_into(model, rebuilt)")
