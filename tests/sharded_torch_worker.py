@@ -615,7 +615,9 @@ def main() -> None:
         mods = [r, r.fc1, r.fc2]
         return {
             "cls": [type(x).__name__ for x in mods],
-            "hooks": sum(len(getattr(x, k)) for x in mods for k in vars(x) if "hook" in k and isinstance(getattr(x, k), dict)),
+            "hooks": sum(
+                len(getattr(x, k)) for x in mods for k in vars(x) if "hook" in k and isinstance(getattr(x, k), dict)
+            ),
             "rows": int(r.fc1.weight.shape[0]),
             "flat": int(fk.destructure(r)[0].shape[0]),  # a plain module of local shards flattens
         }

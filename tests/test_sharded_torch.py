@@ -163,9 +163,7 @@ def test_per_tensor_reductions_are_global(ranks: list[dict[str, Any]]) -> None:
 
 
 @pytest.mark.parametrize("shape", ["1x2", "2x1", "2x2"])
-def test_a_2d_mesh_still_makes_one_all_reduce_per_reduction(
-    request: pytest.FixtureRequest, shape: str
-) -> None:
+def test_a_2d_mesh_still_makes_one_all_reduce_per_reduction(request: pytest.FixtureRequest, shape: str) -> None:
     """HSDP's 2-D layout (Replicate on one mesh dimension, Shard on the other): the global value,
     each replica counted once, with one all-reduce for the whole mesh (not one per dimension: on
     the 2x2 mesh of four ranks, DTensor's own Partial -> Replicate would make two)."""
@@ -543,5 +541,7 @@ def test_an_fsdp2_module_of_plain_tensors_is_rebuilt_plain(ranks: list[dict[str,
 
 
 def test_what_cannot_be_rebuilt_working_is_refused(ranks: list[dict[str, Any]]) -> None:
-    _refused(ranks, "fsdp_rebuilt_mixed", "StructureError", "FSDPLinear at 'fc1'", "'bias'", "fk.load_into(model, rebuilt)")
+    _refused(
+        ranks, "fsdp_rebuilt_mixed", "StructureError", "FSDPLinear at 'fc1'", "'bias'", "fk.load_into(model, rebuilt)"
+    )
     _refused(ranks, "fsdp_rebuilt_unsharded", "TypeError", "unsharded now", "reshard()", "fk.load_into(model, rebuilt)")

@@ -81,7 +81,7 @@ def _unsupported(st: Any, cls: type, orig_cls: type) -> str | None:
                 )
             if fp.is_dtensor:
                 return "its parameters were DTensors before fully_shard (tensor parallelism with FSDP2)"
-            if type(fp.sharded_param._local_tensor) is not torch.Tensor:
+            if type(getattr(fp.sharded_param, "_local_tensor", None)) is not torch.Tensor:
                 return "its local shards are tensor subclasses (FSDP2's all-gather extensions)"
     return None
 
@@ -103,9 +103,7 @@ def _managed(root: Any, stop: type) -> list[tuple[str, Any]]:
 
 
 def _positions(mods: list[tuple[str, Any]]) -> dict[tuple[str, str], Any]:
-    return {
-        (path, name): v for path, m in mods for name, v in m.__dict__["_parameters"].items() if v is not None
-    }
+    return {(path, name): v for path, m in mods for name, v in m.__dict__["_parameters"].items() if v is not None}
 
 
 def _hook_ids(st: Any) -> set[int]:
@@ -149,7 +147,7 @@ def _mesh_below(new: Any, stop: type) -> Any:
     from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
 
     for m in new.modules():
-        if m is not new and isinstance(m, stop):
+        if m is not new and isinstance(m, stop) and isinstance(m, torch.nn.Module):
             st = _get_module_fsdp_state(m)
             if st is not None and st._fsdp_param_groups:
                 return st._fsdp_param_groups[0].mesh_info.mesh
@@ -187,10 +185,10 @@ def rebuild(new: Any) -> None:
     clone_mods = _managed(new, FSDPModule)
     by_path = dict(clone_mods)
     orig_vals, vals = _positions(orig_mods), _positions(clone_mods)
-    group = st._fsdp_param_groups[0] if st._fsdp_param_groups else None
+    group: Any = st._fsdp_param_groups[0] if st._fsdp_param_groups else None
     fsdp_pos: dict[tuple[str, str], Any] = {}
     if group is not None:
-        paths = {}
+        paths: dict[int, str] = {}
         for path, m in orig_mods:
             paths.setdefault(id(m), path)
         for fp in group.fsdp_params:
@@ -209,11 +207,11 @@ def rebuild(new: Any) -> None:
         plain()  # none of its parameters is a DTensor: a plain module of the original class
         return
     if set(vals) != set(orig_vals):
+        moved = sorted(f"{p}.{n}".lstrip(".") for p, n in set(vals) - set(orig_vals))
         msg = (
-            f"rebuilding {where}: it now manages the parameters {sorted(f'{p}.{n}'.lstrip('.') for p, n in set(vals) - set(orig_vals))}"
-            ", which an FSDP2 submodule held (that submodule's parameters are no longer DTensors while this "
-            "module's are). Expected every parameter of an FSDP2 model to stay a DTensor, or none; "
-            f"{_LOAD_FIX}."
+            f"rebuilding {where}: it now manages the parameters {moved}, which an FSDP2 submodule held "
+            "(that submodule's parameters are no longer DTensors while this module's are). Expected every "
+            f"parameter of an FSDP2 model to stay a DTensor, or none; {_LOAD_FIX}."
         )
         raise StructureError(msg)
     place: dict[int, Any] = {}  # id of the clone's value -> the Shard FSDP2 gives it
@@ -250,12 +248,12 @@ def rebuild(new: Any) -> None:
     plain()
     meta: dict[int, Any] = {}
     shard_of: dict[int, Any] = {}
-    for (path, name), fp in fsdp_pos.items():
+    for path, name in fsdp_pos:
         v = vals[(path, name)]
         p = meta.get(id(v))
         if p is None:
             p = meta[id(v)] = torch.nn.Parameter(
-                torch.empty(v.shape, dtype=v.dtype, device="meta"), requires_grad=fp.sharded_param.requires_grad
+                torch.empty(v.shape, dtype=v.dtype, device="meta"), requires_grad=v.requires_grad
             )
             shard_of[id(p)] = place[id(v)]
         by_path[path].__dict__["_parameters"][name] = p
@@ -291,13 +289,14 @@ def rebuild(new: Any) -> None:
                 p = fresh[id(v)] = _own_parameter(v, fp, where)
             for m, name in zip([info.module, *info.shared_modules], [info.param_name, *info.shared_param_names]):
                 m.__dict__["_parameters"][name] = p
-            fp.reset_sharded_param()
+            fp.reset_sharded_param()  # type: ignore[no-untyped-call]
 
 
 def _own_parameter(v: Any, fp: Any, where: str) -> Any:
-    """A fresh ``nn.Parameter`` DTensor over the local shard of `v` (no copy unless it is not
-    contiguous), for FSDP2's `fp` to hold: FSDP2 pads an uneven shard into storage of its own and
-    swaps the parameter's local tensor, which must not happen to a tensor the caller holds."""
+    """A fresh DTensor leaf over the local shard of `v` (no copy unless it is not contiguous), an
+    ``nn.Parameter`` when `v` is one, with `v`'s ``requires_grad``, for FSDP2's `fp` to hold: FSDP2
+    pads an uneven shard into storage of its own and swaps the parameter's local tensor, which must
+    not happen to a tensor the caller holds."""
     from torch.distributed.tensor import DTensor
 
     local = getattr(v, "_local_tensor", None)
@@ -314,4 +313,7 @@ def _own_parameter(v: Any, fp: Any, where: str) -> Any:
         raise StructureError(msg)
     with torch.no_grad():
         dt = DTensor.from_local(local, v.device_mesh, v.placements, run_check=False, shape=v.shape, stride=v.stride())
-    return torch.nn.Parameter(dt, requires_grad=fp.sharded_param.requires_grad)
+    if isinstance(v, torch.nn.Parameter):
+        return torch.nn.Parameter(dt, requires_grad=v.requires_grad)
+    # a plain tensor in a parameter slot stays one (trainable, as in any rebuilt module), as a leaf
+    return dt.requires_grad_(v.requires_grad)
