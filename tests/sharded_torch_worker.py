@@ -551,12 +551,19 @@ def main() -> None:
     xin = torch.randn(4, 6, generator=torch.Generator().manual_seed(5))
     ref_out = ref_m(xin).detach()
 
+    def hook_ids(model: Any) -> set[int]:
+        """The ids of every hook registered on `model`'s modules (ids are unique across torch)."""
+        return {
+            i for mod in model.modules() for k, v in vars(mod).items() if "hook" in k and isinstance(v, dict) for i in v
+        }
+
     def rebuilt_forward(op: Callable[[Any, Any], Any]) -> dict[str, Any]:
         before = {k: full(v).clone() for k, v in m.state_dict().items()}
         with count() as c:
             r = op(m, m2)
         # the same operation on the unsharded modules (its parameters made leaves, for their .grad)
         want = fk.fmap(lambda t: t.detach().requires_grad_(True), op(ref_m, ref_m2))
+        copied_hooks = hook_ids(r) & hook_ids(m)  # none of the original's FSDP2 hooks is in the clone
         y = r(xin)
         y.square().sum().backward()
         want(xin).square().sum().backward()
@@ -568,6 +575,8 @@ def main() -> None:
             "placements": placements(r),
             "err_forward": float((y - want(xin)).abs().max()),
             "err_grads": err(grads, {k: p.grad for k, p in want.named_parameters()}),
+            "copied_hooks": len(copied_hooks),
+            "hooks": len(hook_ids(r)),
             "own_state": r._get_fsdp_state() is not m._get_fsdp_state()
             and r.fc1._get_fsdp_state() is not m.fc1._get_fsdp_state(),
             "differs": float((y - ref_out).abs().max()) > 1e-3,  # not the original's output
@@ -609,6 +618,57 @@ def main() -> None:
 
     for shape in ((1, world), (world, 1)):
         check(f"fsdp_rebuilt_hsdp_{shape[0]}x{shape[1]}", lambda shape=shape: rebuilt_hsdp(shape))
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(6, 6)
+            self.b = torch.nn.Linear(6, 6)
+            self.b.weight = self.a.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.relu(self.a(x)))
+
+    def rebuilt_configs() -> dict[str, Any]:
+        """A tied weight in one group, an ignored parameter, a mixed precision policy: each rebuilt
+        module's forward equals the original FSDP2 module's after fk.load_into of the rebuilt values."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        torch.manual_seed(4)
+        tied_ref = Tied()
+
+        def sharded(kind: str) -> Any:
+            if kind == "tied":
+                t = copy.deepcopy(tied_ref)
+                fully_shard(t)
+                return t
+            t = copy.deepcopy(ref_m)
+            if kind == "ignored":
+                fully_shard(t, ignored_params={t.fc2.bias})
+            else:
+                policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+                fully_shard(t.fc1, mp_policy=policy)
+                fully_shard(t, mp_policy=policy)
+            return t
+
+        out: dict[str, Any] = {}
+        for kind in ("tied", "ignored", "mp"):
+            orig = sharded(kind)
+            with count() as c:
+                r = fk.scale(2.0, orig)
+            types = ["DTensor" if isinstance(p, DTensor) else type(p).__name__ for p in fk.leaves(r)]
+            target = fk.load_into(sharded(kind), r)
+            y, y_target = r(xin), target(xin)  # (a root keeps its parameters unsharded after forward)
+            out[kind] = {
+                "comms": c,
+                "dtype": str(y.dtype),
+                "err": float((y.float() - y_target.float()).abs().max()),
+                "differs": float((y.float() - orig(xin).float()).abs().max()) > 1e-3,
+                "types": types,
+            }
+        return out
+
+    check("fsdp_rebuilt_configs", rebuilt_configs)
 
     def rebuilt_plain() -> dict[str, Any]:
         r = fk.fmap(lambda x: x.to_local(), m)

@@ -510,6 +510,8 @@ def test_a_rebuilt_fsdp2_module_runs_its_own_forward_and_backward(ranks: list[di
         assert r["cls"] == ["FSDPMLP", "FSDPLinear", "FSDPLinear"]
         assert r["placements"] == ["DTensor:(Shard(dim=0),)"] * 4
         assert r["own_state"] is True
+        assert r["copied_hooks"] == 0  # the original's hooks (bound to its state) are not in the clone
+        assert r["hooks"] >= 6  # its own: a forward pre and post hook per FSDP2 module
         assert r["err_forward"] <= 1e-5  # the unsharded modules under the same operation, same input
         assert r["err_grads"] <= 1e-5  # its backward reduce-scatters into its own parameters' .grad
         assert r["differs"] is True  # so its hooks gathered its own parameters, not the original's
@@ -529,6 +531,17 @@ def test_a_rebuilt_hsdp_module_runs_and_its_norm_is_one_all_reduce(ranks: list[d
         assert r["norm"] == pytest.approx(r["norm_ref"], rel=1e-5)
         assert r["comms_norm"] == ONE_ALL_REDUCE
     assert res[0]["norm"] == res[1]["norm"]
+
+
+def test_rebuilt_fsdp2_settings_ties_ignored_parameters_and_mixed_precision(ranks: list[dict[str, Any]]) -> None:
+    for r in _ok(ranks, "fsdp_rebuilt_configs"):
+        for kind, res in r.items():
+            assert res["comms"] == {}, kind
+            assert res["err"] == 0.0, kind  # the original FSDP2 module holding the rebuilt values
+            assert res["differs"] is True, kind
+        assert r["tied"]["types"] == ["DTensor"] * 3  # a.weight, a.bias, b.bias: the tie kept
+        assert r["ignored"]["types"] == ["DTensor"] * 3 + ["Tensor"]  # fc2.bias: ignored, plain
+        assert (r["mp"]["dtype"], r["ignored"]["dtype"]) == ("torch.bfloat16", "torch.float32")
 
 
 def test_an_fsdp2_module_of_plain_tensors_is_rebuilt_plain(ranks: list[dict[str, Any]]) -> None:
