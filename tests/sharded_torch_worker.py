@@ -379,6 +379,9 @@ def main() -> None:
         counted("tensor_dots", lambda: {k: float(v) for k, v in fk.tensor_dots(a, b).items()}, dots_ref)
         norms_ref = {k: float(torch.linalg.vector_norm(ra[k].double())) for k in ra}
         counted("tensor_norms", lambda: {k: float(v) for k, v in fk.tensor_norms(a).items()}, norms_ref)
+        g = fk.fmap(lambda t: t.detach().requires_grad_(True), a)
+        fk.norm(g).backward()  # differentiable through the one all-reduce: d|p|/dp = p / |p|
+        out["grad_err"] = err(fk.fmap(lambda t: t.grad, g), {k: v / n for k, v in ra.items()})
         out["placements"] = placements(a)
         return out
 

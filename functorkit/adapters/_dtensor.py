@@ -216,6 +216,14 @@ def _counted(x: Any) -> bool:
     return all(c == 0 for c, p in zip(coord, x.placements, strict=True) if p.is_replicate())
 
 
+def _uncounted(p: Any) -> Any:
+    """A replica's part of a sum that another rank counts: 0, but with `p`'s gradient where autograd
+    records `p` (``p - p.detach()``). So every rank's result has a gradient (no rank leaves the
+    backward's collectives) and every replica of a replicated parameter gets the whole gradient, as
+    its ``Replicate`` placement says (a plain 0 would give the replicas none)."""
+    return p - p.detach() if p.requires_grad else torch.zeros_like(p)
+
+
 def _check(k: int, x: Any, dt: Any, mesh: Any, y: Any) -> None:
     if not isinstance(x, dt):
         msg = (
@@ -293,7 +301,7 @@ def reduce(ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: f
         y = None if ys is None else ys[k]
         _check(k, x, dt, mesh, y)
         p = _local_part(ad, kind, x, y, o)
-        parts.append(p if op != "sum" or _counted(x) else torch.zeros_like(p))
+        parts.append(p if op != "sum" or _counted(x) else _uncounted(p))
     if len(parts) == 1:
         total = parts[0]
     else:
@@ -338,8 +346,8 @@ def all_reduce(local: Any, mesh: Any, op: str) -> Any:
     dt = dtensor_type()
     from torch.distributed.tensor import Partial, Replicate
 
-    flat = _flat_mesh(mesh) if _spread(mesh, range(mesh.ndim)) > 1 else None
-    if flat is None:  # at most one mesh dimension of several ranks: DTensor's own is one all-reduce
+    flat = _flat_mesh(mesh) if mesh.ndim > 1 else None
+    if flat is None:  # a 1-D mesh (one all-reduce), or an N-D one not spanning the world
         partial = dt.from_local(local, mesh, [Partial(op)] * mesh.ndim, run_check=False)
         return partial.redistribute(mesh, [Replicate()] * mesh.ndim)
     partial = dt.from_local(local, flat, [Partial(op)], run_check=False)
@@ -526,6 +534,6 @@ def settle(r: Any) -> Any:
         coord = mesh.get_coordinate()
         counted = coord is not None and all(c == 0 for c, p in zip(coord, places, strict=True) if p.is_replicate())
         if op == "sum" and not counted:
-            part = torch.zeros_like(part)
+            part = _uncounted(part)
         return all_reduce(part, mesh, op)
     return r.redistribute(mesh, [Replicate()] * mesh.ndim)
