@@ -673,6 +673,23 @@ def main() -> None:
 
     check("fsdp_rebuilt_configs", rebuilt_configs)
 
+    def partition_combine() -> dict[str, Any]:
+        """fk.partition's groups (slots another group holds are None) are values, not runnable
+        modules; fk.combine of them rebuilds a working FSDP2 module."""
+        with count() as c:
+            weights, rest = fk.partition(m, lambda path, x: path.display.endswith("weight"))
+            back = fk.combine(weights, rest)
+        return {
+            "comms": c,
+            "cls": [type(weights).__name__, type(back).__name__],
+            "norms": [float(fk.norm(weights)) ** 2 + float(fk.norm(rest)) ** 2, float(fk.norm(m)) ** 2],
+            "copied_hooks": len(hook_ids(weights) & hook_ids(m)),
+            "err_forward": float((back(xin) - ref_out).abs().max()),
+            "own_state": back._get_fsdp_state() is not m._get_fsdp_state(),
+        }
+
+    check("fsdp_partition_combine", partition_combine)
+
     def rebuilt_plain() -> dict[str, Any]:
         r = fk.fmap(lambda x: x.to_local(), m)
         mods = [r, r.fc1, r.fc2]

@@ -545,6 +545,16 @@ def test_rebuilt_fsdp2_settings_ties_ignored_parameters_and_mixed_precision(rank
         assert (r["mp"]["dtype"], r["ignored"]["dtype"]) == ("torch.bfloat16", "torch.float32")
 
 
+def test_partition_groups_of_an_fsdp2_module_combine_into_a_working_one(ranks: list[dict[str, Any]]) -> None:
+    for r in _ok(ranks, "fsdp_partition_combine"):
+        assert r["comms"] == {}
+        assert r["cls"] == ["FSDPMLP", "FSDPMLP"]
+        assert r["norms"][0] == pytest.approx(r["norms"][1], rel=1e-5)
+        assert r["copied_hooks"] == 0  # a group never runs the original's hooks
+        assert r["err_forward"] <= 1e-6
+        assert r["own_state"] is True
+
+
 def test_an_fsdp2_module_of_plain_tensors_is_rebuilt_plain(ranks: list[dict[str, Any]]) -> None:
     res = _ok(ranks, "fsdp_rebuilt_plain")
     for r in res:

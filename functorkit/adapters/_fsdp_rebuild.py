@@ -141,6 +141,16 @@ def _drop_hooks(mods: list[tuple[str, Any]], originals: dict[str, Any], ids: set
                     del hooks[i]
 
 
+def _group_below(new: Any, stop: type) -> bool:
+    """Whether an FSDP2 module under `new` was kept a partition group (no FSDP2 state of its own)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
+
+    return any(
+        m is not new and isinstance(m, stop) and isinstance(m, torch.nn.Module) and _get_module_fsdp_state(m) is None
+        for m in new.modules()
+    )
+
+
 def _mesh_below(new: Any, stop: type) -> Any:
     """The mesh of an FSDP2 module under `new` (for a module without parameters of its own, whose
     state keeps no mesh: any of the model's is right, it shards nothing)."""
@@ -203,6 +213,15 @@ def rebuild(new: Any) -> None:
         d.pop(REGISTRY_KEY, None)
         new.__class__ = orig_cls
 
+    holes = set(orig_vals) - set(vals)
+    if (holes and all(by_path[p].__dict__["_parameters"].get(n, 0) is None for p, n in holes)) or _group_below(
+        new, FSDPModule
+    ):
+        # an fk.partition group (slots another group holds are None): a value that cannot run, kept an
+        # FSDP2 module of the original's state, so that fk.combine of the groups rebuilds a working one;
+        # without the original's hooks, so that calling it never runs them on the original
+        _drop_hooks(clone_mods, dict(orig_mods), ids)
+        return
     if vals and not any(isinstance(v, DTensor) for v in vals.values()):
         plain()  # none of its parameters is a DTensor: a plain module of the original class
         return
