@@ -311,7 +311,7 @@ def reduce(ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: f
     return out == 1 if kind == "all_finite" else out
 
 
-_FLAT: dict[tuple[str, tuple[int, ...]], Any] = {}  # (device type, a mesh's ranks) -> its 1-D mesh
+_FLAT: dict[tuple[int, str, tuple[int, ...]], Any] = {}  # (world group, device type, ranks) -> 1-D mesh
 
 
 def _flat_mesh(mesh: Any) -> Any:
@@ -324,7 +324,7 @@ def _flat_mesh(mesh: Any) -> Any:
     ranks = tuple(int(r) for r in mesh.mesh.reshape(-1).tolist())
     if len(ranks) != dist.get_world_size():
         return None
-    key = (str(mesh.device_type), ranks)
+    key = (id(dist.group.WORLD), str(mesh.device_type), ranks)  # a new process group: new meshes
     flat = _FLAT.get(key)
     if flat is None:
         from torch.distributed.device_mesh import DeviceMesh
@@ -517,7 +517,9 @@ def whole_tensor_problem(x: Any) -> str | None:
 
 def settle(r: Any) -> Any:
     """A per-tensor result `r` whose DTensor placements are `Partial` (an unreduced sum: each rank
-    holds its own part) reduced to `Replicate` (one all-reduce); anything else as it is."""
+    holds its own part) reduced to `Replicate` with one all-reduce (a 0-d result pending on several
+    mesh dimensions: `all_reduce` over all of them at once; otherwise DTensor's redistribution,
+    one all-reduce for one pending dimension); anything else as it is."""
     dt = dtensor_type()
     if dt is None or not isinstance(r, dt) or not any(p.is_partial() for p in r.placements):
         return r

@@ -24,7 +24,9 @@ load-state-dict hook, the param group's state-dict hooks), so its forward would 
 
 Nothing of the original is written, and nothing is communicated: FSDP2 all-gathers the clone's own
 parameters in the clone's forward. A clone whose parameters are all plain tensors (``fk.fmap(lambda
-x: x.to_local(), model)``) is a plain module of the original class (no FSDP2 state, no FSDP2 hook).
+x: x.to_local(), model)``) is a plain module of the original class (no FSDP2 state, no FSDP2 hook);
+an ``fk.partition`` group (slots another group holds are None) stays a value of the original's
+state without its hooks, so that ``fk.combine`` of the groups rebuilds a working module.
 What cannot be rebuilt working is refused by name, with ``fk.load_into(original, rebuilt)`` as the
 fix (docs/sharded.md, "Rebuilt FSDP2 modules").
 """
