@@ -17,8 +17,8 @@ load-state-dict hook, the param group's state-dict hooks), so its forward would 
 3. ``fully_shard`` is called on the clone (inner modules were rebuilt first: the walk builds
    bottom-up, as ``fully_shard`` must be called) with the same settings, over parameters on the
    ``meta`` device (no memory, no communication);
-4. each ``FSDPParam``'s sharded parameter is then the clone's own DTensor (a fresh
-   ``nn.Parameter`` over its local shard, so that FSDP2's padding of an uneven shard never touches
+4. each ``FSDPParam``'s sharded parameter is then the clone's own DTensor (a fresh leaf over its
+   local shard, an ``nn.Parameter`` where the value is one, so that FSDP2's padding of an uneven shard never touches
    a tensor the caller holds), installed as FSDP2 itself does after ``load_state_dict(assign=True)``
    (``reset_sharded_param``).
 
@@ -285,6 +285,8 @@ def rebuild(new: Any) -> None:
         offload = group.offload_policy
     else:
         mesh, raf = _mesh_below(new, FSDPModule), None if st._auto_reshard_after_forward else False
+        if mesh is None:  # no parameter here or below: FSDP2 would shard nothing (and guess a device)
+            return
         from torch.distributed.fsdp import OffloadPolicy
 
         offload = OffloadPolicy()
