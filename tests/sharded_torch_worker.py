@@ -20,6 +20,7 @@ from typing import Any
 
 
 def main() -> None:
+    import copy
     import os
     import tempfile
 
@@ -88,7 +89,7 @@ def main() -> None:
                 continue  # (counted as its c10d op above)
             out[f"eager.{k}"] = v
 
-    only = os.environ.get("FK_ONLY", "")  # a prefix: run only the checks named so (the 4-rank run)
+    only = tuple(os.environ.get("FK_ONLY", "").split(","))  # prefixes: run only those checks (the 4-rank run)
 
     def check(name: str, f: Callable[[], dict[str, Any]]) -> None:
         if not name.startswith(only):
@@ -402,6 +403,9 @@ def main() -> None:
         counted("tensor_dots", lambda: {k: float(v) for k, v in fk.tensor_dots(a, b).items()}, dots_ref)
         norms_ref = {k: float(torch.linalg.vector_norm(ra[k].double())) for k in ra}
         counted("tensor_norms", lambda: {k: float(v) for k, v in fk.tensor_norms(a).items()}, norms_ref)
+        g = fk.fmap(lambda t: t.detach().requires_grad_(True), a)
+        fk.norm(g).backward()  # differentiable through the one all-reduce: d|p|/dp = p / |p|
+        out["grad_err"] = err(fk.fmap(lambda t: t.grad, g), {k: v / n for k, v in ra.items()})
         out["placements"] = placements(a)
         return out
 
@@ -592,6 +596,170 @@ def main() -> None:
     check("fsdp_load_full", fsdp_load_full)
 
     check("fsdp_destructure", lambda: (fk.destructure(m), {})[1])
+
+    # ---- a rebuilt FSDP2 module works: its own FSDP2 state all-gathers its own parameters
+    xin = torch.randn(4, 6, generator=torch.Generator().manual_seed(5))
+    ref_out = ref_m(xin).detach()
+
+    def hook_ids(model: Any) -> set[int]:
+        """The ids of every hook registered on `model`'s modules (ids are unique across torch)."""
+        return {
+            i for mod in model.modules() for k, v in vars(mod).items() if "hook" in k and isinstance(v, dict) for i in v
+        }
+
+    def rebuilt_forward(op: Callable[[Any, Any], Any]) -> dict[str, Any]:
+        before = {k: full(v).clone() for k, v in m.state_dict().items()}
+        with count() as c:
+            r = op(m, m2)
+        # the same operation on the unsharded modules (its parameters made leaves, for their .grad)
+        want = fk.fmap(lambda t: t.detach().requires_grad_(True), op(ref_m, ref_m2))
+        copied_hooks = hook_ids(r) & hook_ids(m)  # none of the original's FSDP2 hooks is in the clone
+        y = r(xin)
+        y.square().sum().backward()
+        want(xin).square().sum().backward()
+        grads = fk.fmap(lambda p: p.grad, r)
+        y_orig = m(xin)  # the original still runs its own forward, with its own parameters
+        return {
+            "comms": c,
+            "cls": [type(r).__name__, type(r.fc1).__name__, type(r.fc2).__name__],
+            "placements": placements(r),
+            "err_forward": float((y - want(xin)).abs().max()),
+            "err_grads": err(grads, {k: p.grad for k, p in want.named_parameters()}),
+            "copied_hooks": len(copied_hooks),
+            "hooks": len(hook_ids(r)),
+            "own_state": r._get_fsdp_state() is not m._get_fsdp_state()
+            and r.fc1._get_fsdp_state() is not m.fc1._get_fsdp_state(),
+            "differs": float((y - ref_out).abs().max()) > 1e-3,  # not the original's output
+            "err_orig": float((y_orig - ref_out).abs().max()),
+            "orig_unchanged": all(torch.equal(full(v), before[k]) for k, v in m.state_dict().items()),
+            "orig_no_grad": all(p.grad is None for p in m.parameters()),
+        }
+
+    rebuilds: dict[str, Callable[[Any, Any], Any]] = {
+        "fmap": lambda a, b: fk.fmap(lambda x: 2 * x, a),
+        # an EMA: a copy updated in place, whose forward must gather the updated shards
+        "copy": lambda a, b: (lambda c: fk.lerp(c, b, 0.5, out=c))(fk.copy(a)),
+        "lerp": lambda a, b: fk.lerp(a, b, 0.25),
+        "identity": lambda a, b: fk.sub(fk.fmap(lambda x: x, a), b),  # a rebuilt module rebuilt again
+    }
+    for name, op in rebuilds.items():
+        check(f"fsdp_rebuilt_{name}", lambda op=op: rebuilt_forward(op))
+
+    def rebuilt_hsdp(shape: tuple[int, int]) -> dict[str, Any]:
+        hmesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
+        h = copy.deepcopy(ref_m)
+        for mod in (h.fc1, h.fc2, h):
+            fully_shard(mod, mesh=hmesh)
+        with count() as c:
+            r = fk.scale(3.0, h)
+        with count() as c_norm:
+            n = float(fk.norm(r))
+        y = r(xin)
+        want = fk.scale(3.0, ref_m)
+        return {
+            "comms": c,
+            "comms_norm": c_norm,
+            "norm": n,
+            "norm_ref": float(fk.norm(want)),
+            "placements": placements(r),
+            "err_forward": float((y - want(xin)).abs().max()),
+            "err_orig": float((h(xin) - ref_out).abs().max()),
+        }
+
+    for shape in ((2, world // 2),) if world == 4 else ((1, world), (world, 1)):
+        check(f"fsdp_rebuilt_hsdp_{shape[0]}x{shape[1]}", lambda shape=shape: rebuilt_hsdp(shape))
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(6, 6)
+            self.b = torch.nn.Linear(6, 6)
+            self.b.weight = self.a.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.relu(self.a(x)))
+
+    def rebuilt_configs() -> dict[str, Any]:
+        """A tied weight in one group, an ignored parameter, a mixed precision policy: each rebuilt
+        module's forward equals the original FSDP2 module's after fk.load_into of the rebuilt values."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        torch.manual_seed(4)
+        tied_ref = Tied()
+
+        def sharded(kind: str) -> Any:
+            if kind == "tied":
+                t = copy.deepcopy(tied_ref)
+                fully_shard(t)
+                return t
+            t = copy.deepcopy(ref_m)
+            if kind == "ignored":
+                fully_shard(t, ignored_params={t.fc2.bias})
+            else:
+                policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+                fully_shard(t.fc1, mp_policy=policy)
+                fully_shard(t, mp_policy=policy)
+            return t
+
+        out: dict[str, Any] = {}
+        for kind in ("tied", "ignored", "mp"):
+            orig = sharded(kind)
+            with count() as c:
+                r = fk.scale(2.0, orig)
+            types = ["DTensor" if isinstance(p, DTensor) else type(p).__name__ for p in fk.leaves(r)]
+            target = fk.load_into(sharded(kind), r)
+            y, y_target = r(xin), target(xin)  # (a root keeps its parameters unsharded after forward)
+            out[kind] = {
+                "comms": c,
+                "dtype": str(y.dtype),
+                "err": float((y.float() - y_target.float()).abs().max()),
+                "differs": float((y.float() - orig(xin).float()).abs().max()) > 1e-3,
+                "types": types,
+            }
+        return out
+
+    check("fsdp_rebuilt_configs", rebuilt_configs)
+
+    def partition_combine() -> dict[str, Any]:
+        """fk.partition's groups (slots another group holds are None) are values, not runnable
+        modules; fk.combine of them rebuilds a working FSDP2 module."""
+        with count() as c:
+            weights, rest = fk.partition(m, lambda path, x: path.display.endswith("weight"))
+            back = fk.combine(weights, rest)
+        return {
+            "comms": c,
+            "cls": [type(weights).__name__, type(back).__name__],
+            "norms": [float(fk.norm(weights)) ** 2 + float(fk.norm(rest)) ** 2, float(fk.norm(m)) ** 2],
+            "copied_hooks": len(hook_ids(weights) & hook_ids(m)),
+            "err_forward": float((back(xin) - ref_out).abs().max()),
+            "own_state": back._get_fsdp_state() is not m._get_fsdp_state(),
+        }
+
+    check("fsdp_partition_combine", partition_combine)
+
+    def rebuilt_plain() -> dict[str, Any]:
+        r = fk.fmap(lambda x: x.to_local(), m)
+        mods = [r, r.fc1, r.fc2]
+        return {
+            "cls": [type(x).__name__ for x in mods],
+            "hooks": sum(
+                len(getattr(x, k)) for x in mods for k in vars(x) if "hook" in k and isinstance(getattr(x, k), dict)
+            ),
+            "rows": int(r.fc1.weight.shape[0]),
+            "flat": int(fk.destructure(r)[0].shape[0]),  # a plain module of local shards flattens
+        }
+
+    check("fsdp_rebuilt_plain", rebuilt_plain)
+    check("fsdp_rebuilt_mixed", lambda: (fk.fmap(lambda x: x.to_local() if x.ndim == 1 else x, m), {})[1])
+
+    def rebuilt_unsharded() -> dict[str, Any]:
+        lin = copy.deepcopy(ref_m.fc1)
+        fully_shard(lin, reshard_after_forward=False)
+        lin(xin)  # its parameters stay unsharded after this forward
+        fk.copy(lin)
+        return {}
+
+    check("fsdp_rebuilt_unsharded", rebuilt_unsharded)
 
     # ---- checkpoints: every rank writes its own pieces into one directory (the test reads them)
     folder = os.environ.get("FK_CKPT_DIR", "")

@@ -45,7 +45,7 @@ def ranks(ckpt_dir: Path) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def ranks4() -> list[dict[str, Any]]:
     """Four ranks, for a 2x2 mesh (HSDP's layout with both dimensions real): the 2-D checks only."""
-    return run_torch_ranks("sharded_torch_worker.py", world=4, extra={"FK_ONLY": "mesh2d"})
+    return run_torch_ranks("sharded_torch_worker.py", world=4, extra={"FK_ONLY": "mesh2d,fsdp_rebuilt_hsdp"})
 
 
 def _ok(ranks: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -163,9 +163,7 @@ def test_per_tensor_reductions_are_global(ranks: list[dict[str, Any]]) -> None:
 
 
 @pytest.mark.parametrize("shape", ["1x2", "2x1", "2x2"])
-def test_a_2d_mesh_still_makes_one_all_reduce_per_reduction(
-    request: pytest.FixtureRequest, shape: str
-) -> None:
+def test_a_2d_mesh_still_makes_one_all_reduce_per_reduction(request: pytest.FixtureRequest, shape: str) -> None:
     """HSDP's 2-D layout (Replicate on one mesh dimension, Shard on the other): the global value,
     each replica counted once, with one all-reduce for the whole mesh (not one per dimension: on
     the 2x2 mesh of four ranks, DTensor's own Partial -> Replicate would make two)."""
@@ -190,7 +188,8 @@ def test_a_2d_mesh_still_makes_one_all_reduce_per_reduction(
             # one per tensor sharded over several ranks (`s`, sharded over both dimensions, too); the
             # replicated `r` and a shard over a mesh dimension of one rank need none
             assert r[name]["comms"] == {"all_reduce": 3 if shape == "2x2" else 2}, name
-    assert res[0]["norm_2"]["value"] == res[1]["norm_2"]["value"]
+        assert r["grad_err"] <= 1e-6
+    assert len({r["norm_2"]["value"] for r in res}) == 1  # the same value on every rank
 
 
 def test_task_arithmetic_is_elementwise_on_the_shards(ranks: list[dict[str, Any]]) -> None:
@@ -514,3 +513,74 @@ def test_malformed_piece_metadata_is_a_structure_error(
         assert "model.safetensors.index.json" in text, text
         assert key in text, text
         assert words in text, text
+
+
+# ---- rebuilt FSDP2 modules (docs/sharded.md, "Rebuilt FSDP2 modules")
+
+
+@pytest.mark.parametrize("name", ["fmap", "copy", "lerp", "identity"])
+def test_a_rebuilt_fsdp2_module_runs_its_own_forward_and_backward(ranks: list[dict[str, Any]], name: str) -> None:
+    for r in _ok(ranks, f"fsdp_rebuilt_{name}"):
+        assert r["comms"] == {}  # rebuilding gathers nothing (FSDP2's all-gathers come in its forward)
+        assert r["cls"] == ["FSDPMLP", "FSDPLinear", "FSDPLinear"]
+        assert r["placements"] == ["DTensor:(Shard(dim=0),)"] * 4
+        assert r["own_state"] is True
+        assert r["copied_hooks"] == 0  # the original's hooks (bound to its state) are not in the clone
+        assert r["hooks"] >= 6  # its own: a forward pre and post hook per FSDP2 module
+        assert r["err_forward"] <= 1e-5  # the unsharded modules under the same operation, same input
+        assert r["err_grads"] <= 1e-5  # its backward reduce-scatters into its own parameters' .grad
+        assert r["differs"] is True  # so its hooks gathered its own parameters, not the original's
+        assert r["err_orig"] <= 1e-6
+        assert r["orig_unchanged"] is True
+        assert r["orig_no_grad"] is True
+
+
+@pytest.mark.parametrize("shape", ["1x2", "2x1", "2x2"])
+def test_a_rebuilt_hsdp_module_runs_and_its_norm_is_one_all_reduce(request: pytest.FixtureRequest, shape: str) -> None:
+    ranks = request.getfixturevalue("ranks4" if shape == "2x2" else "ranks")
+    res = _ok(ranks, f"fsdp_rebuilt_hsdp_{shape}")
+    for r in res:
+        assert r["comms"] == {}
+        assert r["placements"] == ["DTensor:(Replicate(), Shard(dim=0))"] * 4
+        assert r["err_forward"] <= 1e-5
+        assert r["err_orig"] <= 1e-6
+        assert r["norm"] == pytest.approx(r["norm_ref"], rel=1e-5)
+        assert r["comms_norm"] == ONE_ALL_REDUCE
+    assert len({r["norm"] for r in res}) == 1  # the same value on every rank
+
+
+def test_rebuilt_fsdp2_settings_ties_ignored_parameters_and_mixed_precision(ranks: list[dict[str, Any]]) -> None:
+    for r in _ok(ranks, "fsdp_rebuilt_configs"):
+        for kind, res in r.items():
+            assert res["comms"] == {}, kind
+            assert res["err"] == 0.0, kind  # the original FSDP2 module holding the rebuilt values
+            assert res["differs"] is True, kind
+        assert r["tied"]["types"] == ["DTensor"] * 3  # a.weight, a.bias, b.bias: the tie kept
+        assert r["ignored"]["types"] == ["DTensor"] * 3 + ["Tensor"]  # fc2.bias: ignored, plain
+        assert (r["mp"]["dtype"], r["ignored"]["dtype"]) == ("torch.bfloat16", "torch.float32")
+
+
+def test_partition_groups_of_an_fsdp2_module_combine_into_a_working_one(ranks: list[dict[str, Any]]) -> None:
+    for r in _ok(ranks, "fsdp_partition_combine"):
+        assert r["comms"] == {}
+        assert r["cls"] == ["FSDPMLP", "FSDPMLP"]
+        assert r["norms"][0] == pytest.approx(r["norms"][1], rel=1e-5)
+        assert r["copied_hooks"] == 0  # a group never runs the original's hooks
+        assert r["err_forward"] <= 1e-6
+        assert r["own_state"] is True
+
+
+def test_an_fsdp2_module_of_plain_tensors_is_rebuilt_plain(ranks: list[dict[str, Any]]) -> None:
+    res = _ok(ranks, "fsdp_rebuilt_plain")
+    for r in res:
+        assert r["cls"] == ["MLP", "Linear", "Linear"]  # no FSDP2 class, state or hook
+        assert r["hooks"] == 0
+    assert sorted(r["rows"] for r in res) == [4, 4]  # fc1's 8 rows: this rank's 4
+    assert [r["flat"] for r in res] == [4 * 6 + 4 + 2 * 8 + 2, 4 * 6 + 4 + 1 * 8 + 1]  # fc2: 3 rows as 2 + 1
+
+
+def test_what_cannot_be_rebuilt_working_is_refused(ranks: list[dict[str, Any]]) -> None:
+    _refused(
+        ranks, "fsdp_rebuilt_mixed", "StructureError", "FSDPLinear at 'fc1'", "'bias'", "fk.load_into(model, rebuilt)"
+    )
+    _refused(ranks, "fsdp_rebuilt_unsharded", "TypeError", "unsharded now", "reshard()", "fk.load_into(model, rebuilt)")

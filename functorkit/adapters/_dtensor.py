@@ -217,6 +217,14 @@ def _counted(x: Any) -> bool:
     return all(c == 0 for c, p in zip(coord, x.placements, strict=True) if p.is_replicate())
 
 
+def _uncounted(p: Any) -> Any:
+    """A replica's part of a sum that another rank counts: 0, but with `p`'s gradient where autograd
+    records `p` (``p - p.detach()``). So every rank's result has a gradient (no rank leaves the
+    backward's collectives) and every replica of a replicated parameter gets the whole gradient, as
+    its ``Replicate`` placement says (a plain 0 would give the replicas none)."""
+    return p - p.detach() if p.requires_grad else torch.zeros_like(p)
+
+
 def _check(k: int, x: Any, dt: Any, mesh: Any, y: Any) -> None:
     if not isinstance(x, dt):
         msg = (
@@ -306,7 +314,7 @@ def reduce(
             if key is not None:
                 seen[key] = counted
         p = _local_part(ad, kind, x, y, o)
-        parts.append(p if op != "sum" or counted else torch.zeros_like(p))
+        parts.append(p if op != "sum" or counted else _uncounted(p))
     if len(parts) == 1:
         total = parts[0]
     else:
@@ -362,7 +370,7 @@ def _group_key(x: Any, y: Any) -> tuple[Any, ...] | None:
     return (type(x), id(sx.mesh), tuple(sx.placements), type(y), id(sy.mesh), tuple(sy.placements))
 
 
-_FLAT: dict[tuple[str, tuple[int, ...]], Any] = {}  # (device type, a mesh's ranks) -> its 1-D mesh
+_FLAT: dict[tuple[int, str, tuple[int, ...]], Any] = {}  # (world group, device type, ranks) -> 1-D mesh
 
 
 def _flat_mesh(mesh: Any) -> Any:
@@ -375,7 +383,7 @@ def _flat_mesh(mesh: Any) -> Any:
     ranks = tuple(int(r) for r in mesh.mesh.reshape(-1).tolist())
     if len(ranks) != dist.get_world_size():
         return None
-    key = (str(mesh.device_type), ranks)
+    key = (id(dist.group.WORLD), str(mesh.device_type), ranks)  # a new process group: new meshes
     flat = _FLAT.get(key)
     if flat is None:
         from torch.distributed.device_mesh import DeviceMesh
@@ -397,8 +405,8 @@ def all_reduce(local: Any, mesh: Any, op: str) -> Any:
     dt = dtensor_type()
     from torch.distributed.tensor import Partial, Replicate
 
-    flat = _flat_mesh(mesh) if _spread(mesh, range(mesh.ndim)) > 1 else None
-    if flat is None:  # at most one mesh dimension of several ranks: DTensor's own is one all-reduce
+    flat = _flat_mesh(mesh) if mesh.ndim > 1 else None
+    if flat is None:  # a 1-D mesh (one all-reduce), or an N-D one not spanning the world
         partial = dt.from_local(local, mesh, [Partial(op)] * mesh.ndim, run_check=False)
         return partial.redistribute(mesh, [Replicate()] * mesh.ndim)
     partial = dt.from_local(local, flat, [Partial(op)], run_check=False)
@@ -603,7 +611,9 @@ def whole_tensor_problem(x: Any) -> str | None:
 
 def settle(r: Any) -> Any:
     """A per-tensor result `r` whose DTensor placements are `Partial` (an unreduced sum: each rank
-    holds its own part) reduced to `Replicate` (one all-reduce); anything else as it is."""
+    holds its own part) reduced to `Replicate` with one all-reduce (a 0-d result pending on several
+    mesh dimensions: `all_reduce` over all of them at once; otherwise DTensor's redistribution,
+    one all-reduce for one pending dimension); anything else as it is."""
     dt = dtensor_type()
     if dt is None or not isinstance(r, dt) or not any(p.is_partial() for p in r.placements):
         return r
@@ -620,6 +630,6 @@ def settle(r: Any) -> Any:
         coord = mesh.get_coordinate()
         counted = coord is not None and all(c == 0 for c, p in zip(coord, places, strict=True) if p.is_replicate())
         if op == "sum" and not counted:
-            part = torch.zeros_like(part)
+            part = _uncounted(part)
         return all_reduce(part, mesh, op)
     return r.redistribute(mesh, [Replicate()] * mesh.ndim)

@@ -27,8 +27,10 @@ parameter, buffer and submodule dicts are fresh. Torch modules that cache
 references to their own children are refreshed: an RNN's flat weight list
 points at the rebuilt weights, and a ``torch.compile``d module
 (``OptimizedModule``) calls its rebuilt inner module. An FSDP2 module (``fully_shard``, whose class
-redirects ``__new__`` to the original class's constructor) is cloned with ``object.__new__``: the
-clone keeps its ``FSDP<cls>`` class, its DTensor parameters and their placements.
+redirects ``__new__`` to the original class's constructor) is cloned with ``object.__new__``, then
+given an FSDP2 state of its own (`functorkit.adapters._fsdp_rebuild`): the clone keeps its
+``FSDP<cls>`` class, its DTensor parameters and their placements, and its forward all-gathers its
+own parameters.
 """
 
 from __future__ import annotations
@@ -127,6 +129,21 @@ def _redirects_new(cls: type) -> bool:
     cloned with ``object.__new__`` (what ``nn.Module`` itself uses: it defines no ``__new__``)."""
     new = getattr(cls, "__new__", None)
     return new is not object.__new__ and str(getattr(new, "__module__", "")).startswith("torch.distributed.fsdp")
+
+
+def _fsdp_fixup(first: Callable[[Any], None] | None) -> Callable[[Any], None]:
+    """The fixup of an FSDP2 class's clone: `first` (the class's own, if any), then
+    `functorkit.adapters._fsdp_rebuild.rebuild` (its own FSDP2 state, hooks and sharded parameters)."""
+    from ._fsdp_rebuild import rebuild
+
+    if first is None:
+        return rebuild
+
+    def both(m: Any) -> None:
+        first(m)
+        rebuild(m)
+
+    return both
 
 
 def _make_unflatten(
@@ -271,10 +288,13 @@ def node_for(cls: type) -> NodeDef | None:
             fixup = _refresh_rnn
         elif _is_compiled_module(cls):
             fixup = _refresh_compiled
+        bare_new = _redirects_new(cls)
+        if bare_new:  # an FSDP2 class: the clone gets an FSDP2 state of its own (`_fsdp_rebuild`)
+            fixup = _fsdp_fixup(fixup)
         nd = _DEFS[cls] = NodeDef(
             cls,
             _flatten,
-            _make_unflatten(copied, fixup, _redirects_new(cls)),
+            _make_unflatten(copied, fixup, bare_new),
             _trainable,
             owns=True,
             kind=_kind_of(cls),
