@@ -218,8 +218,8 @@ def _off(mod: Any, attr: str, value: Any, fn: Callable[[], Any]) -> Callable[[],
 
 def switch_calls(model: Any, backend: str) -> dict[str, Callable[[], Any]]:
     """The on/off rows of `destructure`'s fast paths on the MLP, each on and off in the same rounds:
-    the plan (``functorkit._plans.PLANS``) and torch's one ``torch.cat(..., out=)`` filling the vector
-    (``functorkit.adapters.torch.CAT_FILL``)."""
+    the plan (``functorkit._plans.PLANS``) and torch's one ``torch.cat`` for small vectors
+    (``functorkit.adapters.torch.CAT_MAX_BYTES``)."""
     calls: dict[str, Callable[[], Any]] = {
         "fk: destructure(model)": functools.partial(fk.destructure, model),
         "fk: destructure(model), plan off": _off(_plans, "PLANS", [False], functools.partial(fk.destructure, model)),
@@ -228,13 +228,7 @@ def switch_calls(model: Any, backend: str) -> dict[str, Callable[[], Any]]:
         from functorkit.adapters import torch as tad
 
         calls["fk: destructure(model), torch.cat off"] = _off(
-            tad, "CAT_FILL", [False], functools.partial(fk.destructure, model)
-        )
-        flat, re = fk.destructure(model)
-        buf = flat.clone()
-        calls["fk: re.flatten(model, out=buf)"] = functools.partial(re.flatten, model, out=buf)
-        calls["fk: re.flatten(model, out=buf), torch.cat off"] = _off(
-            tad, "CAT_FILL", [False], functools.partial(re.flatten, model, out=buf)
+            tad, "CAT_MAX_BYTES", 0, functools.partial(fk.destructure, model)
         )
     return calls
 
@@ -418,21 +412,20 @@ def run(quick: bool) -> str:
         lines += _table("call", times, limit, refs[:2])
         lines.append("")
     lines += [
-        "### Fast paths of `destructure` and `re.flatten`, on and off (mlp)",
+        "### Fast paths of `destructure`, on and off (mlp)",
         "",
         "Each row pair in the same interleaved rounds (best of many short timings): "
         "**the plan** (`functorkit._plans.PLANS = [False]` turns it off: every call then makes the full "
         "analysis of the leaves; tests/test_destructure_plan.py fails when it is not taken); "
-        "**one `torch.cat(..., out=)`** filling a torch vector whose parameters are plain tensors of its "
-        "dtype and device, new (`destructure`) or given (`re.flatten(out=)`), of any size "
-        "(`functorkit.adapters.torch.CAT_FILL = [False]` turns it off: a copy per leaf through NumPy views; "
-        "tests/test_adapters.py counts the `torch.cat` calls). It replaced, in this session's measurements, "
-        "both a `torch.cat` for vectors under 1 MiB and the per-leaf copies above it: on the 12-block "
-        "`nn.Module` of the walking section (2.4 MB in 192 tensors) `destructure` took 1004 µs off and 899 "
-        "µs on, and the copy alone of 1-8 MB vectors of 192 tensors 1.4-1.6x less; on large vectors "
-        "(resnet50, gpt2) both are the memory copy. "
+        "**one `torch.cat`** for a torch vector under 1 MiB (`functorkit.adapters.torch.CAT_MAX_BYTES = 0` "
+        "turns it off: `empty` and a copy per leaf; tests/test_adapters.py counts the `torch.cat` calls). "
         "Removed by issue #21's rule (under 20% gain on their own workload, measured on and off in one run "
-        "before removal): the alias check's Python sweep of clusters of up to 16 spans in place of NumPy's "
+        "before removal): `torch.cat(..., out=buf)` in `re.flatten(model, out=buf)` on the torch mlp "
+        "(1.03-1.04x; tried again in round three's seventh session with a C-level leaf check: 1.06x), one "
+        "`torch.cat(..., out=)` into every vector, NumPy memory from 1 MiB (the 12-block `nn.Module`'s "
+        "`destructure` 1.12x, resnet50 and gpt2 equal; on the mlp 1.10x against the per-leaf copies but "
+        "slower than the small-vector `torch.cat` it would have replaced), and the alias check's Python "
+        "sweep of clusters of up to 16 spans in place of NumPy's "
         "sort (1.16x on `destructure` of a fused attention block whose q, k, v are column slices of one "
         "(16, 48) array, the only workload here that reaches it since torch tensors and contiguous views "
         "are proven disjoint by their adapter).",

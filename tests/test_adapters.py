@@ -457,10 +457,9 @@ def test_out_problem_names_overlap() -> None:
     assert "read-only" in (adapter_of(ro).out_problem(ro) or "")
 
 
-def test_torch_flat_vectors_are_filled_by_one_cat(monkeypatch: pytest.MonkeyPatch) -> None:
-    # bench_flat's torch destructure / re.flatten(out=) rows: a vector whose parameters are plain
-    # tensors of its dtype and device is filled by one torch.cat(..., out=), small or large (into
-    # NumPy's memory from 1 MiB); forcing that off (CAT_FILL) must show here and give the same
+def test_torch_small_flat_vectors_are_one_cat(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench_flat "mlp, torch" destructure(model) row: a small CPU vector of plain tensors of its
+    # dtype is one torch.cat; forcing that off (CAT_MAX_BYTES = 0) must show here and give the same
     torch = pytest.importorskip("torch")
     from functorkit.adapters import torch as tad
 
@@ -468,7 +467,6 @@ def test_torch_flat_vectors_are_filled_by_one_cat(monkeypatch: pytest.MonkeyPatc
         "w": torch.randn(3, 4, requires_grad=True),
         "b": torch.nn.Parameter(torch.randn(4)),
         "t": torch.randn(2, 3).t(),
-        "big": torch.randn(300_000),  # a vector of more than 1 MiB: NumPy memory, still one cat
     }
     cats: list[int] = []
     real = torch.cat
@@ -486,22 +484,22 @@ def test_torch_flat_vectors_are_filled_by_one_cat(monkeypatch: pytest.MonkeyPatc
         assert flat.data_ptr() not in {x.data_ptr() for x in model.values()}
     re = fk.destructure(model)[1]
     buf = torch.full((len(re),), -1.0)
-    assert re.flatten(model, out=buf) is buf
-    assert len(cats) == 5
-    monkeypatch.setattr(tad, "CAT_FILL", [False])
+    assert re.flatten(model, out=buf) is buf  # re.flatten(out=) copies per leaf (one cat gained < 5%)
+    assert len(cats) == 4
+    monkeypatch.setattr(tad, "CAT_MAX_BYTES", 0)
     ref, _ = fk.destructure(model)
     buf2 = torch.full((len(re),), -1.0)
     re.flatten(model, out=buf2)
-    assert len(cats) == 5
+    assert len(cats) == 4
     for flat in [*got, buf]:
         assert torch.equal(flat, ref)
     assert torch.equal(buf2, ref)
-    monkeypatch.setattr(tad, "CAT_FILL", [True])
-    # not taken: a dtype conversion (policy "model"), a subclass, a non-contiguous `out`
+    monkeypatch.setattr(tad, "CAT_MAX_BYTES", 1 << 20)
+    # not taken: a dtype conversion (policy "model"), a subclass
     fk.destructure({"a": torch.ones(2), "b": torch.ones(2, dtype=torch.float64)}, policy="model")
 
     class Sub(torch.Tensor):
         pass
 
     fk.destructure({"a": torch.ones(2).as_subclass(Sub)})
-    assert len(cats) == 5
+    assert len(cats) == 4

@@ -132,9 +132,9 @@ def _wrapped_or_compiling(t: Any) -> bool:
 _NUMPY_ALLOC_MIN = 1 << 20
 
 
-#: `Adapter.fill` writes plain tensors of `out`'s dtype and device with one ``torch.cat(..., out=out)``
-#: (tests and bench_flat's on/off rows turn it off: one copy per leaf)
-CAT_FILL = [True]
+#: `Adapter.new_flat` concatenates leaves into vectors smaller than this (tests and bench_flat's
+#: on/off row set it to 0)
+CAT_MAX_BYTES = _NUMPY_ALLOC_MIN
 
 
 def _cat_ok(leaves: list[Any], dtype: Any, device: Any) -> bool:
@@ -239,30 +239,24 @@ class Adapter(ArrayAdapter):
     def new_flat(
         self, dtype: Any, device: Any, n: int, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]
     ) -> Any:
-        """`empty` + `fill` (no autograd history: filled under ``no_grad``): NumPy's memory for a
-        large CPU vector (huge pages), then one ``torch.cat`` into it where the leaves allow."""
+        """`empty` + `fill` (no autograd history: filled under ``no_grad``).
+
+        A vector under 1 MiB whose leaves are plain tensors of its dtype and device is one
+        ``torch.cat`` instead (one allocation and one kernel, where `fill` makes two NumPy views
+        per leaf: bench_flat "mlp, torch" ``destructure(model)`` row)."""
+        if leaves and n * dtype.itemsize < CAT_MAX_BYTES and _cat_ok(leaves, dtype, device):
+            with torch.no_grad():
+                return torch.cat(list(map(_FLAT_VIEW, leaves)))
         out = self.empty(dtype, device, n)
         self.fill(out, leaves, offsets, shapes)
         return out
 
     def fill(self, out: Any, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> None:
-        """One ``torch.cat(..., out=out)`` under ``no_grad`` when every leaf is a plain tensor of
-        `out`'s dtype and device and `out` a plain contiguous tensor (one kernel; the offsets are
-        packed, as every caller's are: each slice starts where the previous ends and they fill
-        `out`); else ``np.copyto`` between NumPy views of plain CPU tensors (faster than
-        ``copy_`` for small tensors), else ``copy_``. Measured on and off (`CAT_FILL`) in
-        bench_flat's torch ``destructure`` and ``re.flatten(model, out=buf)`` rows; the 12-block
-        ``nn.Module`` of bench_walk (2.4 MB in 192 tensors): 363 -> 223 µs for the copy."""
-        if (
-            CAT_FILL[0]
-            and leaves
-            and type(out) in _PLAIN
-            and out.is_contiguous()
-            and _cat_ok(leaves, out.dtype, out.device)  # first: False while torch.compile traces
-        ):
-            with torch.no_grad():
-                torch.cat(list(map(_FLAT_VIEW, leaves)), out=out)
-            return
+        """``np.copyto`` between NumPy views of plain CPU tensors (faster than ``copy_`` for small
+        tensors: bench_flat torch ``re.flatten`` rows), else ``copy_`` under ``no_grad``. (One
+        ``torch.cat(..., out=out)`` for a small `out` gained 1.03-1.06x on bench_flat's "mlp, torch"
+        ``re.flatten(model, out=buf)`` row, issue #21: removed twice; one cat into vectors of 1 MiB
+        or more gained 1.10-1.12x on destructure: not kept.)"""
         out_np = None if compiling() else _numpy_view(out.detach())
         with torch.no_grad():
             for x, o, s in zip(leaves, offsets, shapes, strict=True):
