@@ -33,7 +33,7 @@ fix (docs/sharded.md, "Rebuilt FSDP2 modules").
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -312,7 +312,7 @@ def rebuild(new: Any) -> None:
                 p = fresh[id(v)] = _own_parameter(v, fp, where)
             for m, name in zip([info.module, *info.shared_modules], [info.param_name, *info.shared_param_names]):
                 m.__dict__["_parameters"][name] = p
-            fp.reset_sharded_param()  # type: ignore[no-untyped-call]
+            cast(Any, fp).reset_sharded_param()  # (untyped in torch: Any with and without torch installed)
 
 
 def _own_parameter(v: Any, fp: Any, where: str) -> Any:
@@ -322,7 +322,7 @@ def _own_parameter(v: Any, fp: Any, where: str) -> Any:
     not happen to a tensor the caller holds."""
     from torch.distributed.tensor import DTensor
 
-    local = getattr(v, "_local_tensor", None)
+    local: Any = getattr(v, "_local_tensor", None)
     if type(local) is not torch.Tensor:
         local = v.to_local()
     local = local.detach()
