@@ -517,7 +517,7 @@ path records each tree once (`out` not again when it is an input) and makes ever
 lists of arrays in C-level passes; the per-leaf path checks parameter by parameter (it is what runs
 when the column path cannot decide, and it names the path of any failure).
 
-On NumPy the kernels are ufuncs with `out=` over blocks of 32 Ki elements (`adapters/numpy.py`), so a
+On NumPy the kernels are ufuncs with `out=` over blocks of 128 Ki elements (`adapters/numpy.py`), so a
 lincomb reads each input once and writes the result once, with no full-size temporary per term. On
 torch, `fk.lincomb` and `fk.mean` accumulate into the result in place (`Tensor.add_(x, alpha=c)`), and
 `out=` uses `lerp_`/`mul_`/`add_` on `out`'s own tensors under `torch.no_grad()`, and an in-place
