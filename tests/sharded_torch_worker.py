@@ -487,8 +487,9 @@ def main() -> None:
     check("fsdp_norm", fsdp_norm)
 
     def norm_routes() -> dict[str, Any]:
-        """Which all-reduce fk.norm makes: an eager dist.all_reduce where no gradient flows (the fast
-        route: a gradient's norm, no_grad), DTensor's autograd-aware redistribution otherwise."""
+        """Which all-reduce fk.norm makes: an eager dist.all_reduce for a sum, with or without a
+        gradient (the fast route), DTensor's autograd-aware redistribution for a max that autograd
+        records (ord=inf)."""
         seen = []
         plain = dist.all_reduce
 
@@ -503,9 +504,17 @@ def main() -> None:
             n_plain = len(seen)
             v_grad = fk.norm(m)
             n_grad = len(seen) - n_plain
+            v_inf = fk.norm(m, ord=math.inf)
+            n_inf = len(seen) - n_plain - n_grad
         finally:
             dist.all_reduce = plain
-        return {"plain": n_plain, "grad": n_grad, "same": v_plain == float(v_grad), "req": v_grad.requires_grad}
+        return {
+            "plain": n_plain,
+            "grad": n_grad,
+            "inf": n_inf,
+            "same": v_plain == float(v_grad),
+            "req": (v_grad.requires_grad, v_inf.requires_grad),
+        }
 
     check("norm_routes", norm_routes)
 

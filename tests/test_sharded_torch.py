@@ -253,11 +253,13 @@ def test_models_of_dtensors_that_differ_are_refused_by_path(ranks: list[dict[str
             assert r[f"shape_{how}"].startswith("StructureError: at r: fk.add: shape (3,)"), r
 
 
-def test_norm_takes_an_eager_all_reduce_where_no_gradient_flows(ranks: list[dict[str, Any]]) -> None:
-    """The fast route (one dist.all_reduce, no DTensor redistribution) is taken under no_grad, and
-    not where the norm must carry a gradient; both give the same value."""
+def test_norm_takes_an_eager_all_reduce_for_sums(ranks: list[dict[str, Any]]) -> None:
+    """The fast route (one dist.all_reduce, no DTensor redistribution) is taken for a sum, under
+    no_grad and where the norm carries a gradient (the same value); a max that autograd records
+    (ord=inf) goes through DTensor's redistribution. (The gradients: the fsdp_grad_norm and 2-D
+    mesh tests.)"""
     for r in _ok(ranks, "norm_routes"):
-        assert (r["plain"], r["grad"], r["same"], r["req"]) == (1, 0, True, True)
+        assert (r["plain"], r["grad"], r["inf"], r["same"], r["req"]) == (1, 1, 0, True, [True, True])
 
 
 def test_fsdp2_norm_is_differentiable_and_a_gradient_norm_is_global(ranks: list[dict[str, Any]]) -> None:

@@ -337,11 +337,14 @@ _OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
 
 def _plain_all_reduce(total: Any, mesh: Any, op: str) -> Any:
     """`total` (this rank's part, a fresh 0-d tensor) combined over every rank of `mesh` by ONE
-    ``dist.all_reduce`` in place, when no gradient flows through it (a gradient's norm, anything
-    under ``no_grad``: DTensor's redistribution costs several times the collective itself,
-    bench_sharded's norm rows) and `mesh` is 1-D or spans the whole world (the default group);
-    None otherwise (`all_reduce`, autograd-aware, is used)."""
-    if total.requires_grad and torch.is_grad_enabled():
+    eager ``dist.all_reduce``, when `mesh` is 1-D or spans the whole world (the default group):
+    in place where no gradient flows through it (a gradient's norm, anything under ``no_grad``),
+    through `_SumAcross` for a sum autograd records (a norm or dot of the parameters themselves).
+    DTensor's redistribution costs several times the collective itself (bench_sharded's norm
+    rows). None otherwise (a max/min that autograd records, a mesh of part of the world:
+    `all_reduce`, DTensor's own, is used)."""
+    grad = total.requires_grad and torch.is_grad_enabled()
+    if grad and op != "sum":
         return None
     import torch.distributed as dist
 
@@ -351,8 +354,29 @@ def _plain_all_reduce(total: Any, mesh: Any, op: str) -> Any:
         group = None  # the default group: the whole world, which this mesh spans
     else:
         return None
+    if grad:
+        return _SumAcross.apply(total, group)  # type: ignore[no-untyped-call,unused-ignore]
     dist.all_reduce(total, op=getattr(dist.ReduceOp, _OPS[op]), group=group)
     return total
+
+
+class _SumAcross(torch.autograd.Function):  # type: ignore[misc,unused-ignore]  # (Any without torch stubs)
+    """The sum over the ranks of `group` of each rank's 0-d part (one ``dist.all_reduce``), whose
+    gradient is the incoming gradient unchanged: every rank holds the same total, and each rank's
+    part enters it once, so d total / d part = 1 on every rank (DTensor's own ``Partial`` ->
+    ``Replicate`` redistribution has the same backward: the gradient stays ``Replicate``)."""
+
+    @staticmethod
+    def forward(ctx: Any, part: Any, group: Any) -> Any:
+        import torch.distributed as dist
+
+        out = part.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        return grad, None
 
 
 def _group_key(x: Any, y: Any) -> tuple[Any, ...] | None:
