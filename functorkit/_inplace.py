@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from itertools import chain
+from itertools import chain, compress
 from typing import Any, cast
 
 from ._alias import _clusters, layouts_overlap, memory_layout, separate_allocations
@@ -273,9 +273,10 @@ def run_out(
     walk((*models, out), visit, build=BUILD_NONE, with_path=True, track=True, names=(*names, "out"))
     _check_overlaps(fname, names, plan, late)
     if batch is not None:
-        rows = [r for r in plan if r[2] is r[1][0] and not r[4]]  # in place (an in-place row is never aside)
+        inplace = [r[2] is r[1][0] and not r[4] for r in plan]  # (an in-place row is never aside)
+        rows = list(compress(plan, inplace))
         if len(rows) > 1 and batch([r[2] for r in rows], [list(c) for c in zip(*(r[1] for r in rows))], False):
-            plan = [r for r in plan if not (r[2] is r[1][0] and not r[4])]
+            plan = [r for r, done in zip(plan, inplace) if not done]
     for path, xs, o, _, aside in plan:
         if aside:  # `o` is a term read after the first write: computed aside, then copied
             r = fn(path, xs[0], list(xs[1:]), None)

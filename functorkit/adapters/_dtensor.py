@@ -528,13 +528,10 @@ def uniform_locals(arrays: list[Any]) -> list[Any] | None:
     update of one from others is local (no communication); None otherwise (``out=``'s column path
     then declines, and the per-leaf path looks at each pair). For `out_fast`: the memory tests then
     run on the local shards (bench_sharded's EMA rows: one walk per call instead of two)."""
-    dt = dtensor_type()
-    if dt is None or not arrays:
+    if not arrays:
         return None
-    x0 = arrays[0]
-    if type(x0) is not dt:
-        return None
-    if not all(map(operator.is_, map(type, arrays), repeat(dt))):
+    local = stand_ins(arrays)  # every one a DTensor: their local shards
+    if local is None:
         return None
     meshes, placements = _mesh_and_placements(arrays)
     if placements.count(placements[0]) != len(placements):
@@ -543,7 +540,7 @@ def uniform_locals(arrays: list[Any]) -> list[Any] | None:
     # meshes equal to the first (FSDP2 makes one per `fully_shard` call): compared once each
     if any(m != mesh for m in dict(zip(map(id, meshes), meshes)).values()):
         return None
-    return _locals(arrays)
+    return local
 
 
 def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float, checked: bool = False) -> bool:
