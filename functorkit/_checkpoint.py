@@ -388,8 +388,8 @@ def load(path: str | os.PathLike[str], /, *, like: Any = None, mmap: bool = Fals
 def open(path: str | os.PathLike[str], /, *, like: Any = None) -> Any:
     """Open a checkpoint lazily: a model whose leaves are Dask arrays over the stored tensors.
 
-    Nothing is read until computed: each chunk (rows of about 4 MiB; an
-    empty tensor is one chunk) opens the file, checks that it is still the
+    Nothing is read until computed: each chunk (rows of about 512 Ki elements,
+    2 MiB of float32; an empty tensor is one chunk) opens the file, checks that it is still the
     file whose header was read (device, inode, size, modification time: a
     `StructureError` otherwise, never data read at old offsets from another
     file), reads its rows and closes it, in whichever process computes it

@@ -11,6 +11,7 @@ dtype. Reductions (norms, dots, thresholds) are 0-d arrays of the tensor's names
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -32,6 +33,7 @@ from ._pertensor import (
     kth_largest,
     mask_keys,
     per_model,
+    sums,
     work,
 )
 from ._typing import Tree as T
@@ -114,13 +116,13 @@ def slerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True) -> T:
         tt = ts.get(path)
         y = others[0]
         v0 = work(xp, x)
-        # the products summed are computed in pieces (`elementwise`): the same values, so the same sums
-        n0 = xp.sqrt(xp.sum(elementwise(xp, _sq, (x,), dtype=v0.dtype)))
-        n1 = xp.sqrt(xp.sum(elementwise(xp, _sq, (y,), dtype=v0.dtype)))
+        # the products summed are computed in pieces; on Dask the three sums read each block once (`sums`)
+        s0, s1, dot = sums(xp, (_sq_first, _sq_second, _prod), (x, y), v0.dtype)
+        n0, n1 = xp.sqrt(s0), xp.sqrt(s1)
         one = _scalar(xp, 1.0, v0)
         d0 = xp.where(n0 > EPS_NORM, n0, one)
         d1 = xp.where(n1 > EPS_NORM, n1, one)
-        c = xp.sum(elementwise(xp, _prod, (x, y), dtype=v0.dtype)) / (d0 * d1)
+        c = dot / (d0 * d1)
         parallel = xp.abs(c) > DOT_THRESHOLD
         theta = xp.acos(xp.clip(c, -1.0, 1.0))
         s = xp.where(parallel, one, xp.sin(theta))
@@ -140,12 +142,24 @@ def _sq(xp: Any, x: Any) -> Any:
     return v * v
 
 
+def _sq_first(xp: Any, x: Any, y: Any) -> Any:
+    return _sq(xp, x)
+
+
+def _sq_second(xp: Any, x: Any, y: Any) -> Any:
+    return _sq(xp, y)
+
+
 def _prod(xp: Any, x: Any, y: Any) -> Any:
     return work(xp, x) * work(xp, y)
 
 
 def _abs_delta(xp: Any, x: Any, o: Any) -> Any:
     return xp.abs(work(xp, o) - work(xp, x))
+
+
+def _abs_delta_of(xp: Any, x: Any, o: Any, keep: Any) -> Any:
+    return _abs_delta(xp, x, o)
 
 
 def _abs_kept(xp: Any, x: Any, o: Any, keep: Any) -> Any:
@@ -156,6 +170,11 @@ def _abs_kept(xp: Any, x: Any, o: Any, keep: Any) -> Any:
 def _off_prod(xp: Any, x: Any, o1: Any, o2: Any) -> Any:
     b = work(xp, x)
     return (work(xp, o1) - b) * (work(xp, o2) - b)
+
+
+def _off_prod_at(i: int, j: int, xp: Any, x: Any, *others: Any) -> Any:
+    """`_off_prod` of the models at positions `i` and `j` (``functools.partial`` of it: picklable)."""
+    return _off_prod(xp, x, others[i], others[j])
 
 
 # --------------------------------------------------------------------------- task vectors
@@ -378,8 +397,8 @@ def _bernoulli(densities: list[Schedule], seed: int, rescale: Any) -> Any:
             keep = xp.reshape(keep, x.shape)
         if rescale is True:  # mergekit: the kept delta's L1 norm made the original's
             wdt = work(xp, x).dtype
-            before = xp.sum(elementwise(xp, _abs_delta, (x, o), dtype=wdt))
-            after = xp.sum(elementwise(xp, _abs_kept, (x, o, keep), dtype=wdt))
+            # both L1 norms in one reduction on Dask (`sums`: each block read once)
+            before, after = sums(xp, (_abs_delta_of, _abs_kept), (x, o, keep), wdt)
             ok = (before >= EPS_RESCALE) & (after >= EPS_RESCALE)
             one = _scalar(xp, 1.0, before)
             return (keep,), (xp.where(ok, before / xp.where(ok, after, one), one),)
@@ -500,14 +519,18 @@ def model_stock(base: T, models: Sequence[T], /, *, trainable_only: bool = True)
         check_real("model_stock", path, x)
         xp = namespace(x)
         wdt = work(xp, x).dtype
-        # the products summed are computed in pieces (`elementwise`): the same values, so the same sums
-        norms = [xp.sqrt(xp.sum(elementwise(xp, _off_prod, (x, o, o), dtype=wdt))) for o in others]
+        # every norm and dot of the deltas in one reduction on Dask (`sums`: each block read once)
+        pairs_ij = [(i, j) for i in range(n) for j in range(i + 1, n)]
+        fns = [functools.partial(_off_prod_at, i, j) for i, j in [(i, i) for i in range(n)] + pairs_ij]
+        got = sums(xp, fns, (x, *others), wdt)
+        norms = [xp.sqrt(v) for v in got[:n]]
+        dots = dict(zip(pairs_ij, got[n:], strict=True))
         cos = None
         pairs = 0
         for i in range(n):
             for j in range(i + 1, n):
                 den = xp.maximum(norms[i] * norms[j], _scalar(xp, EPS_STOCK, norms[i]))
-                dot = xp.sum(elementwise(xp, _off_prod, (x, others[i], others[j]), dtype=wdt))
+                dot = dots[i, j]
                 cij = xp.clip(dot / den, -1.0, 1.0)
                 cos = cij if cos is None else cos + cij
                 pairs += 1

@@ -372,6 +372,53 @@ def elementwise(xp: Any, fn: Any, arrays: Sequence[Any], consts: Sequence[Any] =
     return x.map_blocks(body, *arrays[1:], *consts, dtype=dt, meta=meta)
 
 
+def _block_sums(fns: tuple[Any, ...], *blocks: Any) -> Any:
+    """One Dask block of `sums`: ``sum(fn(xp, *blocks))`` of the block for every `fn`, as an array
+    of shape ``(len(fns), 1, ..., 1)``. Each `fn` is computed in row pieces of about `_PIECE`
+    elements into one block-sized buffer (reused by the next `fn`) and summed whole: the sums of
+    the block's values whatever the piece size, bit for bit."""
+    x = blocks[0]
+    xp = namespace(x)
+    rows = int(x.shape[0])
+    step = max(1, _PIECE // max(1, math.prod(int(d) for d in x.shape[1:])))
+    out: list[Any] = []
+    buf = None
+    for fn in fns:
+        if rows <= step:
+            out.append(xp.sum(fn(xp, *blocks)))
+            continue
+        for r in range(0, rows, step):
+            part = fn(xp, *(b[r : r + step] for b in blocks))
+            if buf is None or buf.dtype != part.dtype:
+                buf = xp.empty(tuple(int(d) for d in x.shape), dtype=part.dtype)
+            buf[r : r + step] = part
+        out.append(xp.sum(buf))
+    return xp.reshape(xp.stack(out), (len(fns),) + (1,) * x.ndim)
+
+
+def sums(xp: Any, fns: Sequence[Any], arrays: Sequence[Any], dtype: Any) -> list[Any]:
+    """``[xp.sum(fn(xp, *arrays)) for fn in fns]`` for element-wise `fns` of `dtype` over arrays of
+    one shape: several reductions of the same tensors (slerp's norms and dot, DARE's L1 norms,
+    model stock's dots). Eager, each sum of `elementwise` (the same values as before). On Dask one
+    task per block computes every sum's part of the block (in row pieces) and one reduction adds
+    the parts: each block is read once for all the sums, where separate reductions sharing the
+    input blocks keep them in memory until the last has run (bench_merge's peak RSS)."""
+    import functools
+
+    x = arrays[0]
+    if not x.shape or not _chunked(x):
+        return [xp.sum(elementwise(xp, fn, arrays, dtype=dtype)) for fn in fns]
+    arrays = [a if a.chunks == x.chunks else a.rechunk(x.chunks) for a in arrays]  # one block grid
+    nd = len(x.shape)
+    chunks = ((len(fns),), *(tuple(1 for _ in c) for c in x.chunks))
+    meta = np.empty((0,) * (nd + 1), dtype=dtype)
+    parts = x.map_blocks(
+        functools.partial(_block_sums, tuple(fns)), *arrays[1:], new_axis=0, chunks=chunks, dtype=dtype, meta=meta
+    )
+    total = xp.sum(parts, axis=tuple(range(1, nd + 1)))
+    return [total[i] for i in range(len(fns))]
+
+
 # --------------------------------------------------------------------------- public per-tensor reductions
 
 

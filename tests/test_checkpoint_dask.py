@@ -123,7 +123,7 @@ def test_strict_policy_refuses_a_bfloat16_float32_mix(tmp_path: Path) -> None:
 
 def test_save_streams_block_by_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _models, paths = checkpoints(tmp_path)
-    monkeypatch.setattr(dask_adapter, "CHUNK_BYTES", 256)  # tensors of 64 rows -> 16 blocks of 4 rows
+    monkeypatch.setattr(dask_adapter, "CHUNK_ELEMENTS", 64)  # tensors of 64 rows of 16 -> 16 blocks of 4 rows
     lazy = [fk.open(p) for p in paths]
     assert lazy[0]["wte"]["weight"].numblocks == (16, 1)
     merged = fk.mean(lazy)

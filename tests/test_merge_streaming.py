@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +177,38 @@ def test_dask_threshold_radix_selection_equals_the_eager_selection(dtype: str, m
         lazy = fk.tensor_thresholds({"w": da.from_array(x, chunks=(6, 5))}, density)["w"].compute()
         assert lazy.dtype == eager.dtype
         assert lazy == eager, (density, lazy, eager)
+
+
+#: per input block of the tensor: the tasks that read it, by kind (`_block_sums`: every shared sum of
+#: the tensor in one task; `_piecewise`: the merged values; `_keep_block`: DARE's mask of one model)
+_READERS = {
+    "slerp": [{"_block_sums": 1, "_piecewise": 1}] * 2,
+    "dare": [{"_block_sums": 2, "_keep_block": 2, "_piecewise": 1}] + [{"_block_sums": 1, "_piecewise": 1}] * 2,
+    "model_stock": [{"_block_sums": 1, "_piecewise": 1}] * 3,
+}
+
+
+@pytest.mark.parametrize("name", list(_READERS))
+def test_shared_sums_read_each_block_once(name: str) -> None:
+    """slerp's norms and dot, DARE's two L1 norms (per model) and model stock's norms and dots are
+    computed in one task per block on Dask (`_pertensor.sums`), not one reduction each: separate
+    reductions of the same blocks keep those blocks in memory until the last has run (the
+    two-pass save's peak RSS, bench_merge). Their values are the eager ones."""
+    from dask.core import get_deps
+
+    base, ms = _models()
+    lb, lms = _lazy(base), [_lazy(m) for m in ms]
+    out = METHODS[name](lb, lms)
+    graph = dict(out["emb"].__dask_graph__())
+    _, dependents = get_deps(graph)
+    inputs = [lb, *lms][: len(_READERS[name])]
+    for j, (tree, want) in enumerate(zip(inputs, _READERS[name], strict=True)):
+        blocks = [k for k in graph if isinstance(k, tuple) and k[0] == tree["emb"].name]
+        assert len(blocks) == 6, (j, blocks)  # 40 rows in chunks of 7
+        for k in blocks:
+            got = Counter(str(d[0]).rsplit("-", 1)[0] for d in dependents[k])
+            assert got == want, (name, j, k, got)
+    eager = METHODS[name](base, ms)
+    got = dask.compute(out)[0]
+    for k in eager:
+        np.testing.assert_allclose(got[k], eager[k], rtol=1e-5, atol=1e-6, err_msg=k)

@@ -406,7 +406,7 @@ class Adapter(MethodSlices):
     def from_stored(self, src: Any, like: Any) -> Any:
         """A lazy array over the file: ``dask.array.from_array`` of a `LazyTensor` (picklable:
         path and offset, no data), chunked along the first axis in blocks of about
-        `CHUNK_BYTES` (one chunk when it holds no bytes); named by file, key and the file's identity
+        `CHUNK_ELEMENTS` elements (one chunk when it holds no bytes); named by file, key and the file's identity
         (device, inode, size, modification time), so opening a file twice
         gives the same graph keys (read once when computed together). A tensor of a sharded
         checkpoint (``grid``: its pieces) has one chunk per piece."""
@@ -420,9 +420,9 @@ class Adapter(MethodSlices):
         shape = lazy.shape
         chunks: Any = getattr(lazy, "grid", ())  # a sharded checkpoint's tensor: one chunk per piece
         if shape and not chunks:
-            row = math.prod(shape[1:]) * lazy.dtype.itemsize
+            row = math.prod(shape[1:])
             # an empty tensor is one chunk, whatever its dims say (a shape [2**46, 0] holds no bytes)
-            rows = max(1, CHUNK_BYTES // row) if row and shape[0] else max(1, shape[0])
+            rows = max(1, CHUNK_ELEMENTS // row) if row and shape[0] else max(1, shape[0])
             chunks = (rows, *shape[1:])
         name = "fk-open-" + tokenize(lazy.path, lazy.key, lazy.begin, lazy.ident)
         meta = np.empty((0,) * len(shape), dtype=lazy.dtype)
@@ -430,5 +430,7 @@ class Adapter(MethodSlices):
         return da.from_array(lazy, chunks=chunks, name=name, lock=False, asarray=False, meta=meta)
 
 
-#: target size of one chunk of an opened checkpoint's tensors (``fk.open``), in bytes
-CHUNK_BYTES = 4 * 2**20
+#: target size of one chunk of an opened checkpoint's tensors (``fk.open``), in elements (2 MiB of
+#: float32, 1 MiB of bfloat16): counted in elements because a merge works on float32 copies of
+#: narrower floats, so its memory per block follows the element count (bench_merge's peak RSS)
+CHUNK_ELEMENTS = 2**19
