@@ -104,6 +104,10 @@ def _record_recursive(tree: Any, track: bool) -> tuple[list[Any], TreeDef] | Non
     disp_get = disp.get
     leaves_of = leaf_types.issuperset
     known = known_types.issuperset
+    # a plain ``dict`` child (most nodes of a model) is taken before any other test, under the
+    # snapshot's own NodeDef for dict (a built-in dict node declares no trainability)
+    dnd = disp_get(dict)
+    plain_dict = isinstance(dnd, NodeDef) and dnd.fast == DICT and dnd.trainable is None
 
     def visit(c: Any, nd: NodeDef, depth: int) -> None:
         nodes_append(c)
@@ -142,6 +146,15 @@ def _record_recursive(tree: Any, track: bool) -> tuple[list[Any], TreeDef] | Non
         try:
             for v in cvals:
                 t = type(v)
+                if t is dict and plain_dict:
+                    vv = v.values()
+                    if leaves_of(map(type, vv)):  # a dict of leaves, inline (one layer of a model)
+                        nodes_append(v)
+                        flat_extend(vv)
+                        prog_append((dnd, [*v], len(vv), True, _NO_AUX, True))
+                    else:
+                        visit(v, dnd, depth)
+                    continue
                 if t in leaf_types:
                     flat_append(v)
                     prog_append(None)
