@@ -119,6 +119,28 @@ def test_ties_threshold_is_a_radix_selection_on_dask() -> None:
     _same(_np(fk.ties(base, ms, 1.0, density=0.9)), _np(dense))
 
 
+@pytest.mark.parametrize("int32_below", [2**31, 1])
+def test_ties_histograms_count_in_int32_where_the_tensor_fits(
+    int32_below: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The radix histograms count in int32 for tensors of fewer than 2**31 elements (half the memory the
+    reduction holds) and in int64 above; the threshold, and so the merge, is the same either way."""
+    from functorkit.adapters import dask as dask_adapter
+
+    monkeypatch.setattr(dask_adapter, "INT32_COUNTS", int32_below)
+    base, ms = _models()
+    lazy = lambda d: {k: da.from_array(v, chunks=4 if v.ndim else ()) for k, v in d.items()}  # noqa: E731
+    out = fk.ties(lazy(base), [lazy(m) for m in ms], 1.0, density=0.3)
+    from dask.local import get_sync
+
+    graph = dict(out["emb"].__dask_graph__())
+    key = next(k for k in graph if isinstance(k, tuple) and str(k[0]).startswith("_histogram"))
+    block = get_sync(graph, key)  # one block's histogram, computed alone
+    assert block.shape == (1 << 16,)
+    assert block.dtype == (np.int32 if int32_below > 1 else np.int64)
+    _same(_np(fk.ties(base, ms, 1.0, density=0.3)), _np(out))
+
+
 def test_merges_on_opened_checkpoints_are_lazy_and_stream(tmp_path: Any) -> None:
     base, ms = _models()
     paths = []

@@ -85,6 +85,8 @@ def _small_cuts(x: Any) -> dict[str, tuple[tuple[int, ...], ...]]:
 
 #: bits of the key fixed per level of `Adapter.kth_largest`'s radix selection
 _RADIX = 16
+#: TIES's radix histograms count in int32 for tensors of fewer elements than this (int64 above)
+INT32_COUNTS = 2**31
 #: elements per piece of a block's histogram (the keys and digits of a piece stay in cache)
 _HIST_PIECE = 1 << 16
 
@@ -100,11 +102,11 @@ def _key(x: Any) -> Any:
     return np.bitwise_xor(bits, flip, out=flip)
 
 
-def _histogram(level: int, shift: int, x: Any, prefix: Any) -> Any:
+def _histogram(level: int, shift: int, count: Any, x: Any, prefix: Any) -> Any:
     """A block's histogram of the key bits ``shift .. shift + 16`` among the elements whose higher
-    bits are `prefix` (every element at the first level)."""
+    bits are `prefix` (every element at the first level), in counts of dtype `count`."""
     flat = x.reshape(-1)
-    out = np.zeros(1 << _RADIX, dtype=np.int64)
+    out = np.zeros(1 << _RADIX, dtype=count)
     for i in range(0, int(flat.shape[0]), _HIST_PIECE):  # cache-sized temporaries (keys, digits)
         key = _key(flat[i : i + _HIST_PIECE])
         if level:
@@ -317,13 +319,14 @@ class Adapter(MethodSlices):
         prefix: Any = 0
         above: Any = 0
         scalar = np.empty((), dtype=np.uint64)
+        # counts of at most the tensor's size: int32 where that fits (the histograms the reduction
+        # holds are half the size: bench_merge's TIES rows)
+        count = np.dtype(np.int32 if flat.shape[0] < INT32_COUNTS else np.int64)
         for level in range(nbits // _RADIX):
             shift = nbits - _RADIX * (level + 1)
-            fn = functools.partial(_histogram, level, shift)
-            hists = flat.map_blocks(
-                fn, prefix, chunks=((1 << _RADIX,) * nb,), dtype=np.int64, meta=np.empty((0,), np.int64)
-            )
-            total = hists.reshape(nb, 1 << _RADIX).sum(axis=0)
+            fn = functools.partial(_histogram, level, shift, count)
+            hists = flat.map_blocks(fn, prefix, chunks=((1 << _RADIX,) * nb,), dtype=count, meta=np.empty((0,), count))
+            total = hists.reshape(nb, 1 << _RADIX).sum(axis=0, dtype=count)
             step = functools.partial(_pick, k)
             prefix, above = (
                 da.map_blocks(
