@@ -121,6 +121,19 @@ def test_strict_policy_refuses_a_bfloat16_float32_mix(tmp_path: Path) -> None:
     np.testing.assert_array_equal(doubled, a["wte"]["weight"].compute() * 2)
 
 
+def test_chunks_hold_one_element_count_whatever_the_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fk.open` chunks hold about CHUNK_ELEMENTS elements in every dtype (not one byte size): a merge
+    computes narrower floats in float32, so its memory per chunk follows the element count, and a
+    bfloat16 merge then takes the same share of its (half-size) checkpoint as a float32 one."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    monkeypatch.setattr(dask_adapter, "CHUNK_ELEMENTS", 256)  # 16 rows of 16
+    for name, dt in (("f32", np.float32), ("f64", np.float64), ("bf16", ml_dtypes.bfloat16)):
+        _, p = checkpoints(tmp_path / name, n=1, dtype=dt)
+        x = fk.open(p[0])["wte"]["weight"]
+        assert x.chunks[0] == (16,) * 4, (name, x.chunks)
+        np.testing.assert_array_equal(x.compute(), fk.load(p[0])["wte"]["weight"])
+
+
 def test_save_streams_block_by_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _models, paths = checkpoints(tmp_path)
     monkeypatch.setattr(dask_adapter, "CHUNK_ELEMENTS", 64)  # tensors of 64 rows of 16 -> 16 blocks of 4 rows
