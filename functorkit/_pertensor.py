@@ -373,27 +373,12 @@ def elementwise(xp: Any, fn: Any, arrays: Sequence[Any], consts: Sequence[Any] =
 
 
 def _block_sums(fns: tuple[Any, ...], *blocks: Any) -> Any:
-    """One Dask block of `sums`: ``sum(fn(xp, *blocks))`` of the block for every `fn`, as an array
-    of shape ``(len(fns), 1, ..., 1)``. Each `fn` is computed in row pieces of about `_PIECE`
-    elements into one block-sized buffer (reused by the next `fn`) and summed whole: the sums of
-    the block's values whatever the piece size, bit for bit."""
-    x = blocks[0]
-    xp = namespace(x)
-    rows = int(x.shape[0])
-    step = max(1, _PIECE // max(1, math.prod(int(d) for d in x.shape[1:])))
-    out: list[Any] = []
-    buf = None
-    for fn in fns:
-        if rows <= step:
-            out.append(xp.sum(fn(xp, *blocks)))
-            continue
-        for r in range(0, rows, step):
-            part = fn(xp, *(b[r : r + step] for b in blocks))
-            if buf is None or buf.dtype != part.dtype:
-                buf = xp.empty(tuple(int(d) for d in x.shape), dtype=part.dtype)
-            buf[r : r + step] = part
-        out.append(xp.sum(buf))
-    return xp.reshape(xp.stack(out), (len(fns),) + (1,) * x.ndim)
+    """One Dask block of `sums`: ``sum(fn(xp, *blocks))`` of the block for every `fn` (each computed
+    in row pieces by `_piecewise`, then summed whole: the same sum whatever the piece size), as an
+    array of shape ``(len(fns), 1, ..., 1)``."""
+    xp = namespace(blocks[0])
+    out = [xp.sum(_piecewise(fn, len(blocks), *blocks)) for fn in fns]
+    return xp.reshape(xp.stack(out), (len(fns),) + (1,) * blocks[0].ndim)
 
 
 def sums(xp: Any, fns: Sequence[Any], arrays: Sequence[Any], dtype: Any) -> list[Any]:
