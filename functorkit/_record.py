@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from operator import length_hint
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -106,7 +106,7 @@ def _record_recursive(tree: Any, track: bool) -> tuple[list[Any], TreeDef] | Non
     known = known_types.issuperset
     # a plain ``dict`` child (most nodes of a model) is taken before any other test, under the
     # snapshot's own NodeDef for dict (a built-in dict node declares no trainability)
-    dnd = disp_get(dict)
+    dnd = cast(NodeDef, disp_get(dict))  # (tested here: a NodeDef whenever `plain_dict` holds)
     plain_dict = isinstance(dnd, NodeDef) and dnd.fast == DICT and dnd.trainable is None
 
     def visit(c: Any, nd: NodeDef, depth: int) -> None:
