@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import operator
 import time
 from collections.abc import Callable
 from typing import Any
@@ -249,6 +250,35 @@ def no_columns(f: Callable[[], Any]) -> Callable[[], Any]:
     return g
 
 
+def _checked_ema(ema: list[Any], model: list[Any], t: float) -> None:
+    """What a validating in-place EMA of two lists of tensors must do at least, written by hand: the
+    same length, types, shapes, dtypes and devices, no tensor in both, dense tensors, then one
+    ``torch._foreach_lerp_`` without autograd (no paths, ties, views or trees: the floor of the
+    checks `fk.lerp(..., out=)` makes, issue #22's MLP row)."""
+    import torch
+
+    if type(ema) is not list or type(model) is not list or len(ema) != len(model):
+        raise ValueError("the models differ in structure")
+    same = operator.eq
+    if not (
+        all(map(operator.is_, map(type, ema), map(type, model)))
+        and all(map(same, map(_SHAPE, ema), map(_SHAPE, model)))
+        and all(map(same, map(_DTYPE, ema), map(_DTYPE, model)))
+        and all(map(same, map(_DEVICE, ema), map(_DEVICE, model)))
+    ):
+        raise ValueError("the models' tensors differ")
+    if len({*map(id, ema), *map(id, model)}) != 2 * len(ema):
+        raise ValueError("a tensor is in both models")
+    if list(map(_LAYOUT, ema)).count(torch.strided) != len(ema):
+        raise TypeError("a tensor is not dense")
+    with torch.no_grad():
+        torch._foreach_lerp_(ema, model, t)
+
+
+_SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
+_DEVICE, _LAYOUT = operator.attrgetter("device"), operator.attrgetter("layout")
+
+
 def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
     """Per-call cost on small models: the 6-array MLP (NumPy and torch) and a 12-block torch
     ``nn.Module`` EMA step; each contender runs `SMALL_CALLS` times per timing."""
@@ -327,6 +357,7 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
     }
     out["MLP EMA step, torch"] = {
         "fk, out=": rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema)),
+        "hand loop with checks, one _foreach_lerp_": rep(lambda: _checked_ema(tema, tm[1], T_EMA)),
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema))),
         "walk only: fk.leaves of both": rep(lambda: (fk.leaves(tema), fk.leaves(tm[1]))),
         "hand loop": rep(lambda: [e.lerp_(m, T_EMA) for e, m in zip(tema, tm[1], strict=True)]),
