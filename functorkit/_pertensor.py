@@ -384,10 +384,10 @@ def _block_sums(fns: tuple[Any, ...], *blocks: Any) -> Any:
 def sums(xp: Any, fns: Sequence[Any], arrays: Sequence[Any], dtype: Any) -> list[Any]:
     """``[xp.sum(fn(xp, *arrays)) for fn in fns]`` for element-wise `fns` of `dtype` over arrays of
     one shape: several reductions of the same tensors (slerp's norms and dot, DARE's L1 norms,
-    model stock's dots). Eager, each sum of `elementwise` (the same values as before). On Dask one
-    task per block computes every sum's part of the block (in row pieces) and one reduction adds
-    the parts: each block is read once for all the sums, where separate reductions sharing the
-    input blocks keep them in memory until the last has run (bench_merge's peak RSS)."""
+    model stock's dots). Eager arrays: each sum of `elementwise`, directly. On Dask one task per
+    block computes every sum's part of the block (in row pieces) and one reduction adds the parts:
+    each block is read once for all the sums, where separate reductions sharing the input blocks
+    would keep them in memory until the last has run (bench_merge's peak RSS)."""
     import functools
 
     x = arrays[0]
