@@ -369,7 +369,13 @@ def elementwise(xp: Any, fn: Any, arrays: Sequence[Any], consts: Sequence[Any] =
     body = functools.partial(_piecewise, fn, len(arrays))
     dt = x.dtype if dtype is None else dtype
     meta = np.empty((0,) * len(x.shape), dtype=dt)
-    return x.map_blocks(body, *arrays[1:], *consts, dtype=dt, meta=meta)
+    return x.map_blocks(body, *_same_grid(x, arrays[1:]), *consts, dtype=dt, meta=meta)
+
+
+def _same_grid(x: Any, arrays: Sequence[Any]) -> list[Any]:
+    """`arrays` (Dask, of `x`'s shape) in `x`'s chunks: a block task takes one block of each, and
+    ``map_blocks`` with 0-d inputs beside them does not line differently chunked ones up."""
+    return [a if a.chunks == x.chunks else a.rechunk(x.chunks) for a in arrays]
 
 
 def _block_sums(fns: tuple[Any, ...], *blocks: Any) -> Any:
@@ -393,7 +399,7 @@ def sums(xp: Any, fns: Sequence[Any], arrays: Sequence[Any], dtype: Any) -> list
     x = arrays[0]
     if not x.shape or not _chunked(x):
         return [xp.sum(elementwise(xp, fn, arrays, dtype=dtype)) for fn in fns]
-    arrays = [a if a.chunks == x.chunks else a.rechunk(x.chunks) for a in arrays]  # one block grid
+    arrays = [x, *_same_grid(x, arrays[1:])]
     nd = len(x.shape)
     chunks = ((len(fns),), *(tuple(1 for _ in c) for c in x.chunks))
     meta = np.empty((0,) * (nd + 1), dtype=dtype)
