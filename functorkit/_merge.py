@@ -326,6 +326,8 @@ def _magnitude(densities: list[Schedule]) -> Any:
         n = 1
         for s in x.shape:
             n *= int(s)
+        if n == 0:  # an empty tensor: nothing to trim (its merge is empty)
+            return None
         a = elementwise(xp, _abs_delta, (x, o), dtype=work(xp, x).dtype)
         return (), (kth_largest(xp, a, count_kept(n, dens)),)
 

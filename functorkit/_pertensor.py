@@ -472,7 +472,8 @@ def tensor_thresholds(model: Any, density: Any, /, *, trainable_only: bool = Tru
     ``k = max(1, floor(density * n))``: ``abs(x) >= threshold`` selects the elements
     `fk.ties` keeps. Found by a selection (``partition``/``kthvalue``/on Dask a radix
     selection over the blocks), not a sort, where the namespace has one. `density` is a number in ``(0, 1]`` or
-    a dict from path globs to numbers (as in `fk.ties`). Dtypes as in `tensor_norms`.
+    a dict from path globs to numbers (as in `fk.ties`). Dtypes as in `tensor_norms`. An empty
+    parameter's threshold is ``+inf`` (it has no element to keep; `fk.ties` leaves it empty).
 
     Examples
     --------
@@ -490,6 +491,9 @@ def tensor_thresholds(model: Any, density: Any, /, *, trainable_only: bool = Tru
         check_whole("tensor_thresholds", path, x)
         xp = namespace(x)
         a = xp.abs(work(xp, x))
-        return kth_largest(xp, a, count_kept(math.prod(int(d) for d in x.shape), dens.get(path)))
+        n = math.prod(int(d) for d in x.shape)
+        if n == 0:  # no k-th largest of nothing: +inf, which no element reaches (0-d, x's namespace and device)
+            return xp.sum(a) + math.inf
+        return kth_largest(xp, a, count_kept(n, dens.get(path)))
 
     return _map_params("tensor_thresholds", ("model",), (model,), fn, trainable_only)

@@ -396,6 +396,30 @@ def test_per_tensor_reductions(xp: Any) -> None:
         assert float(to_numpy(thr[k])) == float(np.sort(np.abs(a[k]).reshape(-1))[::-1][kk - 1])
 
 
+def test_empty_tensors_merge_to_empty_and_their_threshold_is_inf(xp: Any) -> None:
+    """An empty parameter (a zero-size layer) has nothing to trim: every method merges it to an empty
+    tensor of its dtype, and `fk.tensor_thresholds` gives +inf for it (no element reaches it; a
+    k-th largest of nothing does not exist). Before, TIES raised the namespace's raw IndexError."""
+    ms = [{"e": np.zeros((0, 3), np.float32), "w": np.asarray([1.0, -2.0, 3.0], np.float32) + k} for k in range(3)]
+    b, m1, m2 = _on(xp, ms)
+    outs = {
+        "ties": fk.ties(b, [m1, m2], [0.5, 0.5], density=0.5),
+        "dare": fk.dare(b, [m1, m2], [0.5, 0.5], density=0.5, seed=1),
+        "slerp": fk.slerp(b, m1, 0.5),
+        "task_arithmetic": fk.task_arithmetic(b, [m1, m2], [0.5, 0.5]),
+        "model_stock": fk.model_stock(b, [m1, m2]),
+    }
+    for name, out in outs.items():
+        e = to_numpy(out["e"])
+        assert e.shape == (0, 3), name
+        assert e.dtype == np.float32, name
+        assert to_numpy(out["w"]).shape == (3,), name
+    thr = fk.tensor_thresholds(b, 0.5)
+    assert tuple(thr["e"].shape) == ()
+    assert float(to_numpy(thr["e"])) == math.inf
+    assert float(to_numpy(thr["w"])) == 3.0  # k = max(1, floor(0.5 * 3)) = 1: the largest magnitude
+
+
 def test_per_tensor_reductions_bfloat16_reduce_in_float32() -> None:
     ml_dtypes = pytest.importorskip("ml_dtypes")
 
