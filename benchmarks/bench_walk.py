@@ -836,8 +836,9 @@ Each block is `{{"ln1", "attn": {{"q", "k", "v", "o"}}, "ln2", "fc1", "fc2"}}`, 
 layer a `{{"weight", "bias"}}` dict of small float32 arrays: {n_big:,} leaves, {n_big // 2:,}
 innermost layers, {n_big_nodes:,} dicts in all (the root included). Few leaves per node: this is
 the per-node cost a real model pays. The first table sets functorkit against `jax.tree_util` with
-the targets of issue #21 (the recursive-Python column is the floor of a walk that records
-nothing); the second lists every contender.
+the targets of issue #21 (the recursive-Python column: for leaves and the maps a walk that
+records nothing, for flatten one that records each node's type, keys and length: the floor of a
+Python walk that records a structure); the second lists every contender.
 
 {target_table(res_big)}
 
