@@ -327,6 +327,38 @@ def _net(torch: Any, seed: int) -> Any:
     return net
 
 
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_torch_narrow_floats_load_into_numpy(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch bfloat16/float8 tensor (NumPy has no such dtype: ``Tensor.numpy()`` refuses it) loads
+    into a NumPy model through an ml_dtypes view of its bits: bit for bit into the same dtype,
+    widened exactly into float32, from a strided tensor too. Without ml_dtypes, a PolicyError
+    names the path and the fix (as before)."""
+    torch = pytest.importorskip("torch")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    tdt = getattr(torch, name, None)
+    if tdt is None:
+        pytest.skip(f"torch has no {name}")
+    ndt = np.dtype(getattr(ml_dtypes, name))
+    src32 = torch.linspace(-3.0, 3.0, 24).reshape(4, 6)
+    src = {"w": src32.to(tdt), "t": src32.to(tdt).T}  # a strided (transposed) view too
+    want = {k: v.to(torch.float32).numpy() for k, v in src.items()}
+    same = {"w": np.zeros((4, 6), ndt), "t": np.zeros((6, 4), ndt)}
+    fk.load_into(same, src)
+    for k in src:
+        assert same[k].dtype == ndt
+        bits = src[k].contiguous().view(torch.int16 if ndt.itemsize == 2 else torch.uint8).numpy()
+        np.testing.assert_array_equal(same[k].view(bits.dtype), bits)  # the same bits
+    wide = {"w": np.zeros((4, 6), np.float32), "t": np.zeros((6, 4), np.float32)}
+    fk.load_into(wide, src)
+    for k in src:
+        np.testing.assert_array_equal(wide[k], want[k])
+    from functorkit.adapters import torch as torch_adapter
+
+    monkeypatch.setattr(torch_adapter, "_ml_dtype", lambda dtype: None)  # as without ml_dtypes
+    with pytest.raises(fk.PolicyError, match=r"at w: fk.load_into cannot convert"):
+        fk.load_into({"w": np.zeros((4, 6), np.float32)}, {"w": src["w"]})
+
+
 def test_torch_module() -> None:
     torch = pytest.importorskip("torch")
     dst, src = _net(torch, 0), _net(torch, 1).double()

@@ -371,7 +371,18 @@ class Adapter(ArrayAdapter):
         return x.detach().clone()
 
     def host_view(self, x: Any) -> Any:
-        return _numpy_view(x.detach()) if x.is_cpu and not compiling() else None
+        """A NumPy view of a plain CPU tensor (no copy); bfloat16 and float8 as the ``ml_dtypes``
+        type of the same bits, where ml_dtypes is installed (NumPy has none of its own: a torch
+        bfloat16 tensor then loads into a NumPy model, ``fk.load_into``); None otherwise."""
+        if not x.is_cpu or compiling():
+            return None
+        t = x.detach()
+        v = _numpy_view(t)
+        if v is None and type(t) is torch.Tensor and t.dtype in _STAND_IN:
+            ml = _ml_dtype(t.dtype)
+            if ml is not None:
+                v = t.view(_STAND_IN[t.dtype]).numpy().view(ml)
+        return v
 
     def memory_extent(self, x: Any) -> tuple[tuple[str, int], int, int] | None:
         """From ``data_ptr``/``stride`` (no NumPy view: cheaper, and works on GPUs)."""
@@ -697,6 +708,18 @@ _STAND_IN = {
     for d in (torch.bfloat16, getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None))
     if d is not None
 }
+
+
+def _ml_dtype(dtype: Any) -> Any:
+    """The ``ml_dtypes`` NumPy dtype with torch `dtype`'s bits (bfloat16, float8_e4m3fn, float8_e5m2),
+    or None without ml_dtypes."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    name = str(dtype).rpartition(".")[2]
+    t = getattr(ml_dtypes, name, None)
+    return None if t is None else np.dtype(t)
 
 
 _VDOT_DTYPES = frozenset({torch.float32, torch.float64, torch.complex64, torch.complex128})
