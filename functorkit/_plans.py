@@ -61,7 +61,14 @@ PLAN_NODES = 512
 #: `plan_for` hands back kept plans (off: every call makes its full analysis; bench_flat's
 #: ``destructure(model)`` on/off rows, tests/test_destructure_plan.py)
 PLANS = [True]
-PLAN_MAX = 64
+#: the largest planned definition (program entries + positions) that also gets a generated builder:
+#: model-shaped container trees (a few leaves per node) rebuild 1.3-1.6x faster by it (bench_walk's
+#: 12-block rows; 5x for the rebuild alone), and wide ones no slower up to here, measured (fk.fmap
+#: of dicts of lists of tuples of up to 3,111 entries and positions: 0.66-1.02x the definition's
+#: rebuild); above, a generated function of 10,000 positions was 1.18x slower (the definition's
+#: build slices an all-leaf node's leaves at once). Compiled once per structure, at its second
+#: recording (1-5 ms at these sizes, less than its matcher)
+PLAN_MAX = 2048
 #: at most this many structures are kept (then the cache starts again)
 _MAX = 256
 

@@ -289,8 +289,8 @@ def matcher(td: TreeDef, distinct: Callable[[list[Any]], bool], sort_from: int) 
     for idx in preorder(prog):
         e = prog[idx]
         x = access[idx]
-        if e is None:
-            lines += [f"    if type({x}) not in LEAVES:", "        return MISS", f"    out.append({x})"]
+        if e is None:  # (its type is checked with every leaf's, at the end)
+            lines.append(f"    out.append({x})")
             continue
         name = f"x{idx}"
         names[idx] = name
@@ -304,13 +304,7 @@ def matcher(td: TreeDef, distinct: Callable[[list[Any]], bool], sort_from: int) 
         if nd.mutable and not n:  # (one met twice with leaves repeats them: the tie test below sees it)
             mutable.append(name)
         if leafy:
-            vals = f"list({name}.values())" if nd.fast == DICT else name
-            lines += [
-                f"    v = {vals}",
-                "    if not LEAVES.issuperset(map(type, v)):",
-                "        return MISS",
-                "    out.extend(v)",
-            ]
+            lines.append(f"    out.extend({name}.values())" if nd.fast == DICT else f"    out.extend({name})")
             continue
         for j, c in enumerate(kids.get(idx, [])):
             if nd.fast == DICT:
@@ -327,6 +321,8 @@ def matcher(td: TreeDef, distinct: Callable[[list[Any]], bool], sort_from: int) 
         test = "not DISTINCT(out)"
         if nodes:
             test += f" or len({{{nodes[2:]}}}) != {len(mutable)}"
+    # every leaf's type in one pass: a node where a leaf was, or an unknown type, is a miss
+    lines += ["    if not LEAVES.issuperset(map(type, out)):", "        return MISS"]
     lines += [f"    if ties and ({test}):", "        return MISS", "    return out"]
     code, _ = compile_source("\n".join(lines))
     exec(code, glb)

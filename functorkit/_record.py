@@ -519,6 +519,8 @@ def flatten(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None) -> tu
     if is_leaf is not None and not callable(is_leaf):
         msg = f"`is_leaf` must be a callable `x -> bool` or None, got {type(is_leaf).__name__} (fk.flatten)."
         raise TypeError(msg)
+    if is_leaf is None:  # a small container tree met before: matched by its generated matcher
+        return record_plain(tree, track=True)
     return record(tree, is_leaf)
 
 

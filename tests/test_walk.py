@@ -1123,10 +1123,51 @@ def test_small_container_trees_take_the_planned_path(monkeypatch: pytest.MonkeyP
     assert len(walks) == before + 4
 
 
+@pytest.mark.parametrize("generated", [True, False])
+def test_model_shaped_container_trees_are_rebuilt_by_generated_code(
+    monkeypatch: pytest.MonkeyPatch, generated: bool
+) -> None:
+    # bench_walk's 12-block rows: a transformer of dicts (313 entries and positions, above the
+    # old limit of 64) met again is rebuilt by its generated builder, not by the program
+    # interpreter (`_program.build`); with PLAN_MAX below its size the interpreter rebuilds it
+    from functorkit import _plans, _program, _treedef
+
+    def block(i: int) -> dict[str, Any]:
+        def layer(j: int) -> dict[str, Any]:
+            return {"weight": np.full((2, 2), float(10 * i + j)), "bias": np.full(2, float(10 * i + j))}
+
+        return {"ln1": layer(0), "attn": {k: layer(1 + n) for n, k in enumerate("qkvo")}, "ln2": layer(5)}
+
+    def tree() -> dict[str, Any]:
+        return {f"h{i}": block(i) for i in range(12)}
+
+    interpreted: list[int] = []
+    real = _program.build
+
+    def counting(td: Any, vals: list[Any], mode: int) -> Any:
+        interpreted.append(1)
+        return real(td, vals, mode)
+
+    monkeypatch.setattr(_treedef.program, "build", counting)
+    if not generated:
+        monkeypatch.setattr(_plans, "PLAN_MAX", 64)
+    _plans.clear()
+    for _ in range(3):
+        fk.fmap(lambda x: x, tree())
+    before = len(interpreted)
+    t = tree()
+    out = fk.fmap(lambda x: x + 1, t)
+    assert (len(interpreted) == before) is generated
+    np.testing.assert_array_equal(out["h11"]["attn"]["o"]["bias"], np.full(2, 115.0))
+    assert list(out["h3"]) == ["ln1", "attn", "ln2"]
+    assert list(out["h3"]["attn"]) == list("qkvo")
+    assert fk.leaves(out)[5] is not fk.leaves(t)[5]
+
+
 @pytest.mark.parametrize("planned", [True, False])
 def test_wide_container_trees_take_the_planned_matcher(monkeypatch: pytest.MonkeyPatch, planned: bool) -> None:
-    # bench_walk's "(a) A wide tree" rows: more positions than PLAN_MAX, few nodes: matched by
-    # generated code, rebuilt by the definition (no generated builder); forcing it off must show
+    # bench_walk's "(a) A wide tree" rows: many positions, few nodes: matched by generated code;
+    # forcing it off must show
     from functorkit import _plans
 
     def tree() -> dict[str, Any]:
