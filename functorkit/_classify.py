@@ -124,9 +124,10 @@ def _is_kind(xp: Any, dtype: Any, kind: Any) -> bool:
     if isinstance(dtype, np.dtype):
         if not dtype.isnative:
             dtype = dtype.newbyteorder("=")  # array_api_compat knows native dtypes only
-        if dtype.kind == "V" and _ml_float(dtype):
+        if dtype.kind in "Vf" and _ml_float(dtype):
             # ml_dtypes' bfloat16/float8 (NumPy and Dask arrays of checkpoints): real floating, which
             # the array API's isdtype does not know; without this they would be silent constants
+            # (kind "V" for most, "f" for float8_e5m2: both)
             return "real floating" in ((kind,) if isinstance(kind, str) else kind)
     try:
         return bool(xp.isdtype(dtype, kind))

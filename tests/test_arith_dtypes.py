@@ -40,7 +40,7 @@ def _strict(name: str) -> Callable[[np.ndarray], Any]:
     return lambda v: xp.asarray(v, dtype=getattr(xp, name))
 
 
-_NP_DTYPES = ["float16", "bfloat16", "float8_e4m3fn", "float32", "float64", "complex64"]
+_NP_DTYPES = ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float32", "float64", "complex64"]
 
 
 def _np_dtype(name: str) -> Any:
@@ -131,7 +131,9 @@ def _reference(fname: str, v: list[dict[str, np.ndarray]]) -> dict[str, np.ndarr
 
 
 def _tolerance(name: str) -> float:
-    return {"float8_e4m3fn": 0.13, "bfloat16": 0.02, "float16": 2e-3, "float32": 1e-5}.get(name, 1e-6)
+    return {"float8_e4m3fn": 0.13, "float8_e5m2": 0.26, "bfloat16": 0.02, "float16": 2e-3, "float32": 1e-5}.get(
+        name, 1e-6
+    )
 
 
 @pytest.mark.parametrize("fname", list(FUNCS))
@@ -167,6 +169,26 @@ def test_dot_and_norm_keep_the_dtype_and_accumulate_in_float32(backend: str, nam
     assert _dtype_name(d) == _dtype_name(m["w"])
     assert float(_host(n)) == pytest.approx(16.0, rel=_tolerance(name))
     assert complex(_host(d)).real == pytest.approx(256.0, rel=_tolerance(name))
+
+
+_ML_FLOATS = sorted(
+    n
+    for n in dir(ml_dtypes)
+    if n.startswith(("float", "bfloat"))
+    and isinstance(getattr(ml_dtypes, n), type)
+    and np.dtype(getattr(ml_dtypes, n)).type.__module__.startswith("ml_dtypes")
+)
+
+
+@pytest.mark.parametrize("name", _ML_FLOATS)
+def test_every_ml_dtypes_float_is_a_parameter(name: str) -> None:
+    """Every floating dtype of ml_dtypes is a parameter, whatever NumPy kind it reports (bfloat16
+    and most float8s say "V", float8_e5m2 says "f"): never a silent constant (SPEC 12)."""
+    dt = np.dtype(getattr(ml_dtypes, name))
+    m = {"w": np.array([1.0, 0.5], dt), "n": np.array([3], np.int64)}
+    flat, re = fk.destructure(m)
+    assert flat.shape == (2,) and flat.dtype == dt
+    assert re(flat)["n"] is m["n"]
 
 
 def test_bf16_lincomb_then_add_no_longer_raises() -> None:
