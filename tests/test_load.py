@@ -359,6 +359,39 @@ def test_torch_narrow_floats_load_into_numpy(name: str, monkeypatch: pytest.Monk
         fk.load_into({"w": np.zeros((4, 6), np.float32)}, {"w": src["w"]})
 
 
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3"])
+def test_numpy_narrow_floats_load_into_every_library(name: str) -> None:
+    """A NumPy model of an ml_dtypes float (bfloat16, float8_*: NumPy kind "V" or "f") is a model
+    like any other for fk.load_into: into NumPy of its dtype (bit for bit) and float32, into torch
+    of the same dtype (bit for bit, where torch has it) and float32. It was refused as a
+    "structured dtype" (NumPy's read check), and torch could not take its arrays (DLPack, asarray)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ndt = np.dtype(getattr(ml_dtypes, name))
+    src = {"w": np.linspace(-3.0, 3.0, 24, dtype=np.float32).reshape(4, 6).astype(ndt)}
+    src["t"] = src["w"].T  # a strided (transposed) view too
+    wide = {k: v.astype(np.float32) for k, v in src.items()}  # exact: every value of ndt is a float32
+    same = {k: np.zeros(v.shape, ndt) for k, v in src.items()}
+    fk.load_into(same, src)
+    for k in src:
+        np.testing.assert_array_equal(same[k].view(np.uint8), np.ascontiguousarray(src[k]).view(np.uint8))
+    f32 = {k: np.zeros(v.shape, np.float32) for k, v in src.items()}
+    fk.load_into(f32, src)
+    for k in src:
+        np.testing.assert_array_equal(f32[k], wide[k])
+    torch = pytest.importorskip("torch")
+    tdt = getattr(torch, name, None)
+    if tdt is not None:
+        tsame = {k: torch.zeros(v.shape, dtype=tdt) for k, v in src.items()}
+        fk.load_into(tsame, src)
+        for k in src:
+            bits = tsame[k].view(torch.int16 if ndt.itemsize == 2 else torch.uint8).numpy()
+            np.testing.assert_array_equal(bits, np.ascontiguousarray(src[k]).view(bits.dtype))
+    t32 = {k: torch.zeros(v.shape, dtype=torch.float32) for k, v in src.items()}
+    fk.load_into(t32, src)
+    for k in src:
+        np.testing.assert_array_equal(t32[k].numpy(), wide[k])
+
+
 def test_torch_module() -> None:
     torch = pytest.importorskip("torch")
     dst, src = _net(torch, 0), _net(torch, 1).double()

@@ -122,9 +122,11 @@ class Adapter(MethodSlices):
         return None
 
     def read_problem(self, x: Any) -> str | None:
-        """Structured (record) dtypes hold no single number per element."""
-        if x.dtype.kind == "V":
-            return f"it has the structured dtype {x.dtype}, not a numeric one"
+        """Structured (record) and raw void dtypes hold no single number per element; ml_dtypes'
+        numbers (bfloat16, float8_*, int4...) are NumPy kind "V" too, and are numbers."""
+        dt = x.dtype
+        if dt.kind == "V" and not dt.type.__module__.startswith("ml_dtypes"):
+            return f"it has the structured dtype {dt}, not a numeric one"
         return None
 
     def stage(self, dst: Any, src: Any) -> Any:

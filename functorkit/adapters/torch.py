@@ -357,7 +357,8 @@ class Adapter(ArrayAdapter):
             return src.detach()
         sa = adapter_of(src)
         if sa is not self:
-            src = self.to_namespace(sa.detach(src), dst.device)
+            ml = _from_ml_dtypes(src)  # NumPy bfloat16/float8 (ml_dtypes): neither DLPack nor asarray take them
+            src = self.to_namespace(sa.detach(src), dst.device) if ml is None else ml
         buf = torch.empty(tuple(dst.shape), dtype=dst.dtype, device=dst.device)
         with torch.no_grad():
             buf.copy_(src.detach())
@@ -708,6 +709,21 @@ _STAND_IN = {
     for d in (torch.bfloat16, getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None))
     if d is not None
 }
+
+
+def _from_ml_dtypes(x: Any) -> Any:
+    """A CPU tensor of the values of NumPy array `x` of an ``ml_dtypes`` float dtype: the same bits
+    for the dtypes torch has (bfloat16, float8_e4m3fn, float8_e5m2: no rounding), float32 for the
+    others (exact: each is narrower); None for any other `x`."""
+    if not isinstance(x, np.ndarray) or not x.dtype.type.__module__.startswith("ml_dtypes"):
+        return None
+    td = next((d for d in _STAND_IN if _ml_dtype(d) == x.dtype), None)
+    if td is not None:
+        bits = np.ascontiguousarray(x).view(np.int16 if _STAND_IN[td] == torch.int16 else np.uint8)
+        return torch.from_numpy(bits).view(td)
+    if x.dtype.name.startswith(("float", "bfloat")):
+        return torch.from_numpy(x.astype(np.float32))
+    return None
 
 
 def _ml_dtype(dtype: Any) -> Any:
