@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -77,7 +78,7 @@ def _parse_size(shard_size: Any) -> int | None:
             value = float(num)
         except ValueError:
             value = -1.0
-        if unit in _UNITS and value > 0:
+        if unit in _UNITS and 0 < value * _UNITS[unit] < math.inf:  # (not "inf", "nan", "1e400GB")
             return max(1, int(value * _UNITS[unit]))
     msg = f'`shard_size` must be a positive number of bytes or a string such as "2GB" or "500MiB", got {shard_size!r}.'
     raise ValueError(msg)

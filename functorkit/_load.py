@@ -100,6 +100,8 @@ def _stage(path: KeyPath, ad: ArrayAdapter, d: Any, s: Any) -> Any:
         return None  # meta into meta: nothing to write
     try:
         return ad.stage(d, s)
+    except (StructureError, PolicyError) as e:  # functorkit's own (a checkpoint changed after fk.open): as it is
+        raise type(e)(f"at {path.display}: fk.load_into: {e}") from e
     except (TypeError, ValueError, RuntimeError, OverflowError, NotImplementedError, BufferError) as e:
         msg = (
             f"at {path.display}: fk.load_into cannot convert the `src` {describe_array(s)} into `dst`'s "

@@ -1376,6 +1376,15 @@ PLAIN_CASES: list[Bad] = [
         names=("shard_size",),
     ),
     Bad(
+        "save-shard_size-infinite",
+        "save",
+        '`shard_size="inf"` (a float the size cannot be: it raised OverflowError)',
+        lambda c: fk.save(_ckpt_path("bad"), {"w": np.ones(2)}, shard_size="1e400GB"),
+        ValueError,
+        "`shard_size` must be a positive number of bytes or a string such as \"2GB\"",
+        names=("shard_size", "1e400GB"),
+    ),
+    Bad(
         "save-unstorable-dtype",
         "save",
         "a complex array (safetensors has no complex dtype)",

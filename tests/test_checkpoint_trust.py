@@ -329,6 +329,12 @@ def test_a_lazy_model_refuses_a_file_replaced_after_open(tmp_path: Path) -> None
     with pytest.raises(fk.StructureError, match=r"x\.st: the file changed since fk\.open.*inode.*'a'"):
         lazy["a"].compute()
     assert fk.open(path)["a"].compute().tolist() == [1.0] * 4  # opened again: fine
+    # loaded into a model: the same StructureError, with the path (it was a PolicyError about
+    # converting float64 into float64, whose fix was to cast `src`), and nothing written
+    dst = {"a": np.zeros(4), "b": np.zeros(4)}
+    with pytest.raises(fk.StructureError, match=r"at a: fk\.load_into: .*x\.st: the file changed since fk\.open"):
+        fk.load_into(dst, lazy)
+    assert dst["a"].tolist() == [0.0] * 4 and dst["b"].tolist() == [0.0] * 4
 
 
 @needs_dask
