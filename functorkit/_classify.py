@@ -28,8 +28,11 @@ __all__ = [
 
 _IS_ARRAY: dict[type, bool] = {}
 _NAMESPACE: dict[type, Any] = {}
-_INEXACT: dict[tuple[type, Any], bool] = {}
-_COMPLEX: dict[tuple[type, Any], bool] = {}
+# per array type, per dtype: a traced (torch.compile) lookup for a tensor then meets torch dtypes
+# only, never a NumPy dtype of another library (ml_dtypes' float4/float6 dtypes: Dynamo cannot
+# compare them, and a lookup in a dict holding one broke the graph: tests/test_compile.py)
+_INEXACT: dict[type, dict[Any, bool]] = {}
+_COMPLEX: dict[type, dict[Any, bool]] = {}
 _DTYPE_OF = operator.attrgetter("dtype")
 
 #: why ``np.matrix`` is refused (a constant: one text wherever it is met)
@@ -86,12 +89,11 @@ def is_inexact_array(x: Any) -> bool:
     """True for a real-floating or complex-floating array (any byte order): a parameter candidate."""
     if not is_array(x):
         return False
-    key = (type(x), x.dtype)
     try:
-        return _INEXACT[key]
+        return _INEXACT[type(x)][x.dtype]
     except KeyError:
         out = _is_kind(namespace(x), x.dtype, ("real floating", "complex floating"))
-        _INEXACT[key] = out
+        _INEXACT.setdefault(type(x), {})[x.dtype] = out
         return out
 
 
@@ -106,18 +108,13 @@ def inexact_flags(leaves: list[Any]) -> list[bool]:
             return list(map(is_inexact_array, leaves))
     dtypes = list(map(_DTYPE_OF, leaves))
     if len(set(types)) == 1:  # one array type: classify each dtype once, no tuple per leaf
-        t = types[0]
         by_dtype = {}
         for dt, x in dict(zip(dtypes, leaves)).items():
-            if (t, dt) not in _INEXACT:
-                is_inexact_array(x)
-            by_dtype[dt] = _INEXACT[(t, dt)]
+            by_dtype[dt] = is_inexact_array(x)
         return list(map(by_dtype.__getitem__, dtypes))
     keys = list(zip(types, dtypes))
-    for key, x in dict(zip(keys, leaves)).items():
-        if key not in _INEXACT:
-            is_inexact_array(x)
-    return list(map(_INEXACT.__getitem__, keys))
+    by_key = {key: is_inexact_array(x) for key, x in dict(zip(keys, leaves)).items()}
+    return list(map(by_key.__getitem__, keys))
 
 
 def _is_kind(xp: Any, dtype: Any, kind: Any) -> bool:
@@ -144,11 +141,10 @@ def is_complex(x: Any) -> bool:
     """True if array `x` (or a `Kind`) has a complex floating dtype (cached per type and dtype)."""
     if type(x) is Kind:
         return _is_kind(x.xp, x.dtype, "complex floating")
-    key = (type(x), x.dtype)
     try:
-        return _COMPLEX[key]
+        return _COMPLEX[type(x)][x.dtype]
     except KeyError:
-        out = _COMPLEX[key] = _is_kind(namespace(x), x.dtype, "complex floating")
+        out = _COMPLEX.setdefault(type(x), {})[x.dtype] = _is_kind(namespace(x), x.dtype, "complex floating")
         return out
 
 

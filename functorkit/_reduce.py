@@ -23,7 +23,7 @@ from ._lockstep import _as_array, _describe, _map_params, _real_dtype, _reduce_p
 from ._typing import Tree as T
 from ._walk import BUILD_NONE
 from ._xp import is_complex, is_inexact_array, namespace
-from .adapters import adapter_of
+from .adapters import adapter_of, tracing
 from .adapters._sharding import ShardRefusal, sharded_reduce
 
 __all__ = ["dot", "filter_normalize", "norm", "normalize"]
@@ -107,7 +107,7 @@ def dot(a: T, b: T, /, *, trainable_only: bool = True) -> Any:
     if r is None:
         parts = list(map(ad.vdot, xs, ys))
         r = parts[0] if len(parts) == 1 else xp.sum(xp.stack(parts))
-    return _as_array(_narrow_back(xp, ad, r, xs[0].dtype))
+    return _as_array(_narrow_back(xp, ad, r, _promoted(xp, xs)))
 
 
 def sharded_total(
@@ -143,6 +143,21 @@ def _param_paths(fname: str, names: tuple[str, ...], models: tuple[Any, ...], tr
 
     _run(fname, names, models, visit, BUILD_NONE)
     return paths
+
+
+def _promoted(xp: Any, xs: list[Any]) -> Any:
+    """The dtype the parameters' values promote to (``result_type`` of their dtypes): the dtype of a
+    reduction over all of them, whatever their order (a float16 parameter before a complex one
+    must not make the total float16). Dtypes without a promotion between them (NumPy's ml_dtypes
+    bfloat16 and float16) give float32, as torch promotes them."""
+    # (a C-level pass; torch.compile cannot trace an attrgetter, and traces the comprehension)
+    dtypes = list(dict.fromkeys([x.dtype for x in xs] if tracing() else map(_DTYPE_OF, xs)))
+    if len(dtypes) == 1:
+        return dtypes[0]
+    try:
+        return xp.result_type(*dtypes)
+    except (TypeError, ValueError):  # (NumPy's DTypePromotionError is a TypeError)
+        return xp.complex64 if any(map(is_complex, xs)) else xp.float32
 
 
 def _narrow_back(xp: Any, ad: Any, r: Any, dtype: Any) -> Any:
@@ -229,20 +244,22 @@ def _sums_of_squares(ad: Any, arrays: list[Any]) -> list[Any]:
             return _chunked_sums_of_squares(ad, arrays, sizes)
     xp = ad.xp
     out: list[Any] = []
-    chunk: list[Any] = []
-    size = 0
+    chunks: dict[Any, tuple[list[Any], int]] = {}  # per dtype: one concatenation never mixes dtypes
     for x in arrays:
         n = _numel(x)
         if n >= _CHUNK:
             out.append(ad.sum_squares(x))
             continue
+        chunk, size = chunks.get(x.dtype, ([], 0))
         chunk.append(xp.reshape(x, (-1,)))
         size += n
         if size >= _CHUNK:
             out.append(ad.sum_squares(xp.concat(chunk) if len(chunk) > 1 else chunk[0]))
             chunk, size = [], 0
-    if chunk:
-        out.append(ad.sum_squares(xp.concat(chunk) if len(chunk) > 1 else chunk[0]))
+        chunks[x.dtype] = (chunk, size)
+    for chunk, _ in chunks.values():
+        if chunk:
+            out.append(ad.sum_squares(xp.concat(chunk) if len(chunk) > 1 else chunk[0]))
     return out
 
 
@@ -292,18 +309,18 @@ def _norm_acc(a: Any, o: float, fname: str, trainable_only: bool) -> tuple[Any, 
     power = o not in (0.0, 1.0, math.inf, -math.inf)  # summed as |x|**o, then one root
     xp, xs = _reduce_params(fname, ("a",), (a,), _first, trainable_only, _same)
     ad = adapter_of(xs[0])
-    x0 = xs[0]
-    dt = _real_dtype(xp, x0.dtype) if is_complex(x0) else x0.dtype
+    whole = _promoted(xp, xs)  # of every parameter, not the first one's (its order is no rule)
+    dt = _real_dtype(xp, whole) if any(map(is_complex, xs)) else whole  # (complex iff one of them is)
     # sharded: the global sum (or max, min, count) on every rank, its root taken by the adapter on
     # the plain global value (`then`: no sharded-array operators for a 0-d result)
     then = (lambda t: _root(xp, ad, t, o)) if power or o == 2 else None
     total = sharded_total(fname, ("a",), (a,), trainable_only, ad, xs, None, o, then)
     if total is not None:
-        return _as_array(total), (x0.dtype if o == 2 else dt)
+        return _as_array(total), (whole if o == 2 else dt)
     if o == 2:
         sq = _sums_of_squares(ad, xs)
         total = sq[0] if len(sq) == 1 else xp.sum(xp.stack(sq))
-        return _as_array(_root(xp, ad, total, 2.0)), x0.dtype
+        return _as_array(_root(xp, ad, total, 2.0)), whole
     parts = [_leaf_norm(xp, x, o, power) for x in xs]
     if len(parts) == 1 and not power:
         return _as_array(parts[0]), dt

@@ -187,8 +187,52 @@ def test_every_ml_dtypes_float_is_a_parameter(name: str) -> None:
     dt = np.dtype(getattr(ml_dtypes, name))
     m = {"w": np.array([1.0, 0.5], dt), "n": np.array([3], np.int64)}
     flat, re = fk.destructure(m)
-    assert flat.shape == (2,) and flat.dtype == dt
+    assert flat.shape == (2,)
+    assert flat.dtype == dt
     assert re(flat)["n"] is m["n"]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_reductions_over_mixed_dtypes_take_the_promoted_dtype_whatever_the_order(backend: str) -> None:
+    """fk.dot/fk.norm of parameters of several dtypes: the dtype their values promote to, not the
+    first parameter's (a float16 parameter before a complex one made the dot float16, dropping
+    its imaginary part; a bfloat16 one before float32 rounded the total to bfloat16); bfloat16
+    with float16 (no NumPy promotion) is float32, as torch promotes them, not a raw error."""
+    makers = {name: _maker(backend, name) for name in ("float16", "bfloat16", "float32")}
+    if backend == "numpy":
+        makers["complex64"] = _np(np.dtype(np.complex64))
+    else:
+        torch = pytest.importorskip("torch")
+        makers["complex64"] = torch.from_numpy
+
+    def arr(name: str, v: list[Any]) -> Any:
+        return makers[name](np.asarray(v, np.complex64 if name == "complex64" else np.float64))
+
+    a = {"w": arr("float16", [1.0, 1.0]), "z": arr("complex64", [1j, 2j])}
+    b = {"w": arr("float16", [1.0, 1.0]), "z": arr("complex64", [1.0, 1.0])}
+    for order in (["w", "z"], ["z", "w"]):
+        got = fk.dot({k: a[k] for k in order}, {k: b[k] for k in order})
+        assert _dtype_name(got) == "complex64"
+        assert complex(np.asarray(got).item() if backend == "numpy" else got.item()) == 2 - 3j
+    w = [1000.123, 3.0001]
+    w32 = np.float32(w).astype(np.float64)
+    ref = 1 + float(np.dot(w32, w32))
+    for m in (
+        {"a": arr("bfloat16", [1.0]), "w": arr("float32", w)},
+        {"w": arr("float32", w), "z": arr("bfloat16", [1.0])},
+    ):
+        d, n = fk.dot(m, m), fk.norm(m)
+        assert _dtype_name(d) == "float32"
+        assert _dtype_name(n) == "float32"
+        np.testing.assert_allclose(float(_host(d)), ref, rtol=1e-6)
+        np.testing.assert_allclose(float(_host(n)), math.sqrt(ref), rtol=1e-6)
+    mixed = {"emb": arr("bfloat16", [1.0, 1.0, 1.0]), "head": arr("float16", [1.0, 1.0, 1.0])}
+    n = fk.norm(mixed)
+    assert _dtype_name(n) == "float32"
+    np.testing.assert_allclose(float(_host(n)), math.sqrt(6.0), rtol=1e-6)
+    out = fk.normalize(mixed)
+    assert _dtype_name(out["emb"]) == "bfloat16"
+    assert _dtype_name(out["head"]) == "float16"
 
 
 def test_bf16_lincomb_then_add_no_longer_raises() -> None:

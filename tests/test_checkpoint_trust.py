@@ -334,7 +334,8 @@ def test_a_lazy_model_refuses_a_file_replaced_after_open(tmp_path: Path) -> None
     dst = {"a": np.zeros(4), "b": np.zeros(4)}
     with pytest.raises(fk.StructureError, match=r"at a: fk\.load_into: .*x\.st: the file changed since fk\.open"):
         fk.load_into(dst, lazy)
-    assert dst["a"].tolist() == [0.0] * 4 and dst["b"].tolist() == [0.0] * 4
+    assert dst["a"].tolist() == [0.0] * 4
+    assert dst["b"].tolist() == [0.0] * 4
 
 
 @needs_dask

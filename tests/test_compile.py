@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,6 +110,24 @@ def test_fmap_and_arithmetic_trace_without_graph_breaks() -> None:
     _assert_trees_equal(got, fk.lincomb([0.5, -1.0, 2.0], [a, b, c]))
     torch.testing.assert_close(_no_breaks(lambda u: fk.norm(u), a), fk.norm(a))
     _assert_trees_equal(_no_breaks(lambda u, v: fk.mean([u, v]), a, b), fk.mean([a, b]))
+
+
+def test_tracing_is_not_broken_by_other_libraries_dtypes_met_before() -> None:
+    """A NumPy model of each ml_dtypes float classified first (a bfloat16 checkpoint, a float4
+    one): the classification caches then held NumPy dtypes Dynamo cannot compare (float4_e2m1fn...),
+    and a traced lookup among them broke the graph of fk.fmap and fk.add on torch models."""
+    torch = _torch()
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    for name in dir(ml_dtypes):
+        t = getattr(ml_dtypes, name)
+        if name.startswith(("float", "bfloat")) and isinstance(t, type):
+            fk.add({"w": np.ones(2, np.dtype(t))}, {"w": np.ones(2, np.dtype(t))})
+    a = {"w": torch.randn(3, 2), "b": [torch.zeros(2)], "name": "m"}
+    b = fk.fmap(lambda t: t + 1, a, trainable_only=True)
+    _assert_trees_equal(
+        _no_breaks(lambda m: fk.fmap(torch.sin, m, trainable_only=True), a), fk.fmap(torch.sin, a, trainable_only=True)
+    )
+    _assert_trees_equal(_no_breaks(lambda u, v: fk.add(u, v), a, b), fk.add(a, b))
 
 
 def test_re_flatten_out_traces_without_graph_breaks() -> None:
