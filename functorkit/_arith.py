@@ -81,6 +81,10 @@ def _coefficient(c: Any, what: str, fname: str, *, real: bool = False) -> Any:
     elif isinstance(c, np.generic) and c.dtype.kind in "iufc":
         kind = c.dtype.kind
         out = int(c) if kind in "iu" else float(c) if kind == "f" else complex(c)  # longdouble too
+    elif isinstance(c, np.generic) and type(c).__module__.startswith("ml_dtypes") and type(c).__name__.startswith(
+        ("float", "bfloat")
+    ):
+        out = float(c)  # an ml_dtypes scalar (bfloat16, float8_*: NumPy kind "V"), as a NumPy float scalar
     elif isinstance(c, numbers.Number) and not is_array(c):
         if isinstance(c, numbers.Integral):
             out = int(c)
@@ -102,6 +106,14 @@ def _coefficient(c: Any, what: str, fname: str, *, real: bool = False) -> Any:
     else:
         msg = f"fk.{fname}: `{what}` must be a Python number or a 0-d array, got {type(c).__name__}."
         raise TypeError(msg)
+    if type(out) is int and not -(2**63) <= out < 2**63:
+        # beyond every array library's integers (torch converts a Python int coefficient to int64):
+        # the float it stands for, as NumPy takes it for a float array
+        try:
+            out = float(out)
+        except OverflowError:
+            msg = f"fk.{fname}: `{what}` is an int of {out.bit_length()} bits, larger than any float; expected a finite number."
+            raise ValueError(msg) from None
     if real and (type(out) is complex or (is_array(out) and _is_complex(out))):
         msg = f"fk.{fname}: `{what}` must be real, got {out!r}."
         raise TypeError(msg)

@@ -121,10 +121,14 @@ def _coefficient_list(coefficients: Any) -> list[Any]:
         except TypeError:
             single = True
     assert single
+    if is_array(coefficients) and getattr(coefficients, "ndim", 0) == 1:  # a 1-D array of weights
+        fix = "pass its numbers as a list, fk.lincomb(list(c), models) (a 0-d array per model is kept as one)"
+    else:
+        fix = "wrap it in a list (fk.lincomb([c], [model])) or use fk.scale(c, model) for one model"
     msg = (
         f"fk.lincomb: `coefficients` must be a list of numbers, one per model, got a "
         f"{type(coefficients).__name__} ({coefficients!r}). Expected e.g. fk.lincomb([0.5, 0.5], [m1, m2]); "
-        "fix: wrap it in a list (fk.lincomb([c], [model])) or use fk.scale(c, model) for one model."
+        f"fix: {fix}."
     )
     raise TypeError(msg)
 

@@ -272,3 +272,36 @@ def test_coefficient_rules() -> None:
     # a real coefficient into a complex parameter is fine
     c = {"w": np.ones(2, np.complex64)}
     assert fk.scale(np.asarray(0.5, np.float64), c)["w"].dtype == np.complex64
+
+
+def test_scalar_coefficients_of_every_kind_are_weak_numbers() -> None:
+    """An ml_dtypes scalar (an element of a bfloat16 array, NumPy kind "V") is the number it holds,
+    as a NumPy float scalar is (it was refused); a Python int beyond int64 is the float it stands
+    for on every backend (torch raised a raw OverflowError, with out= after the first write); one
+    beyond every float is a ValueError before anything is written."""
+    torch = pytest.importorskip("torch")
+    m = {"w": np.ones(2, ml_dtypes.bfloat16)}
+    half = list(np.array([0.5], ml_dtypes.bfloat16))[0]
+    assert isinstance(half, np.generic)
+    got = fk.scale(half, m)["w"]
+    assert got.dtype == ml_dtypes.bfloat16
+    assert got.astype(np.float32).tolist() == [0.5, 0.5]
+    big = 2**70
+    t0, t1 = {"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([1.0, 1.0])}
+    torch.testing.assert_close(fk.scale(big, t0)["w"], torch.tensor([1.0, 2.0]) * float(big))
+    dst = {"w": torch.tensor([7.0, 7.0])}
+    fk.lincomb([3.0, big], [t0, t1], out=dst)
+    torch.testing.assert_close(dst["w"], 3.0 * t0["w"] + float(big) * t1["w"])
+    np.testing.assert_allclose(fk.scale(big, {"w": np.ones(2, np.float32)})["w"], [float(big)] * 2)
+    dst = {"w": torch.tensor([7.0, 7.0])}
+    with pytest.raises(ValueError, match=r"`coefficients\[1\]` is an int of 1101 bits, larger than any float"):
+        fk.lincomb([3.0, 2**1100], [t0, t1], out=dst)
+    assert dst["w"].tolist() == [7.0, 7.0]
+
+
+def test_a_1d_array_of_coefficients_is_refused_with_a_fix_that_works() -> None:
+    ms = [{"w": np.array([1.0])}, {"w": np.array([3.0])}]
+    w = np.array([0.25, 0.75])
+    with pytest.raises(TypeError, match=r"fix: pass its numbers as a list, fk\.lincomb\(list\(c\), models\)"):
+        fk.lincomb(w, ms)
+    assert fk.lincomb(list(w), ms)["w"].tolist() == [2.5]
