@@ -112,7 +112,10 @@ def _coefficient(c: Any, what: str, fname: str, *, real: bool = False) -> Any:
         try:
             out = float(out)
         except OverflowError:
-            msg = f"fk.{fname}: `{what}` is an int of {out.bit_length()} bits, larger than any float; expected a finite number."
+            msg = (
+                f"fk.{fname}: `{what}` is an int of {out.bit_length()} bits, larger than any float; "
+                "expected a finite number."
+            )
             raise ValueError(msg) from None
     if real and (type(out) is complex or (is_array(out) and _is_complex(out))):
         msg = f"fk.{fname}: `{what}` must be real, got {out!r}."

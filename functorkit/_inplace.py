@@ -247,7 +247,7 @@ def run_out(
             fn(_path_at(td, i), xs[0], xs[1:], o)
         return out
     plan = []  # [path, models' arrays, out array, first row of this out array, aside]
-    by_out: dict[int, KeyPath] = {}
+    by_out: dict[int, tuple[KeyPath, tuple[Any, ...]]] = {}  # out array -> its first row's path and inputs
     first = names[0]
 
     def visit(path: KeyPath, x: Any, others: list[Any], trainable: bool) -> None:
@@ -259,15 +259,25 @@ def run_out(
         _check_out(fname, first, path, x, o, check_same)
         if check is not None:
             check(path, x)
-        p0 = by_out.get(id(o))
-        if p0 is not None:
-            msg = (
-                f"at {p0.display} and {path.display}: `out` has one array at both places (a tie) but "
-                f"`{first}` has different arrays there, so two results would go into one array. Expected "
-                f"`out` tied only where `{first}` is; fix: pass out=fk.copy({first}) (copies keep ties)."
-            )
+        seen = by_out.get(id(o))
+        if seen is not None:
+            p0, xs0 = seen
+            k = 0 if xs0[0] is not x else next(j for j, y in enumerate(ins, 1) if xs0[j] is not y)
+            if k == 0:
+                msg = (
+                    f"at {p0.display} and {path.display}: `out` has one array at both places (a tie) but "
+                    f"`{first}` has different arrays there, so two results would go into one array. Expected "
+                    f"`out` tied only where `{first}` is; fix: pass out=fk.copy({first}) (copies keep ties)."
+                )
+            else:  # `first` is tied there too: another model is not
+                msg = (
+                    f"at {p0.display} and {path.display}: `out` and `{first}` have one array at both places "
+                    f"(a tie) but `{names[k]}` has different arrays there, so the tied array would get two "
+                    f"results. Expected every model tied where `out` is; fix: the functional form, "
+                    f"`{_FIX[fname]}` (each place gets its own array), or tie `{names[k]}` there too."
+                )
             raise StructureError(msg)
-        by_out[id(o)] = path
+        by_out[id(o)] = (path, (x, *ins))
         plan.append([path, (x, *ins), o, None, False])
 
     walk((*models, out), visit, build=BUILD_NONE, with_path=True, track=True, names=(*names, "out"))

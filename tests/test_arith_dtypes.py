@@ -281,7 +281,7 @@ def test_scalar_coefficients_of_every_kind_are_weak_numbers() -> None:
     beyond every float is a ValueError before anything is written."""
     torch = pytest.importorskip("torch")
     m = {"w": np.ones(2, ml_dtypes.bfloat16)}
-    half = list(np.array([0.5], ml_dtypes.bfloat16))[0]
+    half = next(iter(np.array([0.5], ml_dtypes.bfloat16)))
     assert isinstance(half, np.generic)
     got = fk.scale(half, m)["w"]
     assert got.dtype == ml_dtypes.bfloat16

@@ -211,6 +211,25 @@ def test_untied_out_where_the_first_model_is_tied_gets_both_places() -> None:
 
 
 @pytest.mark.usefixtures("path")
+def test_a_tie_in_out_and_the_first_model_that_another_model_splits_names_that_model() -> None:
+    # an EMA tied (embedding and head: one array), the model it follows untied there (a checkpoint
+    # that split the tie): the message named `a`, whose arrays are one, and its fix, out=fk.copy(a),
+    # met the same error; it names `b` and a fix that works, and nothing is written
+    w = np.zeros(3)
+    ema = {"emb": w, "head": w}
+    model = {"emb": np.ones(3), "head": np.full(3, 2.0)}
+    for out in (ema, fk.copy(ema)):
+        with pytest.raises(
+            fk.StructureError, match=r"`out` and `a` have one array at both places.*but `b` has different arrays there"
+        ):
+            fk.lerp(ema, model, 0.1, out=out)
+        assert out["emb"].tolist() == [0.0] * 3
+    fixed = fk.lerp(ema, model, 0.1)  # the fix it names
+    assert fixed["emb"].tolist() == [0.1] * 3
+    assert fixed["head"].tolist() == [0.2] * 3
+
+
+@pytest.mark.usefixtures("path")
 def test_torch_parameters_without_autograd_history_stay_registered() -> None:
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
