@@ -6,7 +6,10 @@ leaves in two phases: a quick test per leaf (``|a - b| - (atol + rtol * |b|) <= 
 entries), whose 0-d results are stacked and reduced once per namespace and device (one host
 synchronisation on torch, one ``compute`` on Dask); only when that says "not all close" are the
 failing leaves checked exactly, with NumPy's ``isclose`` rule (equal infinities are close, NaN is
-not unless ``equal_nan``), leaf by leaf. The decisions are in ``docs/tools.md``.
+not unless ``equal_nan``), leaf by leaf. Every leaf is compared by value: floats narrower than 32
+bits (float16, bfloat16, float8) in float32 (`_by_value`, on their device, before anything else:
+torch has no float8 arithmetic, and torch's host copies of bfloat16/float8 are bit patterns),
+integers in float64 (`_close_mask`, after an exact test). The decisions are in ``docs/tools.md``.
 """
 
 from __future__ import annotations
@@ -118,6 +121,25 @@ def _is_bool(xp: Any, dt: Any) -> bool:
         return isinstance(dt, np.dtype) and dt.kind == "b"
 
 
+def _by_value(ad: Any, x: Any) -> Any:
+    """`x` (of adapter `ad`) as the comparison computes with it: a float narrower than 32 bits
+    (float16, bfloat16, float8) in float32 on its device (the adapter's `accumulate_dtype`; float32
+    holds each of their values exactly), so that tolerances and differences are those of the
+    values, never rounded to the narrow type, and torch float8 (no arithmetic) and host copies
+    (torch's are bit patterns) work; any other dtype as it is (a dict lookup per leaf)."""
+    wide = ad.accumulate_dtype(x.dtype)
+    return x if wide is None else ad.xp.astype(x, wide)
+
+
+def _wide_float(xp: Any) -> Any:
+    """The float integers are compared in: float64 (NumPy's ``isclose``), or float32 where the
+    namespace has none (JAX without x64)."""
+    info = getattr(xp, "__array_namespace_info__", None)
+    if info is None:
+        return xp.float64
+    return info().dtypes(kind="real floating").get("float64", xp.float32)
+
+
 def _quick(xp: Any, x: Any, y: Any, rtol: float, atol: float) -> Any:
     """A 0-d bool: every entry close (True is exact; False may still be close: infinities, NaN)."""
     dt = x.dtype
@@ -133,11 +155,11 @@ def _close_mask(xp: Any, x: Any, y: Any, rtol: float, atol: float, equal_nan: bo
     if _is_bool(xp, dt):
         return x == y
     if _is_int(xp, dt):
-        # |x - y| without unsigned wrap-around; a signed overflow wraps to a negative difference
-        d = xp.where(x >= y, x - y, y - x)
-        f64 = xp.float64 if hasattr(xp, "float64") else None
-        df, yf = (xp.astype(d, f64), xp.astype(y, f64)) if f64 is not None else (d, y)
-        return (x == y) | ((d >= 0) & (df <= atol + rtol * xp.abs(yf)))
+        # NumPy's isclose on the float64 values: no unsigned wrap-around, no signed overflow
+        # (int8 100 - -100); the exact test came first (`_quick`)
+        wide = _wide_float(xp)
+        xf, yf = xp.astype(x, wide), xp.astype(y, wide)
+        return xp.abs(xf - yf) <= atol + rtol * xp.abs(yf)
     d = xp.abs(x - y)
     close = ((d <= atol + rtol * xp.abs(y)) & xp.isfinite(y)) | (x == y)
     if equal_nan:
@@ -262,8 +284,9 @@ def _compare_here(
             paths = ta.paths
         return paths[j]
 
-    pairs: list[tuple[int, Any, Any]] = []  # leaves compared on the device
-    host: list[tuple[int, Any, Any]] = []  # namespaces="any" across libraries/devices: on the host
+    # (position, x, y, `a`'s leaf as the message describes it): x and y by value (`_by_value`)
+    pairs: list[tuple[int, Any, Any, Any]] = []  # leaves compared on the device
+    host: list[tuple[int, Any, Any, Any]] = []  # namespaces="any" across libraries/devices: on the host
     for j, (x, y) in enumerate(zip(la, lb, strict=True)):
         xa, ya = is_array(x), is_array(y)
         if not (xa or ya):
@@ -325,12 +348,13 @@ def _compare_here(
                 continue
             x, y = lxy
         # no autograd history for the comparison's temporaries (torch: detached views, no copies)
-        (pairs if same else host).append((j, ad.detach(x), adapter_of(y).detach(y)))
-    for j, x, y in host:
-        pairs.append((j, adapter_of(x).to_host(x), adapter_of(y).to_host(y)))
+        ay = adapter_of(y)
+        (pairs if same else host).append((j, _by_value(ad, ad.detach(x)), _by_value(ay, ay.detach(y)), x))
+    for j, x, y, x0 in host:  # widened on their devices first: the host copies hold values, not bits
+        pairs.append((j, adapter_of(x).to_host(x), adapter_of(y).to_host(y), x0))
     failing = _quick_failures(pairs, rtol, atol)
     for k in failing:
-        j, x, y = pairs[k]
+        j, x, y, x0 = pairs[k]
         xp = namespace(x)
         close = _close_mask(xp, x, y, rtol, atol, equal_nan)
         if bool(xp.all(close)):
@@ -338,7 +362,7 @@ def _compare_here(
         n, dmax, rmax = _differences(xp, x, y, close)
         size = math.prod(int(s) for s in x.shape)
         verdict.add(
-            f"at {path(j).display}: {n} of {size} entries differ ({describe_array(x)});\n"
+            f"at {path(j).display}: {n} of {size} entries differ ({describe_array(x0)});\n"
             f"largest absolute difference {dmax:.6g}, largest relative difference {rmax:.6g} "
             f"(rtol={rtol:g}, atol={atol:g})."
         )
@@ -347,12 +371,12 @@ def _compare_here(
     return None if verdict.first is None else verdict
 
 
-def _quick_failures(pairs: list[tuple[int, Any, Any]], rtol: float, atol: float) -> list[int]:
+def _quick_failures(pairs: list[tuple[int, Any, Any, Any]], rtol: float, atol: float) -> list[int]:
     """Indices into `pairs` whose quick test fails, in order: the quick tests of one namespace and
     device are stacked and reduced once (one synchronisation), and read back only if one fails."""
     groups: dict[Any, list[int]] = {}
     results: list[Any] = []
-    for k, (_, x, y) in enumerate(pairs):
+    for k, (_, x, y, _) in enumerate(pairs):
         results.append(_quick(namespace(x), x, y, rtol, atol))
         ad = adapter_of(x)
         key = (type(x), None if ad.one_device else str(ad.device(x)))
@@ -394,7 +418,9 @@ def allclose(
     buffers and integer arrays alike, with NumPy's rule
     ``|a - b| <= atol + rtol * |b|`` entry by entry (`b` is the reference;
     equal infinities are close; NaN is unequal to NaN unless
-    ``equal_nan=True``); shapes and dtypes must be equal (never
+    ``equal_nan=True``), on the values: floats narrower than 32 bits
+    (float16, bfloat16, float8) in float32, integers in float64 (no
+    overflow); shapes and dtypes must be equal (never
     broadcasting, never promoting); non-array leaves are compared with
     ``==``. A difference in structure, shape, dtype or value gives
     ``False``, never an exception.

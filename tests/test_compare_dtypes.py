@@ -1,0 +1,210 @@
+"""`fk.allclose` / `fk.assert_allclose` by value for every dtype (docs/tools.md, SPEC 16).
+
+Narrow floats (float16, bfloat16, float8_e4m3fn, float8_e5m2) are compared in float32, which holds
+each of their values exactly; integers in float64, as NumPy's ``isclose`` (no wrap-around, no
+overflow). On every backend that has the dtype, and across libraries with ``namespaces="any"``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+import functorkit as fk
+from functorkit import _compare
+
+from conftest import Backend, namespace_for
+
+NARROW = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+def _host_dtype(name: str) -> Any:
+    if name == "float16":
+        return np.dtype(np.float16)
+    ml = pytest.importorskip("ml_dtypes")
+    return np.dtype(getattr(ml, name))
+
+
+def _narrow(backend: Backend, name: str, values: Any) -> Any:
+    """An array of dtype `name` (with `values`, exact in it) of `backend`'s library."""
+    host = np.asarray(values, dtype=np.float32)
+    if backend is Backend.TORCH:
+        import torch
+
+        return torch.from_numpy(host.copy()).to(getattr(torch, name))
+    if backend is Backend.JAX:
+        import jax.numpy as jnp
+
+        return jnp.asarray(host).astype(getattr(jnp, name))
+    if backend in (Backend.NUMPY, Backend.NUMPY_READONLY, Backend.DASK):
+        h = host.astype(_host_dtype(name))
+        if backend is Backend.DASK:
+            import dask.array as da
+
+            return da.from_array(h, chunks=1)
+        if backend is Backend.NUMPY_READONLY:
+            h.flags.writeable = False
+        return h
+    if backend is Backend.CUPY and name == "float16":
+        return namespace_for(backend).asarray(host.astype(np.float16))
+    pytest.skip(f"{backend.value} has no {name} arrays")
+
+
+def _message(a: Any, b: Any, **kw: Any) -> str:
+    with pytest.raises(AssertionError) as info:
+        fk.assert_allclose(a, b, **kw)
+    return str(info.value)
+
+
+# --------------------------------------------------------------------------- narrow floats
+
+
+@pytest.mark.parametrize("name", NARROW)
+def test_narrow_floats_are_compared_by_value(backend: Backend, name: str) -> None:
+    a = {"w": _narrow(backend, name, [1.0, 1.0])}
+    b = {"w": _narrow(backend, name, [1.0, 2.0])}
+    assert fk.allclose(a, {"w": _narrow(backend, name, [1.0, 1.0])}) is True
+    fk.assert_allclose(a, {"w": _narrow(backend, name, [1.0, 1.0])})
+    assert fk.allclose(a, b) is False
+    # |1 - 2| is 1 (the bit patterns of 1.0 and 2.0 differ by 128 in bfloat16, 1024 in float16)
+    assert fk.allclose(a, b, atol=1.0, rtol=0) is True
+    assert fk.allclose(a, b, atol=0.99, rtol=0) is False
+    assert fk.allclose(a, b, rtol=0.5, atol=0) is True
+    assert fk.allclose(a, b, rtol=0.49, atol=0) is False
+    msg = _message(a, b)
+    assert msg.startswith(
+        f"models differ (1 leaf); the first:\nat w: 1 of 2 entries differ ({name} array of shape (2,)"
+    )
+    assert msg.endswith("largest absolute difference 1, largest relative difference 0.5 (rtol=1e-07, atol=0).")
+    big = {"w": _narrow(backend, name, [0.25, 16.0])}
+    assert "largest absolute difference 15, largest relative difference 3" in _message(a, big)
+
+
+@pytest.mark.parametrize("name", NARROW)
+def test_narrow_float_nan_and_inf(backend: Backend, name: str) -> None:
+    nan = {"w": _narrow(backend, name, [math.nan, 1.0])}
+    assert fk.allclose(nan, {"w": _narrow(backend, name, [math.nan, 1.0])}) is False
+    assert fk.allclose(nan, {"w": _narrow(backend, name, [math.nan, 1.0])}, equal_nan=True) is True
+    assert fk.allclose(nan, {"w": _narrow(backend, name, [1.0, 1.0])}, equal_nan=True) is False
+    top = 448.0 if name == "float8_e4m3fn" else math.inf  # e4m3fn has no infinity
+    hi = {"w": _narrow(backend, name, [top, -top])}
+    assert fk.allclose(hi, {"w": _narrow(backend, name, [top, -top])}, rtol=0, atol=0) is True
+    assert fk.allclose(hi, {"w": _narrow(backend, name, [-top, top])}) is False
+    assert fk.allclose({"w": _narrow(backend, name, [1.0])}, {"w": _narrow(backend, name, [top])}) is False
+
+
+@pytest.mark.parametrize("name", NARROW)
+def test_narrow_floats_take_the_quick_path(backend: Backend, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Any] = []
+    real = _compare._close_mask
+    monkeypatch.setattr(_compare, "_close_mask", lambda *a: calls.append(a) or real(*a))
+    a = {"w": _narrow(backend, name, [1.0, 2.0]), "b": _narrow(backend, name, [0.5])}
+    assert fk.allclose(a, {"w": _narrow(backend, name, [1.0, 2.0]), "b": _narrow(backend, name, [0.5])}) is True
+    assert calls == []  # decided by the quick test, reduced once
+    assert fk.allclose(a, {"w": _narrow(backend, name, [1.0, 4.0]), "b": _narrow(backend, name, [0.5])}) is False
+    assert len(calls) == 1
+
+
+def _cross(lib: str, name: str, values: Any) -> Any:
+    backend = {"numpy": Backend.NUMPY, "torch": Backend.TORCH, "jax": Backend.JAX}[lib]
+    namespace_for(backend)  # skips when the library is not installed
+    return _narrow(backend, name, values)
+
+
+@pytest.mark.parametrize("name", NARROW)
+@pytest.mark.parametrize(("la", "lb"), [("numpy", "torch"), ("torch", "numpy"), ("jax", "torch"), ("numpy", "jax")])
+def test_narrow_floats_across_libraries(la: str, lb: str, name: str) -> None:
+    a = {"w": _cross(la, name, [1.0, 1.0])}
+    assert fk.allclose(a, {"w": _cross(lb, name, [1.0, 1.0])}, namespaces="any") is True
+    fk.assert_allclose(a, {"w": _cross(lb, name, [1.0, 1.0])}, namespaces="any")
+    b = {"w": _cross(lb, name, [1.0, 2.0])}
+    assert fk.allclose(a, b, namespaces="any") is False
+    assert fk.allclose(a, b, namespaces="any", atol=1.0, rtol=0) is True
+    msg = _message(a, b, namespaces="any")
+    assert f"at w: 1 of 2 entries differ ({name} array of shape (2,)" in msg
+    assert "largest absolute difference 1, largest relative difference 0.5" in msg
+    with pytest.raises(fk.PolicyError, match="namespaces='any'"):
+        fk.allclose(a, b)
+
+
+def test_narrow_dtypes_must_still_match_by_name() -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    a = {"w": _narrow(Backend.NUMPY, "bfloat16", [1.0])}
+    assert fk.allclose(a, {"w": torch.ones(1, dtype=torch.float16)}, namespaces="any") is False
+    assert "dtype bfloat16 in `a` vs float16 in `b`" in _message(
+        a, {"w": torch.ones(1, dtype=torch.float16)}, namespaces="any"
+    )
+    assert fk.allclose(a, {"w": torch.ones(1, dtype=torch.float32)}, namespaces="any") is False
+
+
+# --------------------------------------------------------------------------- integers
+
+_INT_CASES = [  # (dtype, a, b, |a - b|) with a difference that overflows the dtype
+    ("int8", 100, -100, 200),
+    ("int16", 30000, -30000, 60000),
+    ("int32", 2**30, -(2**30), 2**31),
+    ("int64", 2**62, -(2**62), 2**63),
+]
+
+
+@pytest.mark.parametrize(("dt", "x", "y", "d"), _INT_CASES)
+def test_integer_differences_that_overflow_their_dtype(xp: Any, dt: str, x: int, y: int, d: int) -> None:
+    dtype = getattr(xp, dt)
+    a = {"n": xp.asarray([x, 1], dtype=dtype)}
+    b = {"n": xp.asarray([y, 1], dtype=dtype)}
+    assert fk.allclose(a, b, atol=float(d), rtol=0) is True  # as np.isclose on float64 values
+    assert fk.allclose(a, b, atol=float(d) * 0.99, rtol=0) is False
+    assert fk.allclose(a, b, atol=0, rtol=2.0) is True  # |a - b| = 2 |b|
+    assert fk.allclose(a, b, atol=0, rtol=1.99) is False
+    assert fk.allclose(b, a, atol=float(d), rtol=0) is True
+    msg = _message(a, b)
+    assert f"at n: 1 of 2 entries differ ({dt} array of shape (2,)" in msg
+    assert f"largest absolute difference {float(d):.6g}, largest relative difference 2 " in msg
+
+
+@pytest.mark.parametrize("dt", ["int8", "uint8", "int16", "int32", "int64"])
+def test_integers_follow_numpy_isclose_on_float64(xp: Any, dt: str) -> None:
+    info = np.iinfo(dt)
+    lo, hi = int(info.min), int(info.max)
+    vals = sorted(v for v in {lo, lo + 1, -7, 0, 3, hi - 1, hi} if lo <= v <= hi)
+    xs = [v for v in vals for _ in vals]
+    ys = [w for _ in vals for w in vals]
+    hx, hy = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+    a = {"n": xp.asarray(np.asarray(xs, dtype=dt), dtype=getattr(xp, dt))}
+    b = {"n": xp.asarray(np.asarray(ys, dtype=dt), dtype=getattr(xp, dt))}
+    for rtol, atol in [(0.0, 0.0), (0.0, 1.0), (0.0, 10.0), (0.5, 0.0), (1e-5, 1e-8), (0.0, 2.0**40)]:
+        expect = np.isclose(hx, hy, rtol=rtol, atol=atol)
+        n_bad = int(np.count_nonzero(~expect))
+        assert fk.allclose(a, b, rtol=rtol, atol=atol) is (n_bad == 0)
+        if n_bad:
+            assert f"at n: {n_bad} of {len(xs)} entries differ" in _message(a, b, rtol=rtol, atol=atol)
+
+
+def test_integers_across_libraries() -> None:
+    torch = pytest.importorskip("torch")
+    a = {"n": np.asarray([100, 0], dtype=np.int8), "m": np.asarray([2**62], dtype=np.int64)}
+    b = {"n": torch.tensor([-100, 0], dtype=torch.int8), "m": torch.tensor([-(2**62)])}
+    assert fk.allclose(a, b, namespaces="any", atol=1e19) is True
+    assert fk.allclose(a, b, namespaces="any", atol=1000) is False
+    assert "at m: 1 of 1 entries differ" in _message(a, b, namespaces="any", atol=1000)
+    assert fk.allclose({"n": b["n"]}, {"n": a["n"]}, namespaces="any", atol=200) is True
+
+
+def test_jax_integers_without_x64_are_compared_in_float32() -> None:
+    jax = pytest.importorskip("jax")
+    namespace_for(Backend.JAX)
+    jnp = jax.numpy
+    if not hasattr(jax, "enable_x64"):
+        pytest.skip("this JAX has no enable_x64 context")
+    with jax.enable_x64(False):  # no float64: no "float64 is not available" warning (an error here)
+        a = {"n": jnp.asarray([100, 2**30], dtype=jnp.int32)}
+        b = {"n": jnp.asarray([-100, -(2**30)], dtype=jnp.int32)}
+        assert fk.allclose(a, b, atol=2.0**31, rtol=0) is True
+        assert fk.allclose(a, b, atol=2.0**30, rtol=0) is False
+        assert "largest absolute difference 2.14748e+09, largest relative difference 2 " in _message(a, b)
+        c = {"w": jnp.asarray([1.0, 2.0], dtype=jnp.bfloat16)}
+        assert fk.allclose(c, {"w": jnp.asarray([1.0, 1.0], dtype=jnp.bfloat16)}, atol=1.0, rtol=0) is True
