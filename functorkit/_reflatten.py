@@ -280,7 +280,19 @@ def _check_readable(kinds: list[Kind], param_kind: list[int], flat_kind: Kind, p
     """A parameter whose values cannot be read (a torch ``meta`` tensor) can only fill a flat vector
     on such a device itself."""
     ad = adapter_for(flat_kind.xp)
-    if not ad.readable(flat_kind.device) or all(adapter_for(k.xp).readable(k.device) for k in kinds):
+    if not ad.readable(flat_kind.device):  # a flat vector without values: only parameters without values
+        for j, i in enumerate(param_kind):
+            if adapter_for(kinds[i].xp).readable(kinds[i].device):
+                msg = (
+                    f"at {path_of(j).display}: the parameter holds values on {describe_device(kinds[i].device)}, "
+                    f"but the flat vector is on {describe_device(flat_kind.device)} (the first parameter's "
+                    "device), which holds none: its values would be lost. Expected parameters on one device; "
+                    "fix: move the model to one device first (or materialise the meta parameters: "
+                    "`module.to_empty(device=...)` and load weights)."
+                )
+                raise PolicyError(msg)
+        return
+    if all(adapter_for(k.xp).readable(k.device) for k in kinds):
         return
     for j, i in enumerate(param_kind):
         if not adapter_for(kinds[i].xp).readable(kinds[i].device):

@@ -246,6 +246,18 @@ def test_meta_parameter_after_a_cpu_one_is_a_policy_error_naming_its_path(policy
 
 
 @pytest.mark.parametrize("policy", ["model", "flat"])
+def test_a_cpu_parameter_after_a_meta_one_is_a_policy_error_naming_its_path(policy: str) -> None:
+    # the flat vector goes on the first parameter's device: meta, which holds no values, so the
+    # cpu parameter's values were silently lost (and re(flat) raised torch's raw error)
+    model = {"b": torch.ones(3, device="meta"), "a": torch.ones(2)}
+    with pytest.raises(fk.PolicyError, match=r"at a: the parameter holds values on cpu, but the flat vector is on"):
+        fk.destructure(model, policy=policy)
+    _, re = fk.destructure({"b": torch.ones(3, device="meta"), "a": torch.ones(2, device="meta")})
+    with pytest.raises(fk.PolicyError, match=r"at a: the parameter holds values on cpu, but the flat vector is on"):
+        re.flatten(model, policy=policy)
+
+
+@pytest.mark.parametrize("policy", ["model", "flat"])
 def test_flatten_of_a_meta_parameter_into_a_cpu_flat_vector_names_its_path(policy: str) -> None:
     _, re = fk.destructure({"a": torch.ones(2), "b": torch.ones(3)})
     with pytest.raises(fk.PolicyError, match=r"at b: the parameter is on meta, which holds no values.*cpu"):
