@@ -2,9 +2,10 @@
 
 A leaf of a model that is not an array, a built-in scalar, a function or a
 class, and that no registry knows, is an *unknown holder* when arrays sit in
-it: in its attributes (``__dict__`` or ``__slots__``), or among the items of a
-``Mapping``/``Sequence`` subclass, directly or inside containers and other
-such objects up to `DEPTH` levels down.
+it: in its attributes (``__dict__`` or ``__slots__``), among the items of a
+``Mapping``/``Sequence`` subclass (and its own attributes), of a set, or in what
+a ``functools.partial`` holds, directly or inside containers and other such
+objects up to `DEPTH` levels down (at most `BUDGET` objects per leaf).
 
 The classification is made once per leaf *type* where the type decides it
 (`never_holds`: scalars, arrays, functions, classes, registered leaves, and
@@ -18,8 +19,10 @@ remaining objects otherwise.
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from ._errors import StructureError
@@ -28,6 +31,7 @@ from ._registry import GENERATION, SCALAR_TYPES, NodeDef, dispatch, registered_l
 from ._xp import is_array
 
 __all__ = [
+    "BUDGET",
     "DEPTH",
     "holds_arrays",
     "never_holds",
@@ -37,8 +41,12 @@ __all__ = [
     "use_walk",
 ]
 
-#: how many levels of attributes/items below a leaf are searched for arrays
-DEPTH = 3
+#: how many levels of attributes/items below a leaf are searched for arrays (a plain-Python model
+#: ``Model.encoder.blocks[i].attn.w`` is 5 levels below its root: it was missed at 3)
+DEPTH = 12
+#: at most this many objects below one leaf are looked at (an object graph of plain data, a
+#: tokenizer's vocabulary, costs no more than this per call)
+BUDGET = 10_000
 
 _NOT_HOLDERS = (
     types.FunctionType,
@@ -55,16 +63,26 @@ _NOT_HOLDERS = (
 
 
 def _contents(x: Any) -> list[Any]:
-    """What `x` holds one level down: a Mapping's values, a Sequence's items, else its attributes."""
-    if isinstance(x, Mapping):
-        return list(x.values())
-    if isinstance(x, Sequence):
-        return list(x)
+    """What `x` holds one level down: a Mapping's values or a Sequence's or set's items (and, for
+    subclasses, their own attributes), what a ``functools.partial`` holds, else its attributes."""
     out: list[Any] = []
+    t = type(x)
+    if isinstance(x, Mapping):
+        out.extend(x.values())
+        if t is dict:
+            return out
+    elif isinstance(x, (Sequence, AbstractSet)):
+        out.extend(x)
+        if t in (list, tuple, set, frozenset):
+            return out
+    elif isinstance(x, functools.partial):
+        out.append(x.func)
+        out.extend(x.args)
+        out.extend(x.keywords.values())
     d = getattr(x, "__dict__", None)
     if type(d) is dict:
         out.extend(d.values())
-    for c in type(x).__mro__:
+    for c in t.__mro__:
         slots = c.__dict__.get("__slots__", ())
         for name in (slots,) if type(slots) is str else slots:
             if name not in ("__dict__", "__weakref__"):
@@ -85,33 +103,49 @@ def use_walk(record: Callable[..., tuple[list[Any], Any]]) -> None:
     _WALK[:] = [record]
 
 
+def _opaque(v: Any) -> bool:
+    """`v` may hold arrays in a way this check looks at (not a scalar, array, function, class,
+    registered leaf)."""
+    t = type(v)
+    return not (t in SCALAR_TYPES or isinstance(v, _NOT_HOLDERS) or registered_leaf(t) or is_array(v))
+
+
 def holds_arrays(x: Any, depth: int = DEPTH, seen: set[int] | None = None) -> bool:
-    """True if `x`, a leaf to functorkit, is an object no registry knows that holds arrays."""
-    t = type(x)
-    if t in SCALAR_TYPES or isinstance(x, _NOT_HOLDERS) or registered_leaf(t) or is_array(x):
+    """True if `x`, a leaf to functorkit, is an object no registry knows that holds arrays: a search
+    through its contents (`_contents`; registered containers by the walk) up to `depth` levels and
+    `BUDGET` objects, each object once (cycles end), without recursion."""
+    if not _opaque(x):
         return False
     if seen is None:
         seen = set()
-    if id(x) in seen:
-        return False
-    seen.add(id(x))
-    vals = _contents(x)
-    if any(is_array(v) for v in vals):
-        return True
-    if depth <= 1:
-        return False
-    for v in vals:
-        if type(v) in SCALAR_TYPES:
+    todo = [(x, depth)]
+    looked = 0
+    while todo:
+        v, d = todo.pop()
+        if id(v) in seen:
             continue
-        if isinstance(dispatch(v), NodeDef):  # a container functorkit walks: look at its leaves
-            try:
-                inner, _ = _WALK[0](v, track=False)
-            except StructureError:  # a cycle inside: nothing this check can add
-                continue
-            if any(is_array(y) or holds_arrays(y, depth - 1, seen) for y in inner):
-                return True
-        elif holds_arrays(v, depth - 1, seen):
+        seen.add(id(v))
+        looked += 1
+        if looked > BUDGET:
+            return False
+        vals = _contents(v)
+        if any(is_array(y) for y in vals):
             return True
+        if d <= 1:
+            continue
+        for y in vals:
+            if type(y) in SCALAR_TYPES:
+                continue
+            if isinstance(dispatch(y), NodeDef):  # a container functorkit walks: look at its leaves
+                try:
+                    inner, _ = _WALK[0](y, track=False)
+                except StructureError:  # a cycle inside: nothing this check can add
+                    continue
+                if any(is_array(z) for z in inner):
+                    return True
+                todo.extend((z, d - 1) for z in inner if _opaque(z))
+            elif _opaque(y):
+                todo.append((y, d - 1))
     return False
 
 
@@ -160,7 +194,7 @@ def never_holds(x: Any) -> bool:
         or issubclass(t, _NOT_HOLDERS)
         or registered_leaf(t)
         or not (
-            issubclass(t, (Mapping, Sequence))
+            issubclass(t, (Mapping, Sequence, AbstractSet, functools.partial))
             or hasattr(x, "__dict__")
             or any(_slot_names(c) for c in t.__mro__)
         )

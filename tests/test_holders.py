@@ -9,6 +9,7 @@ StructureError (path, class, fix) and nothing is returned or written.
 from __future__ import annotations
 
 import collections
+import functools
 import types
 from collections.abc import Callable
 from typing import Any
@@ -344,6 +345,53 @@ def test_register_leaf_silences_it(xp: Any) -> None:
     _flat, re = fk.destructure(m)
     assert len(re) == 1
     assert not fk.summary(m).rows[0].holder
+
+
+class _Node:
+    def __init__(self, child: Any) -> None:
+        self.child = child
+
+
+class _Params(dict):  # type: ignore[type-arg]
+    pass
+
+
+def test_holders_found_deep_and_in_every_kind_of_container(xp: Any) -> None:
+    """Arrays five or more objects below a leaf (a plain-Python model ``Model.encoder.blocks[i].attn.w``;
+    the search stopped at three levels), in an attribute of a dict subclass, in a set, in what a
+    functools.partial holds: unknown holders, refused, never silent constants."""
+    deep = _Node(_Node([_Node(_Node({"w": xp.ones(2)}))]))
+    holders = {
+        "deep": deep,
+        "dict_attr": _Params(lr=0.1),
+        "set": {xp.ones(1)} if backend_hashable(xp) else None,
+        "partial": functools.partial(max, xp.ones(1)),
+    }
+    holders["dict_attr"].weight = xp.ones(2)
+    for h in holders.values():
+        if h is None:
+            continue
+        m = {"h": h, "b": xp.zeros(1)}
+        with pytest.raises(fk.StructureError, match=r"at h: a \w+ holds arrays"):
+            fk.destructure(m)
+        with pytest.raises(fk.StructureError, match=r"at h: a \w+ holds arrays"):
+            fk.copy(m)
+    cycle = _Node(None)
+    cycle.child = _Node(cycle)  # a cycle of plain objects without arrays: searched once, fine
+    far = _Node(None)
+    node = far
+    for _ in range(50):  # a long chain without arrays: searched to DEPTH, no hang, no refusal
+        node.child = _Node(None)
+        node = node.child
+    fk.destructure({"c": cycle, "f": far, "b": xp.zeros(1)})
+
+
+def backend_hashable(xp: Any) -> bool:
+    try:
+        hash(xp.ones(1))
+    except TypeError:
+        return False
+    return True
 
 
 def test_holder_of_no_arrays_is_fine(xp: Any) -> None:
