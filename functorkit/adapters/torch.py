@@ -107,11 +107,8 @@ def _detect_foreach_lerp() -> Callable[..., Any] | None:
 #: raises ``NotImplementedError``), so the arithmetic computes them in float32 and rounds each result
 #: element once (`Adapter.compute_dtype`; SPEC 12). float4_e2m1fn_x2 packs two values per byte and
 #: has no cast to float32: not among them.
-_F8: frozenset[Any] = frozenset(
-    d
-    for d in (getattr(torch, n, None) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"))
-    if d is not None
-)
+_F8_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+_F8: frozenset[Any] = frozenset(d for d in (getattr(torch, n, None) for n in _F8_NAMES) if d is not None)
 _F32 = torch.float32
 
 
