@@ -205,13 +205,16 @@ def _check_trainable_only(trainable_only: Any, fname: str) -> bool:
 
 
 def _columns(
-    models: Sequence[Any], names: Sequence[str], every: bool, fname: str = "arithmetic"
+    models: Sequence[Any], names: Sequence[str], every: bool, fname: str = "arithmetic", operators: bool = False
 ) -> tuple[Any, list[Any], list[int], list[list[Any]]] | None:
     """The common case of the lock-step engine in C-level passes over the leaves: the first model's
     definition and leaves, the indices of its operands, and the other models' operands, when there
     are no ties or shared sub-trees and every other operand has the first one's type, shape, dtype
     and device. None otherwise: the per-leaf path then runs and names what differs
-    (bench_scale ``fk.add(d, d)`` row; tests/test_arith.py turns this path off to compare)."""
+    (bench_scale ``fk.add(d, d)`` row; tests/test_arith.py turns this path off to compare).
+    `operators`: the caller applies the arrays' own operators to the columns; None also when an
+    operand has a dtype its adapter lists in ``operator_less`` (torch float8: the per-leaf path
+    then calls the adapter's kernel there), found in the dtype pass the comparison makes anyway."""
     if not COLUMNS[0] or tracing():  # under torch.compile the per-leaf path traces without breaks
         return None
     leaves, td = record_plain(models[0], track=True)
@@ -238,6 +241,11 @@ def _columns(
     # DTensors: their local shards); shapes and types are the operands' own
     stand = ads[0].stand_ins(xs) if len(ads) == 1 else None
     vx = xs if stand is None else stand
+    dx: Any = None  # the operands' dtypes, when a dtype the operators cannot take is to be looked for
+    if operators and any(ad.operator_less for ad in ads):
+        dx = list(map(_DTYPE_OF, vx))
+        if not all(ad.operator_less.isdisjoint(dx) for ad in ads):
+            return None
     sparse = may_be_sparse(xs)
     if sparse:  # torch: a sparse or nested operand is a TypeError naming its path
         check_dense(vx, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
@@ -261,7 +269,7 @@ def _columns(
             check_dense(vc, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
         if not (
             all(map(operator.eq, map(_SHAPE_OF, xs), map(_SHAPE_OF, col)))
-            and all(map(operator.eq, map(_DTYPE_OF, vx), map(_DTYPE_OF, vc)))
+            and all(map(operator.eq, map(_DTYPE_OF, vx) if dx is None else dx, map(_DTYPE_OF, vc)))
             and (one_device or all(map(operator.eq, map(dev, vx), map(dev, vc))))
         ):
             return None  # (a device that cannot be determined, None, is left to the per-leaf test too)
@@ -285,8 +293,8 @@ def _map_params(
     """Rebuild the first model with ``fn(path, x, others, None)`` at every operand; constants copied.
     `op` (``op(x, *others)``, needing no path): the operation's one implementation when given, on
     the column path (`_columns`) and on the per-leaf pass alike; the per-leaf pass then only checks
-    and names what the columns cannot take (a mismatch, ties, shared sub-trees), and `fn` is used
-    only to write into `out`.
+    and names what the columns cannot take (a mismatch, ties, shared sub-trees, a dtype the arrays'
+    operators cannot compute: `fn` there), and `fn` is otherwise used only to write into `out`.
     `check(path, x)`: the checks `fn` makes besides the models' (coefficients), run first.
     With `out`: ``fn(path, x, others, o)`` writes into `out`'s arrays, every check first (``_inplace``);
     `late`: the first model whose array an accumulating `fn` reads after writing into `o`;
@@ -299,7 +307,7 @@ def _map_params(
             fname, names, models, fn, check, every, out, late, batch, check_same=_check_same, columns=_columns
         )
         return cast(T, done)
-    cols = _columns(models, names, every, fname) if op is not None else None
+    cols = _columns(models, names, every, fname, True) if op is not None else None
     if cols is not None and op is not None:
         td, leaves, idx, others = cols
         out = list(map(op, map(leaves.__getitem__, idx), *others))
@@ -317,7 +325,9 @@ def _map_params(
                 _check_same(fname, names, path, x, others)
             if check is not None:
                 check(path, x)
-            return _as_array(fn(path, x, others, None) if op is None else op(x, *others))
+            if op is None or x.dtype in adapter_of(x).operator_less:  # (torch float8: the adapter's kernel)
+                return _as_array(fn(path, x, others, None))
+            return _as_array(op(x, *others))
         return copy_array(x)
 
     return cast(T, _run(fname, names, models, visit, BUILD_SAME))

@@ -58,6 +58,10 @@ class Kernels:
 
     xp: Any
     _acc: dict[Any, Any]
+    #: dtypes whose arrays' own operators (``+``, ``-``) cannot compute them: ``fk.add``/``fk.sub``
+    #: then call `op_add`/`op_sub` at those parameters instead (``functorkit._lockstep``; torch:
+    #: its float8 dtypes, which these kernels compute in float32)
+    operator_less: frozenset[Any] = frozenset()
 
     def write(self, dst: Any, src: Any) -> None:
         """Copy `src` into `dst` in place (``ArrayAdapter.write``)."""

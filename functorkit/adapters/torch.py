@@ -103,6 +103,15 @@ def _detect_foreach_lerp() -> Callable[..., Any] | None:
     return found if callable(found) else None
 
 
+#: torch's float8 dtypes (those this torch has): torch has no arithmetic kernels for them (``x + y``
+#: raises ``NotImplementedError``), so the arithmetic computes them in float32 and rounds each result
+#: element once (`Adapter.compute_dtype`; SPEC 12). float4_e2m1fn_x2 packs two values per byte and
+#: has no cast to float32: not among them.
+_F8_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+_F8: frozenset[Any] = frozenset(d for d in (getattr(torch, n, None) for n in _F8_NAMES) if d is not None)
+_F32 = torch.float32
+
+
 #: ``torch._foreach_lerp_`` (private API; fallback None: one ``lerp_`` per tensor)
 foreach_lerp_: Callable[..., Any] | None = _detect_foreach_lerp()
 
@@ -449,8 +458,34 @@ class Adapter(ArrayAdapter):
         return x.lerp(y, t)
 
     # ---- arithmetic kernels (SPEC 14: with `out`, written under no_grad, as optimizers do) ------
+    #
+    # float8 parameters (`_F8`: torch has no kernels for them) take the generic kernels
+    # (``Kernels``): the inputs cast to float32 (`compute_dtype`), the NumPy adapter's formulas
+    # operation by operation in float32, the result rounded once into the float8 dtype, then copied
+    # into `out` (every input read before the write); the same bytes as NumPy's ml_dtypes float8
+    # for the same values. The test is one dtype lookup in a set per parameter; float32, float16
+    # and bfloat16 take torch's own kernels as before.
+
+    #: the dtypes whose tensors' own ``+`` and ``-`` cannot compute (``fk.add``/``fk.sub`` then
+    #: call these kernels instead: ``functorkit._lockstep``)
+    operator_less = _F8
+
+    def compute_dtype(self, dtype: Any) -> Any:
+        """float32 for torch's float8 dtypes (no torch kernels: computed in float32, each result
+        element rounded once); None otherwise: float16 and bfloat16 are computed by torch's own
+        kernels (in float32 internally, each operation's result rounded)."""
+        return _F32 if dtype in _F8 else None
+
+    def _float8(self, kernel: Callable[..., Any], args: tuple[Any, ...], out: Any) -> Any:
+        """`kernel` (a generic ``Kernels.op_*``, bound) for float8 parameters; with `out` under ``no_grad``."""
+        if out is None:
+            return kernel(*args)
+        with torch.no_grad():
+            return kernel(*args, out)
 
     def op_add(self, x: Any, y: Any, out: Any = None) -> Any:
+        if x.dtype in _F8:
+            return self._float8(super().op_add, (x, y), out)
         if out is None:
             return x + y
         with torch.no_grad():
@@ -461,6 +496,8 @@ class Adapter(ArrayAdapter):
         return out
 
     def op_sub(self, x: Any, y: Any, out: Any = None) -> Any:
+        if x.dtype in _F8:
+            return self._float8(super().op_sub, (x, y), out)
         if out is None:
             return x - y
         with torch.no_grad():
@@ -471,6 +508,8 @@ class Adapter(ArrayAdapter):
         return out
 
     def op_scale(self, x: Any, c: Any, out: Any = None) -> Any:
+        if x.dtype in _F8:
+            return self._float8(super().op_scale, (x, c), out)
         if out is None:
             return x * c
         with torch.no_grad():
@@ -481,6 +520,8 @@ class Adapter(ArrayAdapter):
         return out
 
     def op_div(self, x: Any, c: Any, out: Any = None) -> Any:
+        if x.dtype in _F8:
+            return self._float8(super().op_div, (x, c), out)
         if out is None:
             return x / c
         with torch.no_grad():
@@ -494,6 +535,8 @@ class Adapter(ArrayAdapter):
         """``mul`` then ``add_(x, alpha=c)`` per term (``addcmul_`` for a 0-d tensor `c`): one
         allocation per result, not one per term (bench_arith ``lincomb`` torch rows); out of place
         where autograd or a tracer forbids writing (``inplace_ok``)."""
+        if xs[0].dtype in _F8:
+            return self._float8(super().op_lincomb, (xs, cs), out)
         if out is None:
             acc = xs[0] * cs[0]
             inplace = self.inplace_ok((*xs, *(c for c in cs if isinstance(c, torch.Tensor))))
@@ -510,6 +553,8 @@ class Adapter(ArrayAdapter):
         return out
 
     def op_mean(self, xs: Sequence[Any], out: Any = None) -> Any:
+        if xs[0].dtype in _F8:
+            return self._float8(super().op_mean, (xs,), out)
         n = len(xs)
         if out is None:
             if n == 1:
@@ -567,9 +612,11 @@ class Adapter(ArrayAdapter):
         on one device (the caller checked); pairs on several devices are no reason to refuse:
         ``_foreach_lerp_`` then runs its per-tensor loop, the same ``lerp_`` as the fallback.
         `checked` (`out_fast` passed: plain tensors with storage, so no ``torch.func`` wrapper, or
-        DTensors of one mesh and placements): those tests are not made again."""
+        DTensors of one mesh and placements): those tests are not made again. A float8 tensor
+        (which ``lerp_`` cannot take) is refused before anything is written: the caller then goes
+        row by row (`op_lerp`); one C-level pass over the dtypes."""
         fe = foreach_lerp_
-        if fe is None or compiling() or not xs:
+        if fe is None or compiling() or not xs or not _F8.isdisjoint(map(_DTYPE, xs)):
             return False
         if type(xs[0]) not in _PLAIN:  # DTensors: one _foreach_lerp_ over the local shards
             return _dtensor.lerp_many_(fe, xs, ys, t, checked)
@@ -583,6 +630,8 @@ class Adapter(ArrayAdapter):
 
     def op_lerp(self, x: Any, y: Any, t: Any, out: Any = None) -> Any:
         """``torch.lerp`` (one kernel; `t` a Python number or a 0-d tensor of `x`'s dtype)."""
+        if x.dtype in _F8:
+            return self._float8(super().op_lerp, (x, y, t), out)
         if out is None:
             return x.lerp(y, t)
         with torch.no_grad():
