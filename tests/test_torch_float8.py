@@ -184,16 +184,6 @@ BITWISE: dict[str, tuple[Callable[..., Any], Callable[[list[Any]], Any]]] = {
 }
 
 
-def _xfail_e5m2(name: str) -> Any:
-    """NumPy's ml_dtypes float8_e5m2 is not a parameter for functorkit yet: its dtype kind is "f"
-    (not "V" as for the other ml_dtypes types), `_classify._is_kind` asks NumPy's ``isdtype``, which
-    raises for it, and the arrays count as constants (copied from the first model)."""
-    if name != "float8_e5m2":
-        return name
-    why = "_classify._is_kind: ml_dtypes float8_e5m2 (dtype kind 'f') counts as a constant on NumPy"
-    return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=why))
-
-
 def _pairs(name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The same float8 values as NumPy (ml_dtypes) and torch models; 3000 elements (NumPy's blocked
     path too) and 9; within range for every result (|r| <= 3 * 8 < 448: no overflow, where torch's
@@ -225,7 +215,7 @@ def _check_torch_bytes(name: str, f: Callable[..., Any], tms: list[dict[str, Any
 
 
 @pytest.mark.parametrize("op", list(BITWISE))
-@pytest.mark.parametrize("name", [_xfail_e5m2(n) for n in ML_NAMES])
+@pytest.mark.parametrize("name", ML_NAMES)
 def test_bit_for_bit_equal_to_numpy_ml_dtypes(name: str, op: str) -> None:
     """The NumPy adapter (ml_dtypes float8, computed in float32 in blocks, rounded once) and the torch
     adapter give the same bytes for the same values and coefficients, functional and ``out=``."""
@@ -411,13 +401,11 @@ def test_filter_normalize_is_the_float32_result_rounded_once(name: str) -> None:
             assert _bits(got[k]) == _bits(want[k].to(dt)), (one_d, k)
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError, reason="_compare.py: isfinite on torch float8 (not here)")
 def test_all_finite_on_torch_float8() -> None:
     m = {"w": torch.tensor([1.0, 2.0]).to(torch.float8_e4m3fn)}
     assert bool(fk.all_finite(m))
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError, reason="_compare.py: x - y on torch float8 (not here)")
 def test_allclose_on_torch_float8() -> None:
     m = {"w": torch.tensor([1.0, 2.0]).to(torch.float8_e4m3fn)}
     assert fk.allclose(m, m)
