@@ -20,6 +20,7 @@ from ._lockstep import _model_list
 from ._nodedef import aux_equal as _aux_equal
 from ._policy import check_policy
 from ._record import record
+from ._structured import Diagonal
 from ._treedef import TreeDef
 from ._xp import Kind, describe_kind, device_of, is_array, namespace, same_device
 from .adapters import adapter_of
@@ -125,6 +126,21 @@ def _stack_leaf(xs: list[Any], path: KeyPath, pol: str) -> Any:
     return xp.stack(xs, axis=0)
 
 
+def _refuse_diagonals(model: Any) -> None:
+    """A `fk.Diagonal` holds a 1-D diagonal; stacked it would hold a 2-D one, which no Diagonal can
+    (its shape, ``dense()`` and ``@`` would be wrong): a StructureError at its path."""
+    leaves, td = record(model, is_leaf=lambda x: isinstance(x, Diagonal))
+    for path, x in zip(td.paths, leaves, strict=True):
+        if isinstance(x, Diagonal):
+            msg = (
+                f"at {path.display}: fk.stack: a Diagonal holds a 1-D diagonal; stacked, it would hold a "
+                "2-D array, which a Diagonal cannot be (its shape, dense() and @ would be wrong). Expected "
+                "models without fk.Diagonal; fix: stack the diagonals themselves "
+                "(fk.stack([d.diag for d in diagonals])), or their dense() matrices."
+            )
+            raise StructureError(msg)
+
+
 def stack(models: Iterable[Any], /, *, policy: str = "strict") -> Any:
     """One model whose arrays have a leading axis: ``out[i]`` holds ``models[i]``'s values.
 
@@ -181,6 +197,7 @@ def stack(models: Iterable[Any], /, *, policy: str = "strict") -> Any:
     recs = [record(m) for m in ms]
     for lv, td in recs:
         td.refuse_holders(lv)
+    _refuse_diagonals(ms[0])
     leaves0, td0 = recs[0]
     for i in range(1, len(ms)):
         if recs[i][1] != td0:

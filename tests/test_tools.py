@@ -259,6 +259,19 @@ def test_stack_mismatches(xp: Any) -> None:
         fk.stack([])
 
 
+def test_stack_refuses_a_diagonal_and_keeps_transposes(xp: Any) -> None:
+    # stacked, a Diagonal held a 2-D "diagonal" that its constructor refuses: shape (2, 2), dense()
+    # and @ wrong; a Transpose of a batch of matrices stays right (matrix_transpose is batched)
+    ds = [{"d": fk.Diagonal(xp.ones(3)), "b": xp.ones(1)}, {"d": fk.Diagonal(xp.zeros(3)), "b": xp.ones(1)}]
+    with pytest.raises(fk.StructureError, match=r"at d: fk\.stack: a Diagonal holds a 1-D diagonal"):
+        fk.stack(ds)
+    got = fk.stack([d["d"].diag for d in ds])
+    assert tuple(got.shape) == (2, 3)
+    m = xp.reshape(xp.arange(6.0), (2, 3))
+    ts = fk.stack([{"t": fk.Transpose(m)}, {"t": fk.Transpose(m + 1)}])
+    assert tuple(ts["t"].parent.shape) == (2, 2, 3)
+
+
 def test_stack_policies(xp: Any) -> None:
     a = {"w": xp.asarray([1.0, 2.0], dtype=xp.float32)}
     b = {"w": xp.asarray([3.0, 4.0], dtype=xp.float64)}
