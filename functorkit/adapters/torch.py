@@ -181,6 +181,9 @@ def _numpy_view(t: Any) -> Any:
         return None
 
 
+_UNINITIALIZED = getattr(torch.nn.parameter, "UninitializedTensorMixin", ())
+
+
 class Adapter(ArrayAdapter):
     family = "torch"
     device_attr = True
@@ -283,6 +286,13 @@ class Adapter(ArrayAdapter):
 
     def clone_leaf(self, x: Any) -> Any:
         """Detached like ``copy.deepcopy``: an ``nn.Parameter`` stays one, ``requires_grad`` is kept."""
+        if isinstance(x, _UNINITIALIZED):
+            msg = (
+                "this parameter is uninitialized (a lazy module's): it has no shape and no values yet, so it "
+                "cannot be copied. Expected initialized parameters; fix: run one forward pass through the "
+                "model first, which initializes them."
+            )
+            raise ValueError(msg)
         y = x.detach().clone()
         if isinstance(x, torch.nn.Parameter):
             return torch.nn.Parameter(y, requires_grad=x.requires_grad)
