@@ -438,7 +438,7 @@ def test_lazy_module_explains_itself() -> None:
     with pytest.raises(ValueError, match="'weight' of this LazyLinear is uninitialized") as info:
         fk.destructure(lazy)
     assert any("[0]" in note for note in getattr(info.value, "__notes__", []))
-    with pytest.raises(ValueError, match="uninitialized .* cannot be copied.*run one forward pass") as info:
+    with pytest.raises(ValueError, match=r"uninitialized .* cannot be copied.*run one forward pass") as info:
         fk.copy({"enc": lazy})  # (was torch's raw "Attempted to use an uninitialized parameter")
     assert any("enc[0].weight" in note for note in getattr(info.value, "__notes__", []))
     lazy(torch.ones(1, 3))
