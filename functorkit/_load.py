@@ -47,12 +47,12 @@ def _is_array(path: KeyPath, x: Any, side: str) -> bool:
         raise TypeError(msg) from e
 
 
-def _check_writable(path: KeyPath, ad: ArrayAdapter, d: Any) -> None:
+def _check_writable(path: KeyPath, ad: ArrayAdapter, d: Any, fname: str = "load_into") -> None:
     """Raise before anything is written if `d` cannot be written in place."""
     why = ad.write_problem(d)
     if why is not None:
         msg = (
-            f"at {path.display}: fk.load_into writes into `dst`'s arrays in place, but {why}. Expected "
+            f"at {path.display}: fk.{fname} writes into `dst`'s arrays in place, but {why}. Expected "
             "mutable arrays in `dst`; fix: build a new model instead, e.g. "
             "fk.fmap(lambda d, s: s, dst, src), or fk.copy(src)."
         )
@@ -60,19 +60,19 @@ def _check_writable(path: KeyPath, ad: ArrayAdapter, d: Any) -> None:
     why = ad.overlap_problem(d)
     if why is not None:
         msg = (
-            f"at {path.display}: in this `dst` array {why}. fk.load_into cannot write distinct values "
+            f"at {path.display}: in this `dst` array {why}. fk.{fname} cannot write distinct values "
             "into it. Expected an array that owns each element."
         )
         raise StructureError(msg)
 
 
-def _check_readable(path: KeyPath, ad: ArrayAdapter, d: Any, s: Any) -> None:
+def _check_readable(path: KeyPath, ad: ArrayAdapter, d: Any, s: Any, fname: str = "load_into") -> None:
     """Raise if the values of `s` cannot be read into `d` (sparse/nested/quantized, meta)."""
     sa = adapter_of(s)
     why = sa.read_problem(s)
     if why is not None:
         msg = (
-            f"at {path.display}: fk.load_into cannot read the `src` array here: {why}. Expected a dense "
+            f"at {path.display}: fk.{fname} cannot read the `src` array here: {why}. Expected a dense "
             f"array of a numeric dtype for `dst`'s {_describe(d)}; fix: convert it first (e.g. "
             "`.to_dense()`, `.dequantize()`, or a plain numeric array)."
         )
@@ -94,17 +94,17 @@ def _check_readable(path: KeyPath, ad: ArrayAdapter, d: Any, s: Any) -> None:
         raise ValueError(msg)
 
 
-def _stage(path: KeyPath, ad: ArrayAdapter, d: Any, s: Any) -> Any:
+def _stage(path: KeyPath, ad: ArrayAdapter, d: Any, s: Any, fname: str = "load_into") -> Any:
     """`s` as `dst`'s adapter stages it (namespace, dtype, device); errors name the path."""
     if not (ad.readable(ad.device(d))):
         return None  # meta into meta: nothing to write
     try:
         return ad.stage(d, s)
     except (StructureError, PolicyError) as e:  # functorkit's own (a checkpoint changed after fk.open): as it is
-        raise type(e)(f"at {path.display}: fk.load_into: {e}") from e
+        raise type(e)(f"at {path.display}: fk.{fname}: {e}") from e
     except (TypeError, ValueError, RuntimeError, OverflowError, NotImplementedError, BufferError) as e:
         msg = (
-            f"at {path.display}: fk.load_into cannot convert the `src` {describe_array(s)} into `dst`'s "
+            f"at {path.display}: fk.{fname} cannot convert the `src` {describe_array(s)} into `dst`'s "
             f"{describe_array(d)} ({type(e).__name__}: {e}). Expected values `dst`'s library can read as "
             f"{describe_dtype(d.dtype)}; fix: convert `src` first (e.g. cast it, or move it to the CPU)."
         )
@@ -235,9 +235,10 @@ class Loader:
     looked up by key. The one writer of functorkit.
     """
 
-    __slots__ = ("fed", "plan")
+    __slots__ = ("fed", "fname", "plan")
 
-    def __init__(self) -> None:
+    def __init__(self, fname: str = "load_into") -> None:
+        self.fname = fname  # the public function, for messages
         self.plan: list[tuple[KeyPath, ArrayAdapter, Any, Any]] = []  # (path, dst adapter, dst array, staged src)
         self.fed: dict[int, tuple[KeyPath, Any]] = {}  # id(dst array) -> (path, staged src) of its first feed
 
@@ -249,7 +250,7 @@ class Loader:
             if s_arr:
                 msg = (
                     f"at {path.display}: `src` has a {_describe(s)} but `dst` a {type(d).__name__}; "
-                    "fk.load_into only writes into existing arrays. Expected an array in `dst` here; fix: "
+                    f"fk.{self.fname} only writes into existing arrays. Expected an array in `dst` here; fix: "
                     "give `dst` an array of that shape, or build a new model with fk.fmap."
                 )
                 raise StructureError(msg)
@@ -261,8 +262,8 @@ class Loader:
             )
             raise StructureError(msg)
         ad = adapter_of(d)
-        _check_writable(path, ad, d)
-        _check_readable(path, ad, d, s)
+        _check_writable(path, ad, d, self.fname)
+        _check_readable(path, ad, d, s, self.fname)
         if tuple(d.shape) != tuple(s.shape):
             msg = (
                 f"at {path.display}: shape {tuple(d.shape)} in `dst` vs {tuple(s.shape)} in `src`. Expected "
@@ -279,7 +280,7 @@ class Loader:
         first = fed.get(id(d))
         if first is not None and first[1] is s:
             return
-        staged = _stage(path, ad, d, s)
+        staged = _stage(path, ad, d, s, self.fname)
         if first is not None:
             p0, s0 = first
             if staged is not s0 and not _same_values(d, s0, staged):
@@ -296,7 +297,7 @@ class Loader:
     def commit(self) -> None:
         """Write every staged value (after the alias checks); on any failure restore `dst`, re-raise."""
         plan = self.plan
-        check_no_aliases([(p, d) for p, _, d, _ in plan], "fk.load_into")
+        check_no_aliases([(p, d) for p, _, d, _ in plan], f"fk.{self.fname}")
         dsts = [d for _, _, d, _ in plan]
         maybe = may_overlap(dsts, [s for _, _, _, s in plan])
         mem = _dst_memory(dsts) if any(maybe) else {}
@@ -337,7 +338,7 @@ def _write_all(writes: list[tuple[KeyPath, ArrayAdapter, Any, Any]]) -> None:
                 failed.append(f"{path.display} ({type(again).__name__}: {again})")
         if failed:
             e.add_note(
-                "(functorkit: fk.load_into could not restore these `dst` arrays after the error above, so "
+                "(functorkit: could not restore these `dst` arrays after the error above, so "
                 f"they may hold new values: {'; '.join(failed)})"
             )
         raise

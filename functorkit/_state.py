@@ -335,7 +335,7 @@ def load_state_dict(dst: Any, mapping: Mapping[str, Any], /, *, strict: bool = T
     missing = [key for key, _, d in entries if key not in present and id(d) not in fed]
     if strict and (missing or unexpected or mismatched):
         raise _strict_error(missing, unexpected, mismatched)
-    loader = Loader()
+    loader = Loader("load_state_dict")
     try:
         for path, d, s in pairs:
             loader.visit(path, d, s)
