@@ -49,6 +49,7 @@ __all__ = [
     "NAMED",
     "ND",
     "aux_difference",
+    "key_order_difference",
     "build",
     "children",
     "describe_entry",
@@ -552,6 +553,29 @@ def aux_difference(ta: TreeDef, tb: TreeDef) -> tuple[int, type] | None:
             and not aux_equal(a[AUX], b[AUX])
         ):
             return idx, a[ND].cls
+    return None
+
+
+def key_order_difference(ta: TreeDef, tb: TreeDef) -> tuple[int, list[Any], list[Any]] | None:
+    """The first entry where two definitions' programs hold a node of one kind and count whose keys
+    are the same but in another order (key order is structure): its index and both key lists."""
+    for idx, (a, b) in enumerate(zip(ta._prog, tb._prog, strict=False)):
+        if (
+            type(a) is tuple
+            and type(b) is tuple
+            and a[NAMED]
+            and b[NAMED]
+            and a[ND].kind == b[ND].kind
+            and a[N] == b[N]
+            and list(a[KEYS]) != list(b[KEYS])
+        ):
+            ka, kb = list(a[KEYS]), list(b[KEYS])
+            try:
+                same = set(ka) == set(kb)
+            except TypeError:  # unhashable keys: compared as lists
+                same = sorted(map(repr, ka)) == sorted(map(repr, kb))
+            if same:
+                return idx, ka, kb
     return None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from . import _program as program
 from ._errors import PolicyError, StructureError, known_shape
 from ._keypath import KeyPath, safe_repr
 from ._lockstep import _model_list
@@ -35,7 +36,12 @@ def _stack_mismatch(td0: TreeDef, tdi: TreeDef, models: list[Any], i: int) -> St
     e0, ei = td0.expanded(), tdi.expanded()
     what = "differs in its static (non-child) data or in which sub-trees are shared"
     path = KeyPath(())
-    if e0.num_positions == ei.num_positions:
+    order = program.key_order_difference(td0, tdi)
+    if order is not None:
+        idx, _, ki = order
+        path = td0.entry_path(idx)
+        what = f"has its keys in another order ({ki}; key order is structure), differing"
+    elif e0.num_positions == ei.num_positions:
         lp0, lpi = e0.leaf_positions(), ei.leaf_positions()
         pl0: Any = e0._ties() or range(e0.num_positions)
         pli: Any = ei._ties() or range(ei.num_positions)
@@ -52,8 +58,8 @@ def _stack_mismatch(td0: TreeDef, tdi: TreeDef, models: list[Any], i: int) -> St
                     break
     msg = (
         f"fk.stack: at {path.display}: {names[i]} {what} from {names[0]}. Expected models of one "
-        "structure (fk.flatten(m)[1] equal for all); fix: make the models alike (same ties, frozen "
-        "parameters and static data)."
+        "structure (fk.flatten(m)[1] equal for all); fix: make the models alike (same key order, ties, "
+        "frozen parameters and static data)."
     )
     return StructureError(msg)
 

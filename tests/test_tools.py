@@ -255,6 +255,9 @@ def test_stack_mismatches(xp: Any) -> None:
     w = _arr(xp, 1.0)
     with pytest.raises(fk.StructureError, match=r"at b: .*ties"):
         fk.stack([a, {"w": w, "b": w, "act": "relu"}])
+    # keys in another order (was blamed on "static data or shared sub-trees")
+    with pytest.raises(fk.StructureError, match=r"at x: models\[1\] has its keys in another order \(\['b', 'w'\]"):
+        fk.stack([{"x": {"w": w, "b": _arr(xp, 2.0)}}, {"x": {"b": _arr(xp, 2.0), "w": w}}])
     with pytest.raises(ValueError, match="empty"):
         fk.stack([])
 
