@@ -410,7 +410,7 @@ def _bernoulli(densities: list[Schedule], seed: int, rescale: Any) -> Any:
         kept = xp.where(arrays[0], d, _zero(xp, d))
         if rescale is True:
             return kept * consts[0]
-        if rescale == "inverse":  # the DARE paper's 1 / density
+        if type(rescale) is str:  # "inverse" (checked): the DARE paper's 1 / density
             return kept * (1.0 / densities[i].get(path))
         return kept
 
@@ -475,7 +475,7 @@ def dare(
     if isinstance(seed, bool) or not isinstance(seed, int):
         msg = f"fk.dare: `seed` must be a Python int, got {type(seed).__name__} ({seed!r:.60})."
         raise TypeError(msg)
-    if not (rescale is True or rescale is False or rescale == "inverse"):
+    if not (rescale is True or rescale is False or (type(rescale) is str and rescale == "inverse")):
         msg = f"fk.dare: `rescale` must be True (L1), 'inverse' (1/density) or False, got {rescale!r:.60}."
         raise ValueError(msg)
     _check_bool(sign_consensus, "sign_consensus", "dare")

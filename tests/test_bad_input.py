@@ -1496,6 +1496,15 @@ CASES += [
         names=("`rescale`",),
     ),
     Bad(
+        "dare-rescale-array",
+        "dare",
+        "`rescale` an array (its == is element-wise: NumPy's raw ambiguous-truth error)",
+        lambda c: fk.dare(c.model(), [c.model()], 1.0, density=0.5, seed=0, rescale=np.array([1, 2])),
+        ValueError,
+        "`rescale` must be True, 'inverse' or False",
+        names=("`rescale`",),
+    ),
+    Bad(
         "model_stock-one-model",
         "model_stock",
         "one model besides the base",
