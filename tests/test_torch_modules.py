@@ -702,7 +702,7 @@ def test_load_into_refuses_mismatched_shapes_before_writing() -> None:
 def test_device_policy_with_meta_as_second_device() -> None:
     # strict: a CPU model, a meta p
     m = realistic()
-    flat, re = fk.destructure(m)
+    _, re = fk.destructure(m)
     p_meta = torch.empty(len(re), device="meta")
     with pytest.raises(fk.PolicyError, match=r"at conv\.weight: .*cpu.*meta") as info:
         re(p_meta)
@@ -718,19 +718,13 @@ def test_device_policy_with_meta_as_second_device() -> None:
     two[0].to("meta")
     with pytest.raises(fk.PolicyError, match=r"at \[0\]\.weight and \[2\]\.weight: .*meta.*cpu"):
         fk.destructure(two)
-    flat, re = fk.destructure(two, policy="model")
-    assert flat.device.type == "meta"  # the first parameter's device
-    p = torch.randn(len(re))  # a CPU p
-    back = re(p)  # model: each parameter moved back to its own device
-    assert [q.device.type for q in back.parameters()] == ["meta", "meta", "cpu", "cpu"]
-    torch.testing.assert_close(back[2].bias, p[-2:])
-    assert back[2].bias.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()  # no move: a view
-    table = str(re.explain(p))
-    assert "model: move cpu -> meta" in table
-    on_p = re(p, policy="flat")
-    assert [q.device.type for q in on_p.parameters()] == ["cpu"] * 4
-    with pytest.raises(fk.PolicyError, match=r"at \[0\]\.weight: .*meta.*cpu"):
-        re(p, policy="strict")
+    # model/flat: the flat vector would go on the first parameter's device, meta, which holds no
+    # values: the cpu parameters' values would be lost (it was a meta vector, and re(flat) raised
+    # torch's raw error); the rebuild on two devices is checked where the second one holds values
+    # (array-api-strict's device1/device2 in tests/test_policy.py, conformance/gpu_check.py on a GPU)
+    for policy in ("model", "flat"):
+        with pytest.raises(fk.PolicyError, match=r"at \[2\]\.weight: the parameter holds values on cpu"):
+            fk.destructure(two, policy=policy)
 
 
 # --------------------------------------------------------------------------- lazy adapter import
