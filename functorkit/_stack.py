@@ -203,8 +203,9 @@ def stack(models: Iterable[Any], /, *, policy: str = "strict") -> Any:
     recs = [record(m) for m in ms]
     for lv, td in recs:
         td.refuse_holders(lv)
-    _refuse_diagonals(ms[0])
     leaves0, td0 = recs[0]
+    if any(issubclass(nd.cls, Diagonal) for nd in program.node_defs(td0)):  # (no second walk otherwise)
+        _refuse_diagonals(ms[0])
     for i in range(1, len(ms)):
         if recs[i][1] != td0:
             raise _stack_mismatch(td0, recs[i][1], ms, i)
