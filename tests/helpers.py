@@ -181,3 +181,21 @@ def snapshot(tree: Any, to_numpy: Any) -> Any:
             return ("array", id(tree), str(tree.dtype), to_numpy(tree).tolist())
         return ("leaf", id(tree), type(tree))
     return (type(tree), id(tree), repr(oracle_static(tree)), [(k, snapshot(v, to_numpy)) for k, v in ch])
+
+
+def spy_foreach_lerp(monkeypatch: Any) -> list[list[Any]]:
+    """Replace the torch adapter's detected ``torch._foreach_lerp_`` by a spy that records the
+    tensors of each call, then calls it; returns the record (one list of tensors per call)."""
+    from functorkit.adapters import torch as tad
+
+    real = tad.foreach_lerp_
+    assert real is not None  # detected on this torch
+    calls: list[list[Any]] = []
+
+    def spy(xs: Any, ys: Any, t: float) -> None:
+        calls.append([*xs, *ys])
+        assert real is not None
+        real(xs, ys, t)
+
+    monkeypatch.setattr(tad, "foreach_lerp_", spy)
+    return calls
