@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ._dense import may_be_sparse
 from ._program import is_plain, num_entries
 from ._program_match import builder, matcher
-from ._registry import TABLES
+from ._registry import GEN, TABLES
 from ._xp import is_array
 from .adapters import adapter_of, tracing
 
@@ -77,11 +77,12 @@ class _Entry:
     """One planned definition: the snapshot it was made under, how often it was recorded, its
     generated matcher and builder (None until made), and the operations' ``(facts, plan)``."""
 
-    __slots__ = ("build", "match", "ops", "seen", "tables", "td")
+    __slots__ = ("build", "gen", "match", "ops", "seen", "tables", "td")
 
     def __init__(self, td: TreeDef, tables: Any) -> None:
         self.td = td
         self.tables = tables
+        self.gen = tables[GEN]  # compared, not the snapshot itself (see ``_registry.GEN``)
         self.seen = 1
         self.match: Callable[..., Any] | None = None
         self.build: Callable[[list[Any]], Any] | None = None
@@ -115,7 +116,7 @@ def clear() -> None:
 def _entry(td: TreeDef) -> _Entry | None:
     """The entry of `td` if it is planned under the published node table."""
     e = _BY_TD.get(id(td))  # (an entry holds its definition: while it is here, no other object has that id)
-    if e is None or e.tables is not TABLES[0]:
+    if e is None or e.gen != TABLES[0][GEN]:
         return None
     return e
 
@@ -132,7 +133,7 @@ def remember(tree: Any, td: TreeDef, tables: Any, distinct: Callable[[list[Any]]
         return
     key = (type(tree), len(tree))
     e = _BY_ROOT.get(key)
-    if e is None or e.tables is not tables or e.td != td:
+    if e is None or e.gen != tables[GEN] or e.td != td:
         if tracing():  # under torch.compile an id() is a compile-time value that cannot be kept
             return
         if len(_BY_ROOT) >= _MAX:
@@ -147,10 +148,10 @@ def remember(tree: Any, td: TreeDef, tables: Any, distinct: Callable[[list[Any]]
     if e.match is None and e.seen >= 2 and not tracing():  # no compile()/exec under torch.compile
         known = e.td
         e.match = matcher(known, distinct, sort_from)
-        MATCH_BY_ROOT[key] = (e.match, e.tables, known)
+        MATCH_BY_ROOT[key] = (e.match, e.gen, known)
         if num_entries(known) + known.num_positions <= PLAN_MAX:
             e.build = builder(known)
-            BUILD_BY_ID[id(known)] = (e.build, e.tables, known)
+            BUILD_BY_ID[id(known)] = (e.build, e.gen, known)
 
 
 def match_of(td: TreeDef) -> Callable[..., Any] | None:

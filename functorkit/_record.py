@@ -22,6 +22,7 @@ from ._plans import MATCH_BY_ROOT
 from ._program import KEYS
 from ._registry import (
     DICT,
+    GEN,
     LIST,
     SCALAR,
     SCALAR_TYPES,
@@ -558,7 +559,7 @@ def record_plain(tree: Any, track: bool = False) -> tuple[list[Any], TreeDef]:
     if t is dict or t is list or t is tuple:
         tables = TABLES[0]  # a plan holds the snapshot it was made under: valid while it is published
         hit = MATCH_BY_ROOT.get((t, len(tree)))  # the plan cache (``_plans.py``): a matcher for this root
-        if hit is not None and hit[1] is tables:
+        if hit is not None and hit[1] == tables[GEN]:
             leaves = hit[0](tree)
             if leaves is not _MISS:
                 return leaves, hit[2]

@@ -32,6 +32,7 @@ from .adapters._families import NODE_FAMILIES
 from .adapters._pytrees import EXPORT_TO, PYTREES, TRACEABLE_PYTREES
 
 __all__ = [
+    "GEN",
     "GENERATION",
     "SCALAR",
     "SCALAR_TYPES",
@@ -244,6 +245,9 @@ _ENTRIES: Final = 0
 _RESOLVED: Final = 1
 _LEAVES: Final = 2
 _KNOWN: Final = 3
+#: the snapshot's generation: what the plan cache compares (an int: `torch.compile` traces ``==`` of
+#: ints, not ``is`` of two snapshot tuples, which broke compiled fk.fmap/re(p) once a plan existed)
+GEN: Final = 4
 
 
 def _snapshot(entries: dict[type, Any], gen: int) -> tuple[dict[type, Any], dict[type, Any], set[type], set[type], int]:

@@ -53,7 +53,7 @@ from ._messages import add_note, describe_found, mismatch
 from ._plans import BUILD_BY_ID, match_of
 from ._program import BUILD_SAME, BUILD_STRUCTURE, MISS
 from ._program_match import match_tree
-from ._registry import TABLES
+from ._registry import GEN, TABLES
 
 __all__ = [
     "BUILD_SAME",
@@ -123,7 +123,7 @@ class TreeDef:
     _leaf_pos: list[int] | None
     _expanded: TreeDef | None
     _pre: list[int] | None
-    _gen_build: tuple[Any, Any] | None  # the plan cache's generated builder and its snapshot, once found
+    _gen_build: tuple[Any, Any] | None  # the plan cache's generated builder and its snapshot's generation, once found
     _gen_match: tuple[Any, Any] | None  # the same for the generated matcher
 
     def __init__(self) -> None:
@@ -375,7 +375,7 @@ class TreeDef:
                 found = BUILD_BY_ID.get(id(self))
                 if found is not None:
                     hit = self._gen_build = found[:2]  # (builder, snapshot): kept here once found
-            if hit is not None and hit[1] is TABLES[0]:
+            if hit is not None and hit[1] == TABLES[0][GEN]:
                 return hit[0](vals)
         return program.build(self, vals, mode)
 
@@ -457,8 +457,8 @@ class TreeDef:
             found = match_of(self)
             if found is None:
                 return None
-            hit = self._gen_match = (found, TABLES[0])
-        return hit[0] if hit[1] is TABLES[0] else None
+            hit = self._gen_match = (found, TABLES[0][GEN])
+        return hit[0] if hit[1] == TABLES[0][GEN] else None
 
     def _num_entries(self) -> int:
         """The length of the program (what the generated code's size limits count)."""

@@ -112,6 +112,25 @@ def test_fmap_and_arithmetic_trace_without_graph_breaks() -> None:
     _assert_trees_equal(_no_breaks(lambda u, v: fk.mean([u, v]), a, b), fk.mean([a, b]))
 
 
+def test_tracing_with_a_warm_plan_cache() -> None:
+    """A dict model met before in eager calls has a generated matcher and builder (the plan cache):
+    fk.fmap and re(p) compiled with fullgraph=True then trace through them. The cache's validity
+    test compared two registry snapshots with `is`, which Dynamo cannot trace ("Failed to trace
+    builtin operator is_not"): every compiled map of a warmed structure failed."""
+    torch = _torch()
+    from functorkit import _plans
+
+    _plans.clear()
+    m = {"w": torch.ones(3), "b": [torch.zeros(2)]}
+    flat, re = fk.destructure(m)
+    for _ in range(3):  # eager: the plan's matcher and builder are made
+        fk.leaves(m)
+        fk.fmap(lambda t: t, m)
+    assert _plans.MATCH_BY_ROOT  # (the warm path is what is tested)
+    _assert_trees_equal(_no_breaks(lambda u: fk.fmap(lambda t: t * 2, u), m), fk.fmap(lambda t: t * 2, m))
+    _assert_trees_equal(_no_breaks(lambda p: re(p), flat), re(flat))
+
+
 def test_tracing_is_not_broken_by_other_libraries_dtypes_met_before() -> None:
     """A NumPy model of each ml_dtypes float classified first (a bfloat16 checkpoint, a float4
     one): the classification caches then held NumPy dtypes Dynamo cannot compare (float4_e2m1fn...),
