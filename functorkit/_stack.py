@@ -216,7 +216,7 @@ def stack(models: Iterable[Any], /, *, policy: str = "strict") -> Any:
         if is_array(x0):
             if paths is None:
                 paths = td0.paths
-            out.append(_stack_leaf(xs, paths[j], pol))
+            out.append(adapter_of(x0).keep_kind(_stack_leaf(xs, paths[j], pol), x0))
             continue
         for i in range(1, len(xs)):
             if not _aux_equal(x0, xs[i]):
@@ -291,6 +291,7 @@ def unstack(stacked: Any, /) -> list[Any]:
         new = list(leaves)
         for j in arrays:
             x = leaves[j]
-            new[j] = adapter_of(x).copy(x[i, ...])
+            ad = adapter_of(x)
+            new[j] = ad.keep_kind(ad.copy(x[i, ...]), x)
         out.append(td.unflatten(new))
     return out

@@ -262,6 +262,23 @@ def test_stack_mismatches(xp: Any) -> None:
         fk.stack([])
 
 
+def test_stack_and_unstack_keep_frozen_torch_parameters_frozen() -> None:
+    # a frozen bias came back as a plain tensor, which a parameter slot counts as trainable (SPEC 3):
+    # the stacked model had 16 parameters where 12 are, each unstacked member 8 where 6 are
+    torch = pytest.importorskip("torch")
+    lin = torch.nn.Linear(3, 2)
+    lin.bias.requires_grad_(False)
+    with torch.no_grad():
+        st = fk.stack([lin, lin])
+    assert type(st.bias) is torch.nn.Parameter
+    assert not st.bias.requires_grad
+    assert len(fk.destructure(st)[1]) == 12
+    back = fk.unstack(st)[0]
+    assert len(fk.destructure(back)[1]) == 6
+    assert not back.bias.requires_grad
+    assert fk.allclose(back, lin)
+
+
 def test_stack_refuses_a_diagonal_and_keeps_transposes(xp: Any) -> None:
     # stacked, a Diagonal held a 2-D "diagonal" that its constructor refuses: shape (2, 2), dense()
     # and @ wrong; a Transpose of a batch of matrices stays right (matrix_transpose is batched)

@@ -476,6 +476,12 @@ class ArrayAdapter(Kernels):
         else one batch at a time. False for eager arrays."""
         return False
 
+    def keep_kind(self, new: Any, old: Any) -> Any:
+        """`new`, an array made from `old` by a tree tool (``fk.stack``, ``fk.unstack``), as the same
+        kind of leaf where the kind decides trainability (torch: a frozen ``nn.Parameter`` stays one,
+        so that its module's parameter stays frozen, SPEC 3); `new` itself otherwise."""
+        return new
+
     def kth_largest(self, a: Any, k: int) -> Any:
         """The `k`-th largest element of `a` as a 0-d array, where this library has a faster way
         than the namespace's functions (Dask: one chunked selection); None: use those."""

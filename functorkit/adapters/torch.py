@@ -284,6 +284,13 @@ class Adapter(ArrayAdapter):
         """``clone`` (keeps autograd; the namespace's ``asarray(copy=True)`` does not)."""
         return x.clone()
 
+    def keep_kind(self, new: Any, old: Any) -> Any:
+        """A frozen ``nn.Parameter`` `old` gives a frozen Parameter (a plain tensor in a parameter slot
+        is trainable, SPEC 3: stacking a frozen bias made it trainable); anything else `new`."""
+        if type(old) is torch.nn.Parameter and not old.requires_grad and type(new) is torch.Tensor:
+            return torch.nn.Parameter(new, requires_grad=False)
+        return new
+
     def clone_leaf(self, x: Any) -> Any:
         """Detached like ``copy.deepcopy``: an ``nn.Parameter`` stays one, ``requires_grad`` is kept."""
         if isinstance(x, _UNINITIALIZED):
