@@ -35,6 +35,7 @@ from ._safetensors_io import TIES, Checkpoint
 from ._sharded_ckpt import save_sharded, sharded_pieces
 from ._state import state_positions
 from ._treedef import TreeDef
+from ._xp import describe_array, is_array
 from .adapters import adapter_of
 
 __all__ = ["load", "open", "save"]
@@ -288,6 +289,19 @@ def _into_like(ck: Checkpoint, like: Any, make: Any, fname: str) -> Any:
     if missing or unexpected or bad:
         raise StructureError(_report(ck, fname, missing, unexpected, bad))
     out = list(leaves)
+    for j, x in enumerate(leaves):  # arrays no checkpoint stores (a module's non-persistent buffers)
+        if j in keys or not is_array(x):
+            continue
+        ad = adapter_of(x)
+        if not ad.readable(ad.device(x)):
+            msg = (
+                f"fk.{fname}: at {td.paths[j].display}: `like` holds an array that checkpoints do not store "
+                f"(a module's non-persistent buffer), {describe_array(x)}, which holds no values, so the "
+                "result would keep it there. Expected `like` to hold its values; fix: build `like` on the "
+                "CPU, where its buffers are computed (a `meta` template saves only the parameters' memory)."
+            )
+            raise StructureError(msg)
+        out[j] = ad.copy(x)  # `like`'s values, not `like`'s array: the result shares nothing with it
     given: set[str] = set()
     for j, s in plan.items():
         y = make(ck.tensors[s], leaves[j])

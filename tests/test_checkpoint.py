@@ -367,6 +367,33 @@ def test_key_collisions_and_bare_arrays(tmp_path: Path) -> None:
     assert _files(tmp_path) == []
 
 
+def test_like_with_a_non_persistent_buffer(tmp_path: Path) -> None:
+    """A module's non-persistent buffer (a RoPE ``inv_freq``) is not stored: with ``like=`` the
+    result holds a copy of `like`'s values (it held `like`'s tensor itself: an in-place op on the
+    loaded model changed `like`); from a ``meta`` template, which holds none, a StructureError
+    naming the buffer (the result kept it on meta, half a module, failing at its first forward)."""
+    torch = pytest.importorskip("torch")
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+            self.register_buffer("inv_freq", torch.arange(2.0), persistent=False)
+
+    path = tmp_path / "m.safetensors"
+    fk.save(path, M())
+    for load in (fk.load, fk.open):
+        like = M()
+        out = load(path, like=like)
+        assert out.inv_freq is not like.inv_freq
+        out.inv_freq.mul_(10)
+        assert like.inv_freq.tolist() == [0.0, 1.0]
+    with torch.device("meta"):
+        template = M()
+    with pytest.raises(fk.StructureError, match=r"fk\.load: at inv_freq: `like` holds an array that checkpoints"):
+        fk.load(path, like=template)
+
+
 def test_meta_tensor_cannot_be_saved(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match=r"'w'.*meta"):
