@@ -132,15 +132,16 @@ def _stack_leaf(xs: list[Any], path: KeyPath, pol: str) -> Any:
     return xp.stack(xs, axis=0)
 
 
-def _refuse_diagonals(model: Any) -> None:
-    """A `fk.Diagonal` holds a 1-D diagonal; stacked it would hold a 2-D one, which no Diagonal can
-    (its shape, ``dense()`` and ``@`` would be wrong): a StructureError at its path."""
+def _refuse_diagonals(model: Any, fname: str = "stack") -> None:
+    """A `fk.Diagonal` holds a 1-D diagonal; stacked it would hold a 2-D one (unstacked a 0-d one),
+    which no Diagonal can (its shape, ``dense()`` and ``@`` would be wrong): a StructureError at its path."""
     leaves, td = record(model, is_leaf=lambda x: isinstance(x, Diagonal))
     for path, x in zip(td.paths, leaves, strict=True):
         if isinstance(x, Diagonal):
             msg = (
-                f"at {path.display}: fk.stack: a Diagonal holds a 1-D diagonal; stacked, it would hold a "
-                "2-D array, which a Diagonal cannot be (its shape, dense() and @ would be wrong). Expected "
+                f"at {path.display}: fk.{fname}: a Diagonal holds a 1-D diagonal; {fname}ed, it would hold a "
+                f"{'2' if fname == 'stack' else '0'}-D array, which a Diagonal cannot be (its shape, dense() "
+                "and @ would be wrong). Expected "
                 "models without fk.Diagonal; fix: stack the diagonals themselves "
                 "(fk.stack([d.diag for d in diagonals])), or their dense() matrices."
             )
@@ -205,7 +206,7 @@ def stack(models: Iterable[Any], /, *, policy: str = "strict") -> Any:
         td.refuse_holders(lv)
     leaves0, td0 = recs[0]
     if any(issubclass(nd.cls, Diagonal) for nd in program.node_defs(td0)):  # (no second walk otherwise)
-        _refuse_diagonals(ms[0])
+        _refuse_diagonals(ms[0], "stack")
     for i in range(1, len(ms)):
         if recs[i][1] != td0:
             raise _stack_mismatch(td0, recs[i][1], ms, i)
@@ -265,6 +266,8 @@ def unstack(stacked: Any, /) -> list[Any]:
     """
     leaves, td = record(stacked)
     td.refuse_holders(leaves)
+    if any(issubclass(nd.cls, Diagonal) for nd in program.node_defs(td)):  # (each member's would be 0-d)
+        _refuse_diagonals(stacked, "unstack")
     n: int | None = None
     first = -1
     for j, x in enumerate(leaves):

@@ -287,6 +287,8 @@ def test_stack_refuses_a_diagonal_and_keeps_transposes(xp: Any) -> None:
         fk.stack(ds)
     got = fk.stack([d["d"].diag for d in ds])
     assert tuple(got.shape) == (2, 3)
+    with pytest.raises(fk.StructureError, match=r"at d: fk\.unstack: a Diagonal holds a 1-D diagonal"):
+        fk.unstack({"d": fk.Diagonal(xp.ones(3)), "b": xp.ones(3)})  # members of 0-d "diagonals"
     m = xp.reshape(xp.arange(6.0), (2, 3))
     ts = fk.stack([{"t": fk.Transpose(m)}, {"t": fk.Transpose(m + 1)}])
     assert tuple(ts["t"].parent.shape) == (2, 2, 3)
