@@ -26,6 +26,7 @@ holds its own leaf); ``refs`` are the entries a shared sub-tree refers back to,
 
 from __future__ import annotations
 
+import operator
 import pickle
 from collections.abc import Callable, Iterator
 from itertools import islice
@@ -403,6 +404,15 @@ def reshare(exp: TreeDef, tds: list[TreeDef], vals: list[Any]) -> tuple[list[Any
             i = parent[i]
         return i
 
+    start = _subtrees(prog)[0]
+    before = [0]  # positions before each entry (post-order: a leaf one, an all-leaf node its count)
+    for e in prog:
+        before.append(before[-1] + (1 if e is None else e[N] if e[LEAFY] else 0))
+
+    def same_values(f: int, i: int) -> bool:  # the sub-trees rooted at f and i hold the same objects
+        a, b = vals[before[start[f]] : before[f + 1]], vals[before[start[i]] : before[i + 1]]
+        return len(a) == len(b) and all(map(operator.is_, a, b))
+
     for td in tds:
         refs = td._refs
         if not refs:
@@ -415,9 +425,10 @@ def reshare(exp: TreeDef, tds: list[TreeDef], vals: list[Any]) -> tuple[list[Any
             if o in refs:
                 f = first.setdefault(o, i)
                 a, b = find(f), find(i)
-                if a != b:
+                # shared again only where the combined values allow it: another group may hold
+                # different values at the two places (a per-position map of one group)
+                if a != b and same_values(f, i):
                     parent[max(a, b)] = min(a, b)
-    start = _subtrees(prog)[0]
     copy_at: dict[int, int] = {}  # first entry of a copied sub-tree -> its (outermost) root
     for root in range(len(prog)):
         if find(root) != root:

@@ -262,6 +262,23 @@ def test_stack_mismatches(xp: Any) -> None:
         fk.stack([])
 
 
+def test_combine_shares_a_sub_tree_again_only_where_the_values_allow() -> None:
+    # partition a shared sub-tree, map one group per position (cache=False): the copies of the
+    # shared sub-tree hold different values in that group; combine shared it again and kept the
+    # first copy's values at both places (the second value was silently dropped)
+    sub = {"w": np.zeros(2), "b": np.zeros(2)}
+    tree = {"x": sub, "y": sub}
+    ws, rest = fk.partition(tree, lambda p, x: p[-1] == "w")
+    count = iter(range(1, 100))
+    ws2 = fk.fmap(lambda a: None if a is None else a + next(count), ws, cache=False)
+    out = fk.combine(ws2, rest)
+    assert out["x"]["w"].tolist() == [1.0, 1.0]
+    assert out["y"]["w"].tolist() == [2.0, 2.0]
+    assert out["x"]["b"] is out["y"]["b"]  # what both places still hold alike stays one object
+    again = fk.combine(ws, rest)  # unchanged groups: the sharing comes back
+    assert again["x"] is again["y"]
+
+
 def test_stack_and_unstack_keep_frozen_torch_parameters_frozen() -> None:
     # a frozen bias came back as a plain tensor, which a parameter slot counts as trainable (SPEC 3):
     # the stacked model had 16 parameters where 12 are, each unstacked member 8 where 6 are
