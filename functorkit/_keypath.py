@@ -346,7 +346,8 @@ def _parse_entries(text: str) -> list[Any]:
         name = text[i:j]
         if "]" in name:
             raise _parse_error(text, i + name.index("]"), "an unmatched ']'")
-        out.append(int(name) if name.isascii() and name.isdigit() else name)
+        # only a canonical decimal ("0", "17", not "01": the str key "01" stays one) is an index
+        out.append(int(name) if name.isascii() and name.isdigit() and str(int(name)) == name else name)
         i = j
     return out
 

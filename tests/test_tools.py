@@ -262,6 +262,18 @@ def test_stack_mismatches(xp: Any) -> None:
         fk.stack([])
 
 
+def test_replace_by_a_state_dict_key_with_a_leading_zero() -> None:
+    # "a.01" (the key fk.state_dict gives for a["01"]) was read as index 1 and replaced a["1"]
+    tree = {"a": {"01": np.zeros(1), "1": np.ones(1)}}
+    assert list(fk.state_dict(tree)) == ["a.01", "a.1"]
+    out = fk.replace(tree, {"a.01": np.full(1, 7.0)})
+    assert out["a"]["01"].tolist() == [7.0]
+    assert out["a"]["1"].tolist() == [1.0]
+    assert fk.replace(tree, {"a.1": np.full(1, 5.0)})["a"]["1"].tolist() == [5.0]
+    assert fk.KeyPath.parse("a.01") == fk.KeyPath(("a", "01"))
+    assert fk.KeyPath.parse("a.10") == fk.KeyPath(("a", 10))
+
+
 def test_combine_shares_a_sub_tree_again_only_where_the_values_allow() -> None:
     # partition a shared sub-tree, map one group per position (cache=False): the copies of the
     # shared sub-tree hold different values in that group; combine shared it again and kept the
