@@ -51,10 +51,15 @@ def _check_writable(path: KeyPath, ad: ArrayAdapter, d: Any, fname: str = "load_
     """Raise before anything is written if `d` cannot be written in place."""
     why = ad.write_problem(d)
     if why is not None:
+        new = (
+            "fk.fmap_with_path(lambda path, x: mapping[path.dotted], dst) (arrays of dst's library: convert "
+            "each value, see docs/state_dict.md)"
+            if fname == "load_state_dict"
+            else "fk.fmap(lambda d, s: s, dst, src), or fk.copy(src)"
+        )
         msg = (
             f"at {path.display}: fk.{fname} writes into `dst`'s arrays in place, but {why}. Expected "
-            "mutable arrays in `dst`; fix: build a new model instead, e.g. "
-            "fk.fmap(lambda d, s: s, dst, src), or fk.copy(src)."
+            f"mutable arrays in `dst`; fix: build a new model instead, e.g. {new}."
         )
         raise TypeError(msg)
     why = ad.overlap_problem(d)

@@ -134,6 +134,8 @@ def _refuses_in_place(dst: Any, mapping: Any, **kw: Any) -> None:
     before = _values(dst)
     with pytest.raises(TypeError, match=r"^at \w+: fk.load_state_dict writes into `dst`'s arrays in place"):
         fk.load_state_dict(dst, mapping, **kw)  # (named fk.load_into, which the user never called)
+    with pytest.raises(TypeError, match=r"fix: build a new model instead, e\.g\. fk\.fmap_with_path\(lambda path"):
+        fk.load_state_dict(dst, mapping, **kw)  # (its fix was fk.fmap of dst and the flat mapping, which raised)
     assert _values(dst) == before
 
 
