@@ -59,6 +59,23 @@ def _common_namespace(store: Any, x: Any, what: str) -> Any:
     return xp
 
 
+def _check_matmul(left: tuple[int, ...], right: tuple[int, ...], what: str) -> None:
+    """``left @ right`` multiplies: the inner dimensions agree (a 1-D side is a vector), as
+    ``matmul``'s rule; a ValueError naming both shapes otherwise (each library's own error
+    differs: torch RuntimeError, JAX TypeError, NumPy's gufunc text, Dask's chunks)."""
+    if not left or not right:
+        return  # 0-d: `_need_matrix_operand` says so
+    inner_left = left[-1]
+    inner_right = right[0] if len(right) == 1 else right[-2]
+    if type(inner_left) is int and type(inner_right) is int and inner_left != inner_right:  # (not unknown sizes)
+        msg = (
+            f"{what}: the shapes {left} and {right} do not multiply (inner dimensions {inner_left} and "
+            f"{inner_right}). Expected the left operand's last dimension to equal the right one's "
+            f"{'only' if len(right) == 1 else 'second-to-last'} dimension."
+        )
+        raise ValueError(msg)
+
+
 def _need_matrix_operand(x: Any, what: str) -> None:
     if x.ndim == 0:
         msg = f"{what}: expected an operand with at least 1 dimension, got a 0-d array; use `*` to scale."
@@ -331,6 +348,7 @@ class Transpose:
         p = self.parent
         if is_array(other):
             what = "fk.Transpose @ x"
+            _check_matmul(tuple(self.shape), tuple(other.shape), what)
             if is_array(p):
                 xp = _common_namespace(p, other, what)
                 return xp.matmul(xp.matrix_transpose(p), other)
@@ -348,6 +366,7 @@ class Transpose:
         p = self.parent
         if is_array(other):
             what = "x @ fk.Transpose"
+            _check_matmul(tuple(other.shape), tuple(self.shape), what)
             if is_array(p):
                 xp = _common_namespace(p, other, what)
                 return xp.matmul(other, xp.matrix_transpose(p))

@@ -181,6 +181,19 @@ def test_transpose_dense(xp: Any) -> None:
 # -------------------------------------------------------------------- matmul
 
 
+def test_transpose_matmul_of_wrong_shapes_is_a_value_error(xp: Any) -> None:
+    # docs/structured.md: shape mismatches raise ValueError (they were each library's raw error:
+    # torch RuntimeError, JAX TypeError, NumPy's gufunc text, Dask's chunks)
+    T = fk.Transpose(xp.reshape(xp.arange(6, dtype=xp.float64), (2, 3)))  # shape (3, 2)
+    with pytest.raises(ValueError, match=r"fk\.Transpose @ x: the shapes \(3, 2\) and \(3,\) do not multiply"):
+        T @ f64(xp, [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match=r"x @ fk\.Transpose: the shapes \(2,\) and \(3, 2\) do not multiply"):
+        rmatmul(f64(xp, [1.0, 2.0]), T)
+    with pytest.raises(ValueError, match=r"the shapes \(3, 2\) and \(3, 3\) do not multiply"):
+        T @ fk.Diagonal(f64(xp, [1.0, 2.0, 3.0]))
+    close(T @ f64(xp, [1.0, 1.0]), np.arange(6.0).reshape(2, 3).T @ np.ones(2))  # right shapes: as before
+
+
 def test_diagonal_matmul_both_sides(xp: Any) -> None:
     dn = np.asarray(D_VALS)
     D = fk.Diagonal(f64(xp, D_VALS))
