@@ -48,7 +48,7 @@ import torch
 from . import _dtensor
 from ._base import _HOST, TRACING_PROBES, ArrayAdapter, Layout, _size, adapter_of, extent, normalise_layout
 from ._kernels import spans_disjoint
-from ._torch_module import claims, node_for
+from ._torch_module import _Uninitialized, claims, node_for
 
 __all__ = ["Adapter", "claims", "compiling", "foreach_lerp_", "has_python_dispatch", "is_functorch_wrapped", "node_for"]
 
@@ -181,9 +181,6 @@ def _numpy_view(t: Any) -> Any:
         return None
 
 
-_UNINITIALIZED = getattr(torch.nn.parameter, "UninitializedTensorMixin", ())
-
-
 class Adapter(ArrayAdapter):
     family = "torch"
     device_attr = True
@@ -293,7 +290,7 @@ class Adapter(ArrayAdapter):
 
     def clone_leaf(self, x: Any) -> Any:
         """Detached like ``copy.deepcopy``: an ``nn.Parameter`` stays one, ``requires_grad`` is kept."""
-        if isinstance(x, _UNINITIALIZED):
+        if isinstance(x, _Uninitialized):
             msg = (
                 "this parameter is uninitialized (a lazy module's): it has no shape and no values yet, so it "
                 "cannot be copied. Expected initialized parameters; fix: run one forward pass through the "
