@@ -237,6 +237,51 @@ def test_none_slots_are_kept_and_not_children() -> None:
     assert list(out._parameters) == list(lin._parameters)
 
 
+class _Sections(nn.Module):
+    """Parameters, buffers and submodules in one module, digit and word names mixed, a None slot
+    in the middle of each section when `holes`."""
+
+    def __init__(self, holes: bool) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.ones(2))
+        if holes:
+            self.register_parameter("gap", None)
+        self.register_parameter("3", nn.Parameter(torch.full((2,), 3.0)))
+        self.register_buffer("running", torch.zeros(2))
+        if holes:
+            self.register_buffer("none_buffer", None)
+        self.register_buffer("10", torch.full((1,), 10.0), persistent=False)
+        self.add_module("0", nn.Linear(2, 2))
+        if holes:
+            self.add_module("empty", None)
+        self.add_module("tail", nn.Sequential(nn.Linear(2, 1), nn.ReLU()))
+
+
+@pytest.mark.parametrize("holes", [False, True])
+def test_every_section_layout_is_rebuilt_in_order(holes: bool) -> None:
+    # a module's children are recorded per section (parameters, buffers, submodules) and rebuilt into
+    # the same sections, names and order, None slots included, by every rebuild
+    m = _Sections(holes)
+    flat, re = fk.destructure(m)
+    rebuilt = {
+        "fmap": fk.fmap(lambda x: x + 1, m, trainable_only=False),
+        "copy": fk.copy(m),
+        "re(p)": re(flat * 2),
+        "unflatten": fk.unflatten(fk.flatten(m)[1], fk.flatten(m)[0]),
+        "combine": fk.combine(*fk.partition(m, lambda p, x: "tail" in str(p))),
+    }
+    for how, out in rebuilt.items():
+        for section in ("_parameters", "_buffers", "_modules"):
+            assert list(getattr(out, section)) == list(getattr(m, section)), (how, section)
+            for name, v in getattr(m, section).items():
+                assert (getattr(out, section)[name] is None) == (v is None), (how, section, name)
+        assert list(out.state_dict()) == list(m.state_dict()), how
+        assert out._non_persistent_buffers_set == {"10"}, how
+    assert torch.equal(rebuilt["fmap"]._buffers["10"], torch.full((1,), 11.0))
+    assert torch.equal(rebuilt["re(p)"]._parameters["3"], torch.full((2,), 6.0))
+    assert [str(p) for p, _ in fk.leaves_with_path(m)][:4] == ["a", "[3]", "running", "[10]"]
+
+
 def test_odd_child_names() -> None:
     # only canonical decimal names become integer keys: every key maps back to its name
     md = nn.ModuleDict({"007": nn.Linear(1, 1), "7": nn.Linear(1, 1), "a-b": nn.Linear(1, 1), "x²": nn.Linear(1, 1)})

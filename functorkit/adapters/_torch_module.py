@@ -35,9 +35,12 @@ own parameters.
 
 from __future__ import annotations
 
+import operator
 import sys
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 import torch
@@ -53,6 +56,8 @@ _OWN_CONTAINERS = frozenset(
 )
 _DEFS: dict[type, NodeDef] = {}
 _KEYS: dict[str, Any] = {}  # child name -> path key (int for canonical ASCII digit strings)
+#: the container types whose ``copy()`` returns their own type
+_COPY = frozenset({dict, OrderedDict, list, set})
 _Uninitialized = getattr(torch.nn.parameter, "UninitializedTensorMixin", ())
 
 
@@ -63,28 +68,61 @@ def _key(name: str) -> Any:
         k = int(name) if name.isascii() and name.isdigit() and str(int(name)) == name else name
         if len(_KEYS) < 100_000:
             _KEYS[name] = k
+            if type(k) is str:
+                _NAMES.add(name)
     return k
 
 
+#: child names known to be their own path key (not canonical decimals): a module whose names are
+#: all here keeps its name list as its key list (bounded with `_KEYS`)
+_NAMES: set[str] = set()
+_is_not = operator.is_not
+
+
 def _flatten(m: Any, keep_none: bool = False) -> tuple[list[Any], list[Any], Any, bool]:
+    """``(keys, children, aux, True)``; aux ``(class, the rest of __dict__, layout, _Live)``.
+
+    The layout is ``(parameters, buffers)``, the number of entries of the first two sections,
+    when every slot is a child (no ``None`` left out); the names are the keys then (``str(k)``
+    of an int key). Otherwise (`_layout`) one ``(section, name, child index or -1)`` per slot.
+    Sections are taken whole (list unpacking; the per-slot loop is for modules with ``None``
+    slots only): this is most of the cost of walking a module (bench_walk's module rows)."""
     d = m.__dict__
+    p = d["_parameters"]
+    b = d["_buffers"]
+    s = d["_modules"]
+    if b:
+        vals = [*p.values(), *b.values(), *s.values()]
+        names = [*p, *b, *s]
+    elif s:
+        vals = [*p.values(), *s.values()] if p else list(s.values())
+        names = [*p, *s] if p else list(s)
+    else:
+        vals = list(p.values())
+        names = list(p)
+    rest = d.copy()  # one C-level copy, then the three sections out (a comprehension costs 4x more)
+    del rest["_parameters"], rest["_buffers"], rest["_modules"]
+    if not keep_none and not all(map(_is_not, vals, repeat(None))):
+        keys, vals, layout = _layout(d)
+        return keys, vals, (type(m), rest, layout, _Live(m)), True
+    keys = names if _NAMES.issuperset(names) else list(map(_key, names))
+    return keys, vals, (type(m), rest, (len(p), len(b)), _Live(m)), True
+
+
+def _layout(d: dict[str, Any]) -> tuple[list[Any], list[Any], list[tuple[int, str, int]]]:
+    """The keys, children and per-slot layout of a module with ``None`` slots (left out)."""
     keys: list[Any] = []
     vals: list[Any] = []
-    layout: list[tuple[int, str, int]] = []  # (section, name, child index or -1 for None)
+    layout: list[tuple[int, str, int]] = []
     for s, section in enumerate(_SECTIONS):
-        entries = d[section]
-        if not entries:  # most modules hold parameters only, or submodules only
-            continue
-        for name, v in entries.items():
-            if v is None and not keep_none:
+        for name, v in d[section].items():
+            if v is None:
                 layout.append((s, name, -1))
             else:
                 layout.append((s, name, len(vals)))
                 keys.append(_key(name))
                 vals.append(v)
-    rest = d.copy()  # one C-level copy, then the three sections out (a comprehension costs 4x more)
-    del rest["_parameters"], rest["_buffers"], rest["_modules"]
-    return keys, vals, (type(m), rest, layout, _Live(m)), True
+    return keys, vals, layout
 
 
 def _flatten_slots(m: Any) -> tuple[list[Any], list[Any], Any, bool]:
@@ -156,13 +194,29 @@ def _make_unflatten(
         # the live module's current state; its parameter, buffer and submodule dicts are replaced below
         nd = dict(rest if m is None or type(m) is not cls else m.__dict__)
         for k in copied:
-            if k in nd:
-                nd[k] = type(nd[k])(nd[k])
-        sections: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] = ({}, {}, {})
-        for s, name, j in layout:
-            sections[s][name] = None if j < 0 else values[j]
-        for s, section in enumerate(_SECTIONS):
-            nd[section] = sections[s]
+            v = nd.get(k)
+            if v is not None:
+                # the C-level copy of torch's own containers (3x faster than OrderedDict(v): most of a
+                # module's rebuild, bench_walk's module fmap row); a subclass through its constructor
+                nd[k] = v.copy() if type(v) in _COPY else type(v)(v)
+        if type(layout) is tuple:  # every slot a child, in order: (parameters, buffers)
+            np_, nb = layout
+            names = keys if _NAMES.issuperset(keys) else [k if type(k) is str else str(k) for k in keys]
+            if np_ == len(values):  # parameters only (a layer)
+                nd["_parameters"], nd["_buffers"], nd["_modules"] = dict(zip(names, values)), {}, {}
+            elif not np_ and not nb:  # submodules only (a container)
+                nd["_parameters"], nd["_buffers"], nd["_modules"] = {}, {}, dict(zip(names, values))
+            else:
+                e = np_ + nb
+                nd["_parameters"] = dict(zip(names[:np_], values[:np_]))
+                nd["_buffers"] = dict(zip(names[np_:e], values[np_:e]))
+                nd["_modules"] = dict(zip(names[e:], values[e:]))
+        else:
+            sections: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] = ({}, {}, {})
+            for s, name, j in layout:
+                sections[s][name] = None if j < 0 else values[j]
+            for s, section in enumerate(_SECTIONS):
+                nd[section] = sections[s]
         object.__setattr__(new, "__dict__", nd)
         if fixup is not None:
             fixup(new)
@@ -214,11 +268,18 @@ def claims(cls: type) -> bool:
     return isinstance(cls, type) and issubclass(cls, (torch.Tensor, torch.nn.Module))
 
 
+_PARAMETER = frozenset({torch.nn.Parameter})
+
+
 def _trainable(m: Any) -> frozenset[Any] | None:
     """The trainable child keys, or None when every child is (no buffer, no frozen parameter: most
     layers; the walk then keeps no key set for the module, and a model of such modules skips the
     trainable pass altogether: bench_walk's module ``fk.destructure(m)`` row)."""
     d = m.__dict__
+    if not d["_buffers"]:  # the common layer: plain trainable Parameters only (torch.compile traces this)
+        ps = d["_parameters"].values()
+        if _PARAMETER.issuperset(map(type, ps)) and all(p.requires_grad for p in ps):
+            return None
     out = []
     every = True
     Parameter = torch.nn.Parameter
