@@ -875,3 +875,50 @@ def test_parameters_of_a_tensor_subclass_are_frozen_or_trainable_by_requires_gra
         lin.weight.requires_grad_(True)
         whole = float(torch.cat([lin.weight.reshape(-1), lin.bias]).norm())
         assert float(fk.norm(lin)) == pytest.approx(whole)
+
+
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN])
+def test_recurrent_modules_built_alike_are_one_structure(cls: Any) -> None:
+    # an RNN caches its own parameters (_flat_weights, weak references to them) in plain attributes:
+    # they are rebuilt from the parameters, not part of the structure (two RNNs were never equal)
+    torch.manual_seed(0)
+    a = cls(3, 4)
+    b = stdcopy.deepcopy(a)
+    flat, re = fk.destructure(a)
+    for other in (b, fk.copy(a), re(flat)):
+        assert fk.flatten(a)[1] == fk.flatten(other)[1]
+        assert fk.allclose(a, other)
+    assert not fk.allclose(a, fk.fmap(lambda x: x + 1, a))
+    with torch.no_grad():
+        st = fk.stack([a, b])
+    assert st.weight_ih_l0.shape == (2, *a.weight_ih_l0.shape)
+    assert [w.data_ptr() for w in st._flat_weights] == [p.data_ptr() for p in st._parameters.values()]
+
+
+def test_modules_parametrized_alike_are_one_structure() -> None:
+    # torch.nn.utils.parametrize makes a class per module: two modules parametrized alike are one
+    # node kind (matched by fk.fmap before), and now one structure too (allclose, stack, ==)
+    from torch.nn.utils import parametrize
+
+    class Sym(nn.Module):
+        def forward(self, x: Any) -> Any:
+            return x.triu() + x.triu(1).T
+
+    def make(seed: int) -> Any:
+        torch.manual_seed(seed)
+        net = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+        parametrize.register_parametrization(net[0], "weight", Sym())
+        return net
+
+    a, b, c = make(0), make(0), make(1)
+    assert type(a[0]) is not type(b[0])
+    assert fk.flatten(a)[1] == fk.flatten(b)[1]
+    assert fk.allclose(a, b)
+    assert not fk.allclose(a, c)
+    with torch.no_grad():
+        st = fk.stack([a, c])
+    assert type(st[0]) is type(a[0])  # the clone is of the first module's own class
+    x = torch.randn(2, 3)
+    assert torch.allclose(fk.unstack(st)[1](x), c(x))
+    plain = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+    assert fk.flatten(a)[1] != fk.flatten(plain)[1]  # a parametrized Linear is not a plain one

@@ -56,6 +56,8 @@ _OWN_CONTAINERS = frozenset(
 )
 _DEFS: dict[type, NodeDef] = {}
 _KEYS: dict[str, Any] = {}  # child name -> path key (int for canonical ASCII digit strings)
+#: an RNN's caches of its own parameters (left out of its aux data, rebuilt by `_refresh_rnn`)
+_RNN_CACHES = ("_flat_weights", "_flat_weight_refs")
 #: the container types whose ``copy()`` returns their own type
 _COPY = frozenset({dict, OrderedDict, list, set})
 _Uninitialized = getattr(torch.nn.parameter, "UninitializedTensorMixin", ())
@@ -125,6 +127,43 @@ def _layout(d: dict[str, Any]) -> tuple[list[Any], list[Any], list[tuple[int, st
     return keys, vals, layout
 
 
+class _Parametrized:
+    """A parametrized module's class in its aux data: ``torch.nn.utils.parametrize`` makes one class
+    per instance (``ParametrizedLinear``), so two modules parametrized alike would never have equal
+    tree definitions (``fk.allclose`` False, ``fk.stack`` refused). Equal to another of the same
+    node kind (the original class, `_kind_of`); the clone is made of `cls` itself."""
+
+    __slots__ = ("cls", "kind")
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.kind = _kind_of(cls)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Parametrized and other.kind == self.kind
+
+    def __hash__(self) -> int:
+        return hash(self.kind)
+
+    def __repr__(self) -> str:
+        return f"<parametrized {self.kind[1].__qualname__}>"
+
+
+def _flatten_as(token: Any, drop: tuple[str, ...]) -> Callable[..., tuple[list[Any], list[Any], Any, bool]]:
+    """`_flatten` for a class whose aux data names it by `token` (`_Parametrized`) and leaves out the
+    attributes `drop` (an RNN's ``_flat_weights``/``_flat_weight_refs``: its own parameters again,
+    rebuilt by `_refresh_rnn`, and never equal by ``==``, so two RNNs would never be one structure)."""
+
+    def flatten(m: Any, keep_none: bool = False) -> tuple[list[Any], list[Any], Any, bool]:
+        keys, vals, aux, named = _flatten(m, keep_none)
+        cls, rest, layout, live = aux
+        for k in drop:
+            rest.pop(k, None)
+        return keys, vals, (cls if token is None else token, rest, layout, live), named
+
+    return flatten
+
+
 def _flatten_slots(m: Any) -> tuple[list[Any], list[Any], Any, bool]:
     """`_flatten` with the slots holding ``None`` as children too (for ``fk.combine``: every
     partition group of a module then has the module's structure)."""
@@ -189,6 +228,8 @@ def _make_unflatten(
 ) -> Callable[[Any, list[Any], list[Any]], Any]:
     def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
         cls, rest, layout, live = aux
+        if type(cls) is _Parametrized:
+            cls = cls.cls
         new = object.__new__(cls) if bare_new else cls.__new__(cls)
         m = live()
         # the live module's current state; its parameter, buffer and submodule dicts are replaced below
@@ -352,14 +393,18 @@ def node_for(cls: type) -> NodeDef | None:
         bare_new = _redirects_new(cls)
         if bare_new:  # an FSDP2 class: the clone gets an FSDP2 state of its own (`_fsdp_rebuild`)
             fixup = _fsdp_fixup(fixup)
+        kind = _kind_of(cls)
+        token = None if kind is cls else _Parametrized(cls)
+        drop = _RNN_CACHES if issubclass(cls, torch.nn.RNNBase) else ()
+        flatten = _flatten if token is None and not drop else _flatten_as(token, drop)
         nd = _DEFS[cls] = NodeDef(
             cls,
-            _flatten,
+            flatten,
             _make_unflatten(copied, fixup, bare_new),
             _trainable,
             owns=True,
-            kind=_kind_of(cls),
+            kind=kind,
             state_skip=_state_skip,
-            flatten_slots=_flatten_slots,
+            flatten_slots=_flatten_slots if flatten is _flatten else lambda m: flatten(m, True),
         )
     return nd
