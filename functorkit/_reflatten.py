@@ -80,7 +80,9 @@ class Reflatten:
         Returns
         -------
         flat : array
-            The flat vector (`out` if given). It never carries autograd history.
+            The flat vector (`out` if given). It never carries autograd history (inside a
+            ``torch.func`` transform it is the transform's own tensors, concatenated; `out`
+            is then refused).
 
         Raises
         ------

@@ -142,6 +142,37 @@ def test_torch_func_grad_vmap_jvp_through_re() -> None:
 
 
 @TORCH_JIT_WARNING
+@pytest.mark.parametrize("big", [False, True])
+def test_torch_func_grad_vmap_jvp_through_destructure_and_flatten(big: bool) -> None:
+    # inside a transform the flat vector is made of the wrapped tensors themselves: derivatives and
+    # the batch dimension go through it (detached copies gave zero gradients and tangents, silently)
+    n = 300_000 if big else 3  # (1.2 MB: past the small vectors' torch.cat)
+    m = {"w": torch.linspace(-1.0, 2.0, n), "b": torch.tensor([3.0]), "k": torch.ones(2, 2, dtype=torch.float64)}
+    _, re = fk.destructure(m, policy="model")
+
+    def reference(mm: Any) -> Any:
+        return torch.cat([mm["w"].reshape(-1).double(), mm["b"].double(), mm["k"].reshape(-1)])
+
+    def f(mm: Any) -> Any:
+        return (fk.destructure(mm, policy="model")[0] ** 2).sum()
+
+    want = torch.func.grad(lambda mm: (reference(mm) ** 2).sum())(m)
+    for got in (torch.func.grad(f)(m), torch.func.grad(lambda mm: (re.flatten(mm) ** 2).sum())(m)):
+        for k in m:
+            torch.testing.assert_close(got[k], want[k])
+            assert torch.count_nonzero(got[k]) > 0
+    tangents = {k: torch.ones_like(v) for k, v in m.items()}
+    _, t = torch.func.jvp(lambda mm: fk.destructure(mm, policy="model")[0], (m,), (tangents,))
+    torch.testing.assert_close(t, torch.ones_like(t))
+    batched = torch.func.vmap(lambda w: fk.destructure({"w": w, "b": m["b"]})[0])(torch.stack([m["w"], 2 * m["w"]]))
+    torch.testing.assert_close(batched[1, :n], 2 * m["w"])
+    torch.testing.assert_close(batched[:, n], torch.full((2,), 3.0))
+    buf = torch.empty(len(re), dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"without out= inside a transform"):
+        torch.func.grad(lambda mm: (re.flatten(mm, out=buf) ** 2).sum())(m)
+
+
+@TORCH_JIT_WARNING
 def test_forward_mode_dual_tensor() -> None:
     import torch.autograd.forward_ad as fwAD
 

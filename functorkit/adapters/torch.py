@@ -256,6 +256,11 @@ class Adapter(ArrayAdapter):
         if leaves and n * dtype.itemsize < CAT_MAX_BYTES and _cat_ok(leaves, dtype, device):
             with torch.no_grad():
                 return torch.cat(list(map(_FLAT_VIEW, leaves)))
+        if leaves and not compiling() and any(map(is_functorch_wrapped, leaves)):
+            # inside a torch.func transform (grad, jvp, vmap): the wrapped tensors themselves,
+            # concatenated, so the transform differentiates and batches through the vector (as JAX
+            # tracers pass through); detached copies would give zero derivatives, silently
+            return torch.cat([x.reshape(-1).to(dtype=dtype, device=device) for x in leaves])
         out = self.empty(dtype, device, n)
         self.fill(out, leaves, offsets, shapes)
         return out
@@ -266,6 +271,14 @@ class Adapter(ArrayAdapter):
         ``torch.cat(..., out=out)`` for a small `out` gained 1.03-1.06x on bench_flat's "mlp, torch"
         ``re.flatten(model, out=buf)`` row, issue #21: removed twice; one cat into vectors of 1 MiB
         or more gained 1.10-1.12x on destructure: not kept.)"""
+        if not compiling() and any(map(is_functorch_wrapped, leaves)):
+            msg = (
+                "re.flatten(out=...) writes the parameters into `out` outside autograd, but the model's "
+                "tensors are torch.func wrappers (this runs inside torch.func.grad, jvp or vmap), whose "
+                "derivatives or batch dimension a plain `out` cannot hold. Expected plain tensors; fix: "
+                "call re.flatten(model) without out= inside a transform (a new vector the transform sees)."
+            )
+            raise TypeError(msg)
         out_np = None if compiling() else _numpy_view(out.detach())
         with torch.no_grad():
             for x, o, s in zip(leaves, offsets, shapes, strict=True):
