@@ -24,6 +24,7 @@ __all__ = [
     "is_complex",
     "is_inexact_array",
     "namespace",
+    "promote_dtypes",
 ]
 
 _IS_ARRAY: dict[type, bool] = {}
@@ -154,3 +155,19 @@ _v: object
 for _v in (None, False, 0, 0.0, 0j, "", b"", [], (), {}):
     is_array(_v)
 del _v
+
+
+def promote_dtypes(xp: Any, dtypes: list[Any]) -> Any:
+    """``xp.result_type`` of distinct floating/complex `dtypes`, and where the library has no promotion
+    between two of them (NumPy's ml_dtypes bfloat16 with float16, torch's float8 with anything) the
+    narrow floating dtypes (under 32 bits) taken as float32 first: bfloat16 with float16 is float32
+    (as torch promotes them), float8 with float64 float64, with complex64 complex64. One rule for
+    every operation that builds one array of several parameters' dtypes (`fk.destructure`,
+    `fk.stack`, the reductions)."""
+    if len(dtypes) == 1:
+        return dtypes[0]
+    try:
+        return xp.result_type(*dtypes)
+    except (TypeError, ValueError, RuntimeError):  # NumPy's DTypePromotionError; torch's float8 RuntimeError
+        wide = [xp.float32 if getattr(d, "itemsize", 4) < 4 else d for d in dtypes]
+        return xp.result_type(*dict.fromkeys(wide))

@@ -32,7 +32,7 @@ from ._reflatten import _check_readable, _new_flat, kinds_of
 from ._registry import export_pending, export_static
 from ._treedef import TreeDef, add_note
 from ._typing import Policy, Tree
-from ._xp import device_of, inexact_flags, is_array, is_inexact_array, namespace
+from ._xp import device_of, inexact_flags, is_array, is_inexact_array, namespace, promote_dtypes
 from .adapters import adapter_of
 
 __all__ = ["destructure"]
@@ -122,7 +122,7 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
         for k in kinds:
             if not any(k.dtype == d for d in dtypes):
                 dtypes.append(k.dtype)
-        dtype = dtypes[0] if len(dtypes) == 1 else xp.result_type(*dtypes)
+        dtype = promote_dtypes(xp, dtypes)  # (no promotion between two of them: narrow ones as float32)
         flat_kind = Kind(xp, dtype, kinds[0].device)
         if len(kinds) > 1 and decide_mixed(pol, "dtype"):
             # (only devices that cannot be determined differ here, and those count as equal: one kind)

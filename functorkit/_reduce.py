@@ -22,7 +22,7 @@ from ._keypath import KeyPath
 from ._lockstep import _as_array, _describe, _map_params, _real_dtype, _reduce_params, _run
 from ._typing import Tree as T
 from ._walk import BUILD_NONE
-from ._xp import is_complex, is_inexact_array, namespace
+from ._xp import is_complex, is_inexact_array, namespace, promote_dtypes
 from .adapters import adapter_of, tracing
 from .adapters._sharding import ShardRefusal, sharded_reduce
 
@@ -148,16 +148,10 @@ def _param_paths(fname: str, names: tuple[str, ...], models: tuple[Any, ...], tr
 def _promoted(xp: Any, xs: list[Any]) -> Any:
     """The dtype the parameters' values promote to (``result_type`` of their dtypes): the dtype of a
     reduction over all of them, whatever their order (a float16 parameter before a complex one
-    must not make the total float16). Dtypes without a promotion between them (NumPy's ml_dtypes
-    bfloat16 and float16) give float32, as torch promotes them."""
+    must not make the total float16). Dtypes without a promotion between them: `promote_dtypes`."""
     # (a C-level pass; torch.compile cannot trace an attrgetter, and traces the comprehension)
     dtypes = list(dict.fromkeys([x.dtype for x in xs] if tracing() else map(_DTYPE_OF, xs)))
-    if len(dtypes) == 1:
-        return dtypes[0]
-    try:
-        return xp.result_type(*dtypes)
-    except (TypeError, ValueError):  # (NumPy's DTypePromotionError is a TypeError)
-        return xp.complex64 if any(map(is_complex, xs)) else xp.float32
+    return promote_dtypes(xp, dtypes)
 
 
 def _narrow_back(xp: Any, ad: Any, r: Any, dtype: Any) -> Any:

@@ -29,6 +29,7 @@ from ._classify import is_array as is_array
 from ._classify import is_complex as is_complex
 from ._classify import is_inexact_array as is_inexact_array
 from ._classify import namespace as namespace
+from ._classify import promote_dtypes as promote_dtypes
 from .adapters import adapter_of
 from .adapters._device import same_device  # the rule lives below the adapters that use it
 

@@ -305,3 +305,38 @@ def test_a_1d_array_of_coefficients_is_refused_with_a_fix_that_works() -> None:
     with pytest.raises(TypeError, match=r"fix: pass its numbers as a list, fk\.lincomb\(list\(c\), models\)"):
         fk.lincomb(w, ms)
     assert fk.lincomb(list(w), ms)["w"].tolist() == [2.5]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "dask", "torch"])
+@pytest.mark.parametrize(
+    ("names", "want"),
+    [
+        (("float8_e4m3fn", "float32"), "float32"),
+        (("bfloat16", "float8_e5m2"), "float32"),
+        (("bfloat16", "float16"), "float32"),
+        (("float8_e4m3fn", "float64"), "float64"),
+    ],
+)
+def test_dtypes_without_a_promotion_flatten_and_reduce_in_the_narrow_ones_as_float32(
+    backend: str, names: tuple[str, str], want: str
+) -> None:
+    """Dtypes the library cannot promote together (torch's float8 with anything, NumPy's ml_dtypes
+    bfloat16 with float16 or float8): one rule for destructure and the reductions, the narrow
+    dtypes taken as float32 (float8 with float64 is float64), never a raw promotion error."""
+    if backend == "dask":
+        pytest.importorskip("dask.array")
+    vals = {"a": [0.5, -1.5, 2.0], "b": [0.25, 4.0]}
+    m = {k: _maker(backend, n)(np.asarray(vals[k])) for k, n in zip(("a", "b"), names)}
+    ref = float(np.sqrt(sum(float(np.dot(v, v)) for v in vals.values())))  # (exact in every dtype here)
+    for policy in ("model", "flat"):
+        flat, re = fk.destructure(m, policy=policy)
+        assert _dtype_name(flat) == want
+        np.testing.assert_array_equal(_host(flat), np.concatenate([vals["a"], vals["b"]]))
+        back = re(flat)
+        for k, n in zip(("a", "b"), names):
+            assert _dtype_name(back[k]) == (n if policy == "model" else want)
+            np.testing.assert_array_equal(_host(back[k]), vals[k])
+    n = fk.norm(m)
+    assert _dtype_name(n) == want
+    np.testing.assert_allclose(float(_host(n)), ref, rtol=1e-6)
+    assert _dtype_name(fk.dot(m, m)) == want
