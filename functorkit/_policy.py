@@ -34,6 +34,7 @@ from ._xp import (
     is_complex,
     same_device,
 )
+from .adapters import adapter_for
 
 __all__ = [
     "POLICIES",
@@ -208,6 +209,9 @@ def decide_rebuild(policy: str, leaf: Kind, p: Kind, model_has_complex: bool) ->
         return Decision(
             None, False, False, False, False, False, f"{policy}: complex p into real parameter: {RAISE}", "complex"
         )
+    if not adapter_for(p.xp).readable(p.device):  # a meta p: nothing to convert (any step reads p's values)
+        why = f"{policy}: p on {describe_device(p.device)} holds no values: {RAISE}"
+        return Decision(None, False, False, False, False, False, why, "no values")
     steps = []
     if real:
         steps.append("real part")
@@ -265,6 +269,13 @@ def rebuild_error(policy: str, path: KeyPath, leaf: Kind, p: Kind, reason: str) 
             f"parameter ({describe(leaf)}), and the model has no complex parameters, so the imaginary part "
             "would be silently dropped. Expected a real p. Fix: pass p.real yourself, or policy='flat' "
             "(every parameter becomes complex)."
+        )
+        return PolicyError(msg)
+    if reason == "no values":
+        msg = (
+            f"at {path.display}: re(p) under policy={policy!r} would convert p ({describe(p)}) into the "
+            f"parameter's kind ({describe(leaf)}), but p is on {describe_device(p.device)} and holds no values. "
+            "Expected a p with values; fix: pass p of the parameter's own kind, or materialise p first."
         )
         return PolicyError(msg)
     diffs = _differences(leaf, p)

@@ -204,6 +204,11 @@ class ArrayAdapter(Kernels):
         """`x` without autograd history (the same values; no copy where possible)."""
         return x
 
+    def export(self, x: Any) -> Any:
+        """`x` (of this library) in a form another library's ``from_dlpack``/``asarray`` reads with its
+        values and dtype (`to_namespace`); a `TypeError` if it holds no values."""
+        return x
+
     # ---- views of a flat vector --------------------------------------------------
 
     def views(self, p: Any, offsets: list[int], shapes: list[tuple[int, ...]]) -> list[Any]:
@@ -282,8 +287,11 @@ class ArrayAdapter(Kernels):
         return array_api_compat.to_device(x, device)
 
     def to_namespace(self, x: Any, device: Any) -> Any:
-        """A copy of the foreign array `x` in this namespace, on `device` (DLPack, else ``asarray``)."""
+        """A copy of the foreign array `x` in this namespace, on `device` (DLPack, else ``asarray``),
+        read through its own adapter's `export` (torch: detached, conjugate bit resolved, bfloat16
+        and float8 as ``ml_dtypes``)."""
         xp = self.xp
+        x = adapter_of(x).export(x)
         try:
             y = xp.from_dlpack(x)
         except _UNSUPPORTED:

@@ -393,7 +393,7 @@ class Adapter(ArrayAdapter):
             return src.detach()
         sa = adapter_of(src)
         if sa is not self:
-            ml = _from_ml_dtypes(src)  # NumPy bfloat16/float8 (ml_dtypes): neither DLPack nor asarray take them
+            ml = _from_ml_dtypes(src)  # NumPy/Dask bfloat16/float8 (ml_dtypes): neither DLPack nor asarray take them
             src = self.to_namespace(sa.detach(src), dst.device) if ml is None else ml
         buf = torch.empty(tuple(dst.shape), dtype=dst.dtype, device=dst.device)
         with torch.no_grad():
@@ -403,6 +403,37 @@ class Adapter(ArrayAdapter):
     def write(self, dst: Any, src: Any) -> None:
         with torch.no_grad():
             dst.copy_(src)
+
+    def to_namespace(self, x: Any, device: Any) -> Any:
+        """`ArrayAdapter.to_namespace`; NumPy and Dask arrays of ``ml_dtypes`` floats (bfloat16,
+        float8: neither DLPack nor ``asarray`` take them) by `_from_ml_dtypes` (the same bits)."""
+        ml = _from_ml_dtypes(x)
+        if ml is None:
+            return super().to_namespace(x, device)
+        if device is not None and ml.device != device:
+            ml = ml.to(device)
+        return ml.clone()
+
+    def export(self, x: Any) -> Any:
+        """Detached, with its conjugate and negative bits resolved (``numpy()`` and DLPack refuse
+        them); a CPU bfloat16/float8 tensor as the ``ml_dtypes`` NumPy array of its bits (`host_view`:
+        NumPy has no such dtypes); a `TypeError` for a ``meta`` tensor (no values to convert)."""
+        if x.device.type == "meta":
+            msg = (
+                "it is a `meta` tensor, which holds no values to convert into another library; "
+                "materialise it first (or pass an array of the target library)"
+            )
+            raise TypeError(msg)
+        t = x.detach()
+        if t.is_conj():
+            t = t.resolve_conj()
+        if t.is_neg():
+            t = t.resolve_neg()
+        if t.dtype in _STAND_IN and t.is_cpu:
+            v = self.host_view(t)
+            if v is not None:
+                return v
+        return t
 
     def backup(self, x: Any) -> Any:
         return x.detach().clone()
@@ -788,11 +819,16 @@ _STAND_IN = {
 
 
 def _from_ml_dtypes(x: Any) -> Any:
-    """A CPU tensor of the values of NumPy array `x` of an ``ml_dtypes`` float dtype: the same bits
+    """A CPU tensor of the values of NumPy (or Dask) array `x` of an ``ml_dtypes`` float dtype: the same bits
     for the dtypes torch has (bfloat16, float8_e4m3fn, float8_e5m2: no rounding), float32 for the
     others (exact: each is narrower); None for any other `x`."""
-    if not isinstance(x, np.ndarray) or not x.dtype.type.__module__.startswith("ml_dtypes"):
+    dt = getattr(x, "dtype", None)
+    if not isinstance(dt, np.dtype) or not dt.type.__module__.startswith("ml_dtypes"):
         return None
+    if not isinstance(x, np.ndarray):
+        if not type(x).__module__.startswith("dask"):
+            return None
+        x = np.asarray(x)  # a Dask array (fk.open of a bfloat16 checkpoint): computed
     td = next((d for d in _STAND_IN if _ml_dtype(d) == x.dtype), None)
     if td is not None:
         bits = np.ascontiguousarray(x).view(np.int16 if _STAND_IN[td] == torch.int16 else np.uint8)
