@@ -34,7 +34,8 @@ def test_torch_p_that_requires_grad_or_is_conjugated_rebuilds_a_numpy_model() ->
     p = torch.arange(5.0, dtype=torch.float64, requires_grad=True)
     assert re.explain(p, policy="model").ok
     out = re(p, policy="model")
-    assert out["w"].tolist() == [0.0, 1.0, 2.0] and out["b"].tolist() == [3.0, 4.0]
+    assert out["w"].tolist() == [0.0, 1.0, 2.0]
+    assert out["b"].tolist() == [3.0, 4.0]
     _, cre = fk.destructure({"c": np.ones(2, complex)})
     c = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex128).conj()
     assert cre(c, policy="model")["c"].tolist() == [1 - 2j, 3 + 1j]
