@@ -23,7 +23,7 @@ from ._policy import check_policy
 from ._record import record
 from ._structured import Diagonal
 from ._treedef import TreeDef
-from ._xp import Kind, describe_kind, device_of, is_array, namespace, same_device
+from ._xp import Kind, describe_kind, device_of, is_array, namespace, promote_dtypes, same_device
 from .adapters import adapter_of
 
 __all__ = ["stack", "unstack"]
@@ -120,7 +120,7 @@ def _stack_leaf(xs: list[Any], path: KeyPath, pol: str) -> Any:
         if not any(k.dtype == d for d in dtypes):
             dtypes.append(k.dtype)
     if len(dtypes) > 1 or any(not same_device(k.device, k0.device) for k in kinds):
-        dtype = dtypes[0] if len(dtypes) == 1 else xp.result_type(*dtypes)
+        dtype = promote_dtypes(xp, dtypes)  # (no promotion between two of them: narrow ones as float32)
         conv = []
         for x, k in zip(xs, kinds):
             if k.dtype != dtype:

@@ -340,3 +340,13 @@ def test_dtypes_without_a_promotion_flatten_and_reduce_in_the_narrow_ones_as_flo
     assert _dtype_name(n) == want
     np.testing.assert_allclose(float(_host(n)), ref, rtol=1e-6)
     assert _dtype_name(fk.dot(m, m)) == want
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_stack_of_dtypes_without_a_promotion_takes_the_same_rule(backend: str) -> None:
+    pairs = [("bfloat16", "float16", "float32"), ("float8_e4m3fn", "float64", "float64")]
+    for a, b, want in pairs:
+        ms = [{"w": _maker(backend, n)(np.asarray([0.5, 2.0]))} for n in (a, b)]
+        st = fk.stack(ms, policy="model")
+        assert _dtype_name(st["w"]) == want
+        np.testing.assert_array_equal(_host(st["w"]), [[0.5, 2.0], [0.5, 2.0]])
