@@ -196,10 +196,10 @@ def _record_recursive(tree: Any, track: bool) -> tuple[list[Any], TreeDef] | Non
         raise _unknown_trainable(_trail_path(trail), *e.args) from None
     except StructureError:
         raise
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         path = _trail_path(trail)
-        if getattr(e, "functorkit_needs_path", False):  # a registered node's function broke its contract
-            raise TypeError(f"at {path.display}: {e}") from None
+        if getattr(e, "functorkit_needs_path", False):  # a node's function broke its contract, or refused a value
+            raise type(e)(f"at {path.display}: {e}") from None
         add_note(e, _visiting(path))
         raise
     except Exception as e:
@@ -425,9 +425,9 @@ class _Recorder:
                         prog_append(fr[2])
         except StructureError:
             raise
-        except TypeError as e:
-            if getattr(e, "functorkit_needs_path", False):  # a registered node's function broke its contract
-                raise TypeError(f"at {self.path().display}: {e}") from None
+        except (TypeError, ValueError) as e:
+            if getattr(e, "functorkit_needs_path", False):  # a node's function broke its contract, or refused a value
+                raise type(e)(f"at {self.path().display}: {e}") from None
             add_note(e, _visiting(self.path()))
             raise
         except Exception as e:

@@ -334,7 +334,9 @@ def _trainable(m: Any) -> frozenset[Any] | None:
                     "no shape and no values yet, so it cannot be flattened or combined. Expected initialized "
                     "parameters; fix: run one forward pass through the model first, which initializes them."
                 )
-                raise ValueError(msg)
+                err = ValueError(msg)
+                err.functorkit_needs_path = True  # type: ignore[attr-defined]  # the walk puts the module's path first
+                raise err
             # a Parameter of a tensor subclass (FSDP2's DTensors) carries ``_is_param``, which is what
             # Parameter's Python ``__instancecheck__`` reads first: tested without that call
             # (bench_sharded's EMA rows)
