@@ -44,6 +44,10 @@ class NodeDef:
     lists them too, as ``None`` children, so that trees differing only in
     which slots hold ``None`` have one structure. Only ``fk.combine`` uses it.
 
+    ``children(obj) -> (keys, values)`` (optional) is ``flatten`` without the aux data, for the
+    matchers, which compare a tree's keys and children with a recorded definition only (torch
+    modules: no copy of the module's attributes per match).
+
     ``mutable`` (default true) says whether one object of this type met at
     several positions is one shared sub-tree even when it holds only scalars
     (SPEC 12, ``docs/treedef.md`` R2): false for tuples, namedtuples, frozen
@@ -51,6 +55,7 @@ class NodeDef:
     """
 
     __slots__ = (
+        "children",
         "cls",
         "fast",
         "flatten",
@@ -76,6 +81,7 @@ class NodeDef:
         state_skip: Callable[[Any], Any] | None = None,
         flatten_slots: Callable[[Any], tuple[list[Any], list[Any], Any, bool]] | None = None,
         mutable: bool = True,
+        children: Callable[[Any], tuple[list[Any], list[Any]]] | None = None,
     ) -> None:
         self.cls = cls
         self.mutable = mutable
@@ -87,6 +93,7 @@ class NodeDef:
         self.owns = owns
         self.state_skip = state_skip
         self.flatten_slots = flatten if flatten_slots is None else flatten_slots
+        self.children = children
 
     def __repr__(self) -> str:
         return f"NodeDef({self.cls.__qualname__})"

@@ -112,7 +112,10 @@ def match_tree(
                     okeys: Any = list(c)
                     vals = list(c.values())
                 else:
-                    okeys, vals, _aux, _named = (nd.flatten_slots if slots else nd.flatten)(c)
+                    if nd.children is not None and not slots:
+                        okeys, vals = nd.children(c)
+                    else:
+                        okeys, vals, _aux, _named = (nd.flatten_slots if slots else nd.flatten)(c)
                     if not nd.owns:
                         keep.append(vals)
                 if okeys != keys:
@@ -182,7 +185,10 @@ def _match_recursive(prog: list[Any], tree: Any) -> list[Any] | None:
             okeys = None
             vals = c
         else:
-            okeys, vals, _aux, _named = nd.flatten(c)
+            if nd.children is not None:
+                okeys, vals = nd.children(c)
+            else:
+                okeys, vals, _aux, _named = nd.flatten(c)
         if leaves_of(map(type, vals)):
             k = at[0]
             if k >= nprog:

@@ -923,3 +923,25 @@ def test_modules_parametrized_alike_are_one_structure() -> None:
     assert torch.allclose(fk.unstack(st)[1](x), c(x))
     plain = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
     assert fk.flatten(a)[1] != fk.flatten(plain)[1]  # a parametrized Linear is not a plain one
+
+
+def test_the_other_trees_of_a_multi_tree_operation_are_matched_without_their_aux_data() -> None:
+    # a module's aux data (a copy of its attributes, a weak reference) is made for the recorded
+    # tree only: the matchers take the other trees' children alone (bench_arith's module EMA rows)
+    from functorkit.adapters._torch_module import node_for
+
+    a = nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.LayerNorm(3), nn.Linear(3, 1)))
+    b = fk.copy(a)
+    defs = {node_for(type(x)) for x in a.modules()}
+    calls: list[int] = []
+    saved = {nd: nd.flatten for nd in defs}
+    try:
+        for nd in defs:
+            nd.flatten = (lambda f: lambda m, *k: calls.append(id(m)) or f(m, *k))(saved[nd])  # type: ignore[method-assign]
+        fk.fmap(lambda x, y: x + y, a, b)
+        fk.lerp(b, a, 0.5, out=b)
+    finally:
+        for nd, f in saved.items():
+            nd.flatten = f  # type: ignore[method-assign]
+    # fk.fmap records `a` and matches `b`; the lerp records `b` (out, the first model) and matches `a`
+    assert sorted(calls) == sorted(id(x) for m in (a, b) for x in m.modules())  # each module flattened once

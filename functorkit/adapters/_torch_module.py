@@ -86,10 +86,24 @@ def _flatten(m: Any, keep_none: bool = False) -> tuple[list[Any], list[Any], Any
 
     The layout is ``(parameters, buffers)``, the number of entries of the first two sections,
     when every slot is a child (no ``None`` left out); the names are the keys then (``str(k)``
-    of an int key). Otherwise (`_layout`) one ``(section, name, child index or -1)`` per slot.
-    Sections are taken whole (list unpacking; the per-slot loop is for modules with ``None``
-    slots only): this is most of the cost of walking a module (bench_walk's module rows)."""
+    of an int key). Otherwise (`_layout`) one ``(section, name, child index or -1)`` per slot."""
     d = m.__dict__
+    keys, vals, layout = _slots(d, keep_none)
+    rest = d.copy()  # one C-level copy, then the three sections out (a comprehension costs 4x more)
+    del rest["_parameters"], rest["_buffers"], rest["_modules"]
+    return keys, vals, (type(m), rest, layout, _Live(m)), True
+
+
+def _children(m: Any) -> tuple[list[Any], list[Any]]:
+    """`_flatten`'s keys and children without its aux data (the matchers compare only those)."""
+    keys, vals, _ = _slots(m.__dict__, False)
+    return keys, vals
+
+
+def _slots(d: dict[str, Any], keep_none: bool) -> tuple[list[Any], list[Any], Any]:
+    """A module's child keys, children and layout (see `_flatten`) from its ``__dict__``: sections
+    taken whole (list unpacking; the per-slot loop, `_layout`, only for modules with ``None``
+    slots): most of the cost of walking a module (bench_walk's module rows)."""
     p = d["_parameters"]
     b = d["_buffers"]
     s = d["_modules"]
@@ -102,13 +116,9 @@ def _flatten(m: Any, keep_none: bool = False) -> tuple[list[Any], list[Any], Any
     else:
         vals = list(p.values())
         names = list(p)
-    rest = d.copy()  # one C-level copy, then the three sections out (a comprehension costs 4x more)
-    del rest["_parameters"], rest["_buffers"], rest["_modules"]
     if not keep_none and not all(map(_is_not, vals, repeat(None))):
-        keys, vals, layout = _layout(d)
-        return keys, vals, (type(m), rest, layout, _Live(m)), True
-    keys = names if _NAMES.issuperset(names) else list(map(_key, names))
-    return keys, vals, (type(m), rest, (len(p), len(b)), _Live(m)), True
+        return _layout(d)
+    return (names if _NAMES.issuperset(names) else list(map(_key, names))), vals, (len(p), len(b))
 
 
 def _layout(d: dict[str, Any]) -> tuple[list[Any], list[Any], list[tuple[int, str, int]]]:
@@ -408,5 +418,6 @@ def node_for(cls: type) -> NodeDef | None:
             kind=kind,
             state_skip=_state_skip,
             flatten_slots=_flatten_slots if flatten is _flatten else lambda m: flatten(m, True),
+            children=_children,
         )
     return nd
