@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
 
 import functorkit as fk
@@ -44,3 +45,16 @@ def test_replace_an_immutable_node_of_scalars_only_at_the_named_place() -> None:
     tree = {"a": k, "b": k, "c": (), "d": ()}  # immutable, holding no identity-cached leaf: not shared
     out = fk.replace(tree, {"a": (4, 4), "c": (1,)})
     assert out == {"a": (4, 4), "b": (3, 3), "c": (1,), "d": ()}
+
+
+# ------------------------------------------------------------------------------ summary
+
+
+@pytest.mark.parametrize("name", ["bool", "int8", "uint8", "int32", "int64", "float32", "float64", "complex64", "complex128"])
+def test_summary_bytes_are_the_dtype_size_times_the_count(xp: Any, name: str) -> None:
+    x = xp.zeros((2, 3), dtype=getattr(xp, name))
+    s = fk.summary({"x": x})
+    want = 6 * np.dtype(name).itemsize  # NumPy's size of the dtype, whatever the backend
+    assert s.rows[0].nbytes == want
+    assert s.nbytes == want
+    assert s.by_dtype == {name: (6, want)}
