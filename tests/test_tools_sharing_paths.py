@@ -58,3 +58,56 @@ def test_summary_bytes_are_the_dtype_size_times_the_count(xp: Any, name: str) ->
     assert s.rows[0].nbytes == want
     assert s.nbytes == want
     assert s.by_dtype == {name: (6, want)}
+
+
+# ------------------------------------------------------------------------------ stack
+
+
+@dataclasses.dataclass
+class _Layer:
+    w: Any
+    act: str = dataclasses.field(default="relu", metadata={"static": True})
+
+
+def test_stack_names_the_path_of_static_data_deep_inside(xp: Any) -> None:
+    def model(act: str) -> dict[str, Any]:
+        return {
+            "enc": {"layers": [_Layer(xp.ones(2)), _Layer(xp.ones(2), act)]},
+            "head": xp.zeros(1),
+        }
+
+    with pytest.raises(
+        fk.StructureError,
+        match=r"^fk\.stack: at enc\.layers\[1\]: models\[2\] differs in the static \(non-child\) data of its _Layer node",
+    ):
+        fk.stack([model("relu"), model("relu"), model("tanh")])
+    # the assertion names the same path
+    with pytest.raises(AssertionError, match=r"at enc\.layers\[1\]: the static \(aux\) data of the _Layer node"):
+        fk.assert_allclose(model("relu"), model("tanh"))
+
+
+def test_stack_names_the_path_of_a_module_in_eval_mode_deep_inside() -> None:
+    torch = pytest.importorskip("torch")
+    a = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Dropout(), torch.nn.Linear(2, 1)))
+    b = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Dropout(), torch.nn.Linear(2, 1)))
+    b[1][0].eval()
+    with torch.no_grad(), pytest.raises(fk.StructureError, match=r"^fk\.stack: at \[1\]\[0\]: models\[1\] differs in the static .* Dropout node"):
+        fk.stack([a, b])
+
+
+def test_stack_refuses_to_move_a_meta_tensor_naming_the_path() -> None:
+    torch = pytest.importorskip("torch")
+    m0 = {"enc": {"w": torch.ones(2)}}
+    m1 = {"enc": {"w": torch.ones(2, device="meta")}}
+    for policy in ("model", "flat"):
+        with pytest.raises(
+            fk.PolicyError,
+            match=r"^fk\.stack: at enc\.w: models\[2\] holds float32 on meta \(torch\), an array without values.*"
+            r"materialise that model first",
+        ):
+            fk.stack([m0, m0, m1], policy=policy)
+    with pytest.raises(fk.PolicyError, match=r"at enc\.w: .*policy='strict' converts nothing"):
+        fk.stack([m0, m1])
+    on_meta = fk.stack([m1, m0], policy="model")  # models[0] on meta: the result on meta, as policy says
+    assert on_meta["enc"]["w"].device.type == "meta"
+    assert on_meta["enc"]["w"].shape == (2, 2)
