@@ -237,9 +237,7 @@ def _dtype_text(dt: Any) -> str:
 
 
 def _exact_text(x: Any) -> str:
-    return (
-        f"{x.dtype} array of shape {tuple(x.shape)}, compared exactly: a non-numeric dtype has no tolerance"
-    )
+    return f"{x.dtype} array of shape {tuple(x.shape)}, compared exactly: a non-numeric dtype has no tolerance"
 
 
 class _Verdict:

@@ -276,9 +276,7 @@ def _check_overlaps(targets: list[tuple[KeyPath, Any, Any]], where: str) -> None
                 raise StructureError(msg)
 
 
-def _replace_nodes(
-    tree: Any, index: Any, td: TreeDef, targets: list[tuple[KeyPath, Any, Any]], where: str
-) -> Any:
+def _replace_nodes(tree: Any, index: Any, td: TreeDef, targets: list[tuple[KeyPath, Any, Any]], where: str) -> Any:
     """Replace sub-trees: record again with each target node a leaf, then replace as leaves."""
     stop: dict[int, Any] = {}
     for rp, at, _ in targets:

@@ -198,7 +198,8 @@ def stack(models: Iterable[Any], /, *, policy: str = "strict") -> Any:
         Naming the first path where a model differs from ``models[0]``
         (structure, ties, shapes, constants).
     PolicyError
-        For dtypes or devices that `policy` does not convert.
+        For dtypes or devices that `policy` does not convert, or a torch
+        ``meta`` tensor (no values) that it would move.
 
     Examples
     --------

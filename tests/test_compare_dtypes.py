@@ -261,7 +261,11 @@ def test_non_numeric_arrays_are_compared_exactly(backend: Backend) -> None:
 @pytest.mark.parametrize(
     ("key", "value", "found"),
     [
-        ("vocab", np.array(["<pad>", "a", "c"]), r"at vocab: 1 of 3 entries differ \(<U5 array of shape \(3,\), compared exactly"),
+        (
+            "vocab",
+            np.array(["<pad>", "a", "c"]),
+            r"at vocab: 1 of 3 entries differ \(<U5 array of shape \(3,\), compared exactly",
+        ),
         ("raw", np.array([b"x", b"yy"]), r"at raw: 1 of 2 entries differ \(\|S2 array"),
         ("when", np.array(["2020-01-01", "2020-01-02", "2020-01-03"], dtype="datetime64[D]"), r"at when: 1 of 3"),
         ("span", np.array([1, 3], dtype="timedelta64[s]"), r"at span: 1 of 2 entries differ"),
@@ -269,8 +273,16 @@ def test_non_numeric_arrays_are_compared_exactly(backend: Backend) -> None:
         ("obj", np.array([1, "x", _Raises()], dtype=object), r"at obj: 1 of 3 entries differ"),  # its == raises
         ("rec", np.array([(1, 2.0), (3, 5.0)], dtype=[("i", "<i4"), ("f", "<f8")]), r"at rec: 1 of 2 entries"),
         ("vocab", np.array(["<pad>", "a", "bb"], dtype="<U6"), r"at vocab: dtype <U5 in `a` vs <U6 in `b`\."),
-        ("rec", np.zeros(2, dtype=[("j", "<i4"), ("f", "<f8")]), r"at rec: dtype \[\('i', '<i4'\), \('f', '<f8'\)\] in"),
-        ("when", np.array([1, 2, 3], dtype="datetime64[s]"), r"at when: dtype datetime64\[D\] in `a` vs datetime64\[s\]"),
+        (
+            "rec",
+            np.zeros(2, dtype=[("j", "<i4"), ("f", "<f8")]),
+            r"at rec: dtype \[\('i', '<i4'\), \('f', '<f8'\)\] in",
+        ),
+        (
+            "when",
+            np.array([1, 2, 3], dtype="datetime64[s]"),
+            r"at when: dtype datetime64\[D\] in `a` vs datetime64\[s\]",
+        ),
         ("vocab", np.array([1.0, 2.0, 3.0]), r"at vocab: dtype <U5 in `a` vs float64 in `b`\."),
     ],
 )

@@ -466,7 +466,10 @@ def test_a_non_numeric_model_array_takes_only_its_own_dtype(xp: Any) -> None:
         fk.load_state_dict(dst, mapping)
     msg = str(info.value)
     assert "3 mismatched" in msg
-    assert "'labels': dtype <U3 (not a numeric dtype: it takes only a value of that same dtype) in the model vs float" in msg
+    assert (
+        "'labels': dtype <U3 (not a numeric dtype: it takes only a value of that same dtype) in the model vs float"
+        in msg
+    )
     assert "'when': dtype datetime64[D] (not a numeric dtype" in msg
     assert "'obj': dtype object (not a numeric dtype" in msg
     assert all(np.array_equal(dst[k], before[k]) and dst[k].dtype == before[k].dtype for k in dst)
