@@ -9,7 +9,9 @@ failing leaves checked exactly, with NumPy's ``isclose`` rule (equal infinities 
 not unless ``equal_nan``), leaf by leaf. Every leaf is compared by value: floats narrower than 32
 bits (float16, bfloat16, float8) in float32 (`_by_value`, on their device, before anything else:
 torch has no float8 arithmetic, and torch's host copies of bfloat16/float8 are bit patterns),
-integers in float64 (`_close_mask`, after an exact test). The decisions are in ``docs/tools.md``.
+integers in float64 (`_close_mask`, after an exact test); non-numeric arrays (str, datetime64,
+structured...) by ``==`` in the same two phases, object arrays element by element on the host
+(`_object_unequal`). The decisions are in ``docs/tools.md``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import _program as program
-from ._errors import PolicyError, StructureError
+from ._errors import PolicyError, StructureError, known_shape
 from ._keypath import KeyPath
 from ._lockstep import _as_array, _reduce_params
 from ._record import record_plain
@@ -69,6 +71,14 @@ def _structure_difference(ta: TreeDef, tb: TreeDef, b: Any) -> str:
         ta.flatten_up_to(b, names=("a", "b"))
     except StructureError as e:
         return str(e)
+    order = program.key_order_difference(ta, tb)
+    if order is not None:
+        idx, ka, kb = order
+        return (
+            f"at {ta.entry_path(idx).display}: the keys are in another order: {ka} in `a` vs {kb} in `b` "
+            "(key order is structure). Expected the same keys in the same order; fix: build both models "
+            "with one key order."
+        )
     pa = ta._ties() or range(ta.num_positions)
     pb = tb._ties() or range(tb.num_positions)
     if ta.num_positions == tb.num_positions and list(pa) != list(pb):
@@ -121,6 +131,28 @@ def _is_bool(xp: Any, dt: Any) -> bool:
         return isinstance(dt, np.dtype) and dt.kind == "b"
 
 
+def _exact_kind(dt: Any) -> bool:
+    """A non-numeric dtype (NumPy's str, bytes, StringDType, object, datetime64, timedelta64,
+    structured/void; not ml_dtypes' numbers): compared exactly, with ``==``, no tolerance."""
+    return isinstance(dt, np.dtype) and dt.kind in "USTOMmV" and not dt.type.__module__.startswith("ml_dtypes")
+
+
+def _exact_mask(x: Any, y: Any, equal_nan: bool) -> Any:
+    """Entry by entry equality of two arrays of one non-numeric dtype, with the arrays' own ``==``
+    (NumPy's or Dask's); NaT (unequal to itself) equal to NaT when `equal_nan`."""
+    eq = x == y
+    if equal_nan and x.dtype.kind in "Mm":
+        eq = eq | ((x != x) & (y != y))
+    return eq
+
+
+def _object_unequal(x: Any, y: Any, equal_nan: bool) -> int:
+    """How many entries of two object arrays differ, each pair compared as Python objects with
+    `_scalar_equal` (``==``; an ``==`` that raises or answers no bool means unequal), on the host."""
+    hx, hy = adapter_of(x).to_host(x), adapter_of(y).to_host(y)
+    return sum(not _scalar_equal(p, q, equal_nan) for p, q in zip(hx.reshape(-1).tolist(), hy.reshape(-1).tolist()))
+
+
 def _by_value(ad: Any, x: Any) -> Any:
     """`x` (of adapter `ad`) as the comparison computes with it: a float narrower than 32 bits
     (float16, bfloat16, float8) in float32 on its device (the adapter's `accumulate_dtype`; float32
@@ -143,7 +175,7 @@ def _wide_float(xp: Any) -> Any:
 def _quick(xp: Any, x: Any, y: Any, rtol: float, atol: float) -> Any:
     """A 0-d bool: every entry close (True is exact; False may still be close: infinities, NaN)."""
     dt = x.dtype
-    if _is_bool(xp, dt) or _is_int(xp, dt):
+    if _is_bool(xp, dt) or _is_int(xp, dt) or _exact_kind(dt):
         return xp.all(x == y)
     # d <= tol, except where tol is infinite (y = +-inf): there d - tol is NaN, left to `_exact`
     return xp.all((xp.abs(x - y) - (xp.abs(y) * rtol + atol)) <= 0)
@@ -154,6 +186,8 @@ def _close_mask(xp: Any, x: Any, y: Any, rtol: float, atol: float, equal_nan: bo
     dt = x.dtype
     if _is_bool(xp, dt):
         return x == y
+    if _exact_kind(dt):
+        return _exact_mask(x, y, equal_nan)
     if _is_int(xp, dt):
         # NumPy's isclose on the float64 values: no unsigned wrap-around, no signed overflow
         # (int8 100 - -100); the exact test came first (`_quick`)
@@ -186,6 +220,24 @@ def _differences(xp: Any, x: Any, y: Any, close: Any) -> tuple[int, float, float
         float(np.nanmax(d)) if not np.all(np.isnan(d)) else math.nan,
         (float(np.nanmax(r)) if not np.all(np.isnan(r)) else math.nan),
     )
+
+
+def _sized(shape: tuple[Any, ...]) -> bool:
+    """Whether every size of `shape` is an int (one C call for the common case; `known_shape`
+    checks the others and names a Dask array's unknown ``nan`` sizes)."""
+    try:
+        return type(math.prod(shape)) is int
+    except TypeError:  # None sizes
+        return False
+
+
+def _dtype_text(dt: Any) -> str:
+    """A dtype for messages: NumPy's own spelling for the non-numeric ones ('<U3', not 'str96')."""
+    return str(dt) if _exact_kind(dt) else describe_dtype(dt)
+
+
+def _exact_text(x: Any) -> str:
+    return f"{x.dtype} array of shape {tuple(x.shape)}, compared exactly: a non-numeric dtype has no tolerance"
 
 
 class _Verdict:
@@ -317,17 +369,22 @@ def _compare_here(
                 "host (copies), or move one model first."
             )
             raise PolicyError(msg)
-        if tuple(x.shape) != tuple(y.shape):
-            verdict.add(
-                f"at {path(j).display}: shape {tuple(x.shape)} in `a` vs {tuple(y.shape)} in `b` (no broadcasting)."
-            )
+        sx, sy = tuple(x.shape), tuple(y.shape)
+        if not (_sized(sx) and _sized(sy)):  # Dask's nan sizes: a StructureError, as fk.summary's
+            sx = known_shape(x, f"fk.{fname}: at {path(j).display}, the array of `a`")
+            sy = known_shape(y, f"fk.{fname}: at {path(j).display}, the array of `b`")
+        if sx != sy:
+            verdict.add(f"at {path(j).display}: shape {sx} in `a` vs {sy} in `b` (no broadcasting).")
             if not full:
                 return verdict
             continue
-        if describe_dtype(x.dtype) != describe_dtype(y.dtype):
-            verdict.add(
-                f"at {path(j).display}: dtype {describe_dtype(x.dtype)} in `a` vs {describe_dtype(y.dtype)} in `b`."
-            )
+        exact = _exact_kind(x.dtype)
+        if (
+            (not _exact_kind(y.dtype) or x.dtype != y.dtype)  # '<U3' vs '<U5', two structured dtypes
+            if exact
+            else describe_dtype(x.dtype) != describe_dtype(y.dtype)
+        ):
+            verdict.add(f"at {path(j).display}: dtype {_dtype_text(x.dtype)} in `a` vs {_dtype_text(y.dtype)} in `b`.")
             if not full:
                 return verdict
             continue
@@ -347,6 +404,13 @@ def _compare_here(
                     return verdict
                 continue
             x, y = lxy
+        if exact and x.dtype.kind == "O":  # Python objects: compared one by one with ==
+            n = _object_unequal(x, y, equal_nan)
+            if n:
+                verdict.add(f"at {path(j).display}: {n} of {math.prod(sx)} entries differ ({_exact_text(x)}).")
+                if not full:
+                    return verdict
+            continue
         # no autograd history for the comparison's temporaries (torch: detached views, no copies)
         ay = adapter_of(y)
         (pairs if same else host).append((j, _by_value(ad, ad.detach(x)), _by_value(ay, ay.detach(y)), x))
@@ -359,8 +423,14 @@ def _compare_here(
         close = _close_mask(xp, x, y, rtol, atol, equal_nan)
         if bool(xp.all(close)):
             continue
-        n, dmax, rmax = _differences(xp, x, y, close)
         size = math.prod(int(s) for s in x.shape)
+        if _exact_kind(x.dtype):
+            n = int(np.count_nonzero(~adapter_of(x).to_host(close)))
+            verdict.add(f"at {path(j).display}: {n} of {size} entries differ ({_exact_text(x0)}).")
+            if not full:
+                return verdict
+            continue
+        n, dmax, rmax = _differences(xp, x, y, close)
         verdict.add(
             f"at {path(j).display}: {n} of {size} entries differ ({describe_array(x0)});\n"
             f"largest absolute difference {dmax:.6g}, largest relative difference {rmax:.6g} "
@@ -421,9 +491,11 @@ def allclose(
     ``equal_nan=True``), on the values: floats narrower than 32 bits
     (float16, bfloat16, float8) in float32, integers in float64 (no
     overflow); shapes and dtypes must be equal (never
-    broadcasting, never promoting); non-array leaves are compared with
-    ``==``. A difference in structure, shape, dtype or value gives
-    ``False``, never an exception.
+    broadcasting, never promoting); arrays of a non-numeric dtype (str,
+    object, datetime64, structured...) exactly (NaT equal to NaT only
+    with ``equal_nan``); non-array leaves are compared with ``==``. A
+    difference in structure, shape, dtype or value gives ``False``, never
+    an exception.
 
     Parameters
     ----------
@@ -454,7 +526,9 @@ def allclose(
     StructureError
         Either model holds an object no registry knows that holds arrays
         (SPEC 12: its arrays cannot be compared); register it, or
-        ``fk.register_leaf`` it to compare it with ``==``.
+        ``fk.register_leaf`` it to compare it with ``==``. Or a Dask array
+        of unknown sizes (after boolean indexing; call
+        ``x.compute_chunk_sizes()`` first).
 
     Examples
     --------
@@ -502,7 +576,8 @@ def assert_allclose(
     StructureError
         Either model holds an object no registry knows that holds arrays
         (SPEC 12: its arrays cannot be compared); register it, or
-        ``fk.register_leaf`` it to compare it with ``==``.
+        ``fk.register_leaf`` it to compare it with ``==``. Or a Dask array
+        of unknown sizes (call ``x.compute_chunk_sizes()`` first).
 
     Examples
     --------

@@ -20,7 +20,6 @@ from typing import Any
 from ._errors import StructureError
 from ._keypath import KeyPath, _dotted_entry, _same_key, make_path, safe_repr
 from ._record import record
-from ._registry import SCALAR_TYPES
 from ._treedef import BUILD_SAME, BUILD_STRUCTURE, TreeDef
 
 __all__ = ["as_path", "replace"]
@@ -144,16 +143,23 @@ def _nearest(path: KeyPath, td: TreeDef) -> str:
     return f"Nearest valid paths: {', '.join(close)}." if close else ""
 
 
-def _positions(plain: Any) -> list[int]:
-    """Every leaf position inside a plain container of the position index."""
-    out: list[int] = []
-    todo = [plain]
+def _shared_nodes(index: Any) -> set[int]:
+    """The ids of the plain containers of the position index met at several places: the shared
+    sub-trees of the definition (R2: a mutable node, or one holding an identity-cached leaf or a
+    mutable node), which the index builds as one object. Every other container is built anew at
+    each place, except the empty tuple (one object in CPython; immutable and empty, never shared)."""
+    seen: set[int] = set()
+    out: set[int] = set()
+    todo = [index]
     while todo:
         x = todo.pop()
-        if type(x) is int:
-            out.append(x)
-        else:
-            todo.extend(x.values() if type(x) is dict else x)
+        if type(x) is int or (type(x) is tuple and not x):
+            continue
+        if id(x) in seen:
+            out.add(id(x))
+            continue
+        seen.add(id(x))
+        todo.extend(x.values() if type(x) is dict else x)
     return out
 
 
@@ -192,12 +198,12 @@ def replace(tree: Any, updates: Mapping[Any, Any], /) -> Any:
     A tied leaf (one object at several places) is replaced at every place it
     occurs, and the new value is tied there; naming two places of one tie
     with two different values is a `StructureError`. A shared
-    sub-tree (one node object at several places, holding arrays) stays
-    shared, so a path through any of its places replaces the value in all of
-    them. A path to a sub-tree that is one object at several places is
-    replaced at all of them when it holds arrays (a shared sub-tree), and only
-    at the named place otherwise (a tuple of scalars, which CPython may
-    intern). Paths may not overlap (one inside another).
+    sub-tree (one node object at several places: a mutable node, even one
+    of scalars only, or a node holding arrays) stays shared, so a path
+    through any of its places replaces the value in all of them, and a path
+    to it replaces it at all of them. An immutable sub-tree of scalars that
+    is one object at several places (a tuple of ints, which CPython may
+    intern) is not shared: it is replaced at the named place only. Paths may not overlap (one inside another).
 
     Raises
     ------
@@ -244,7 +250,7 @@ def replace(tree: Any, updates: Mapping[Any, Any], /) -> Any:
             j = at if pl is None else pl[at]
             _assign(new, set_by, j, rp, v, where)
         return td.unflatten(new)
-    return _replace_nodes(tree, leaves, td, targets, where)
+    return _replace_nodes(tree, index, td, targets, where)
 
 
 def _assign(new: list[Any], set_by: dict[int, KeyPath], j: int, rp: KeyPath, v: Any, where: str) -> None:
@@ -270,9 +276,7 @@ def _check_overlaps(targets: list[tuple[KeyPath, Any, Any]], where: str) -> None
                 raise StructureError(msg)
 
 
-def _replace_nodes(
-    tree: Any, leaves: list[Any], td: TreeDef, targets: list[tuple[KeyPath, Any, Any]], where: str
-) -> Any:
+def _replace_nodes(tree: Any, index: Any, td: TreeDef, targets: list[tuple[KeyPath, Any, Any]], where: str) -> Any:
     """Replace sub-trees: record again with each target node a leaf, then replace as leaves."""
     stop: dict[int, Any] = {}
     for rp, at, _ in targets:
@@ -281,8 +285,8 @@ def _replace_nodes(
             stop[id(obj)] = obj
     leaves2, td2 = record(tree, lambda x: id(x) in stop)
     index2 = position_index(td2)
-    pl = td._ties()
     pl2 = td2._ties()
+    shared = _shared_nodes(index)
     new = list(leaves2)
     set_by: dict[int, KeyPath] = {}
     alone: list[tuple[int, KeyPath, Any]] = []  # (position, path, value): a node replaced at the named place only
@@ -300,9 +304,8 @@ def _replace_nodes(
             raise AssertionError(rp)
         j2 = p2 if pl2 is None else pl2[p2]
         if type(at) is not int:
-            holds_cached = any(type(leaves[q if pl is None else pl[q]]) not in SCALAR_TYPES for q in _positions(at))
             places = 1 if pl2 is None else pl2.count(j2)
-            if not holds_cached and places > 1:
+            if id(at) not in shared and places > 1:
                 alone.append((p2, rp, v))
                 continue
         _assign(new, set_by, j2, rp, v, where)

@@ -56,6 +56,14 @@ def _stack_mismatch(td0: TreeDef, tdi: TreeDef, models: list[Any], i: int) -> St
                     path = td0.paths[j]
                     what = f"differs in trainability (trainable in {names[0 if a else i]} only)"
                     break
+            else:
+                aux = program.aux_difference(td0, tdi)
+                if aux is not None:
+                    path = td0.entry_path(aux[0])
+                    what = (
+                        f"differs in the static (non-child) data of its {aux[1].__qualname__} node (e.g. a "
+                        "module's training flag or plain attributes, a dataclass's static fields)"
+                    )
     msg = (
         f"fk.stack: at {path.display}: {names[i]} {what} from {names[0]}. Expected models of one "
         "structure (fk.flatten(m)[1] equal for all); fix: make the models alike (same key order, ties, "
@@ -122,11 +130,20 @@ def _stack_leaf(xs: list[Any], path: KeyPath, pol: str) -> Any:
     if len(dtypes) > 1 or any(not same_device(k.device, k0.device) for k in kinds):
         dtype = promote_dtypes(xp, dtypes)  # (no promotion between two of them: narrow ones as float32)
         conv = []
-        for x, k in zip(xs, kinds):
+        for i, (x, k) in enumerate(zip(xs, kinds)):
             if k.dtype != dtype:
                 x = xp.astype(x, dtype)
             if not same_device(k.device, k0.device):
-                x = adapter_of(x).to_device(x, k0.device)
+                ad = adapter_of(x)
+                if not ad.readable(k.device):  # as fk.allclose and fk.load_into check it
+                    msg = (
+                        f"fk.stack: at {path.display}: models[{i}] holds {describe_kind(k)}, an "
+                        f"array without values (a torch 'meta' tensor), which policy={pol!r} cannot move to "
+                        f"models[0]'s device {k0.device}. Expected arrays with values; fix: materialise that "
+                        "model first (e.g. `module.to_empty(device=...)`, then load its values)."
+                    )
+                    raise PolicyError(msg)
+                x = ad.to_device(x, k0.device)
             conv.append(x)
         xs = conv
     return xp.stack(xs, axis=0)
@@ -181,7 +198,8 @@ def stack(models: Iterable[Any], /, *, policy: str = "strict") -> Any:
         Naming the first path where a model differs from ``models[0]``
         (structure, ties, shapes, constants).
     PolicyError
-        For dtypes or devices that `policy` does not convert.
+        For dtypes or devices that `policy` does not convert, or a torch
+        ``meta`` tensor (no values) that it would move.
 
     Examples
     --------

@@ -215,7 +215,14 @@ def _why_not(d: Any, s: Any) -> str | None:
     if tuple(d.shape) != tuple(s.shape):
         return f"shape {tuple(d.shape)} in the model vs {tuple(s.shape)} in the mapping"
     dk, sk = _kind(d), _kind(s)
-    if dk != sk and dk is not None:
+    if dk is None:  # str, object, datetime, structured: no cast within a kind, one dtype only
+        if sk is None and type(d.dtype) is type(s.dtype) and d.dtype == s.dtype:
+            return None
+        return (
+            f"dtype {d.dtype} (not a numeric dtype: it takes only a value of that same dtype) in the model "
+            f"vs {s.dtype if sk is None else describe_dtype(s.dtype)} ({sk or 'not a numeric dtype'}) in the mapping"
+        )
+    if dk != sk:
         return (
             f"dtype {describe_dtype(d.dtype)} ({dk}) in the model vs {describe_dtype(s.dtype)} "
             f"({sk or 'not a numeric dtype'}) in the mapping"

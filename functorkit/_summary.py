@@ -15,7 +15,7 @@ from ._errors import known_shape
 from ._holders import holds_arrays, never_holds
 from ._keypath import KeyPath
 from ._record import record
-from ._xp import describe_device, describe_dtype, device_of, is_array, is_inexact_array, namespace
+from ._xp import describe_device, describe_dtype, device_of, is_array, is_complex, is_inexact_array, namespace
 
 __all__ = ["Summary", "SummaryRow", "summary"]
 
@@ -43,9 +43,10 @@ def _itemsize(x: Any) -> int:
     if isinstance(size, int):
         return size
     xp = namespace(x)
+    parts = 2 if is_complex(x) else 1  # finfo of a complex dtype: the bits of its real component
     for info in (xp.finfo, xp.iinfo):
         try:
-            return int(info(x.dtype).bits) // 8
+            return parts * int(info(x.dtype).bits) // 8
         except (TypeError, ValueError):
             continue
     return 1  # bool

@@ -208,3 +208,124 @@ def test_jax_integers_without_x64_are_compared_in_float32() -> None:
         assert "largest absolute difference 2.14748e+09, largest relative difference 2 " in _message(a, b)
         c = {"w": jnp.asarray([1.0, 2.0], dtype=jnp.bfloat16)}
         assert fk.allclose(c, {"w": jnp.asarray([1.0, 1.0], dtype=jnp.bfloat16)}, atol=1.0, rtol=0) is True
+
+
+# ------------------------------------------------------------------ non-numeric dtypes: exactly
+
+# (NumPy's own dtypes: the libraries that hold them are NumPy and Dask)
+_NON_NUMERIC = (Backend.NUMPY, Backend.NUMPY_READONLY, Backend.DASK)
+
+
+class _Raises:
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no comparison")
+
+    __hash__ = object.__hash__
+
+
+def _lib(backend: Backend, x: np.ndarray) -> Any:
+    if backend is Backend.DASK:
+        da = pytest.importorskip("dask.array")
+        return da.from_array(x, chunks=2)
+    out = x.copy()
+    out.flags.writeable = backend is not Backend.NUMPY_READONLY
+    return out
+
+
+def _non_numeric(backend: Backend, **changes: Any) -> dict[str, Any]:
+    host = {
+        "vocab": np.array(["<pad>", "a", "b"]),
+        "raw": np.array([b"x", b"yz"]),
+        "when": np.array(["2020-01-01", "NaT", "2020-01-03"], dtype="datetime64[D]"),
+        "span": np.array([1, 2], dtype="timedelta64[s]"),
+        "obj": np.array([1, "x", None], dtype=object),
+        "rec": np.array([(1, 2.0), (3, 4.0)], dtype=[("i", "<i4"), ("f", "<f8")]),
+        "emb": np.ones((3, 2)),
+    }
+    host.update(changes)
+    return {k: _lib(backend, v) for k, v in host.items()}
+
+
+@pytest.mark.parametrize("backend", _NON_NUMERIC, ids=lambda b: b.value)
+def test_non_numeric_arrays_are_compared_exactly(backend: Backend) -> None:
+    a, b = _non_numeric(backend), _non_numeric(backend)
+    assert not fk.allclose(a, b)  # NaT is unequal to NaT, as NaN to NaN
+    with pytest.raises(AssertionError, match=r"models differ \(1 leaf\); the first:\nat when: 1 of 3 entries differ"):
+        fk.assert_allclose(a, b)
+    assert fk.allclose(a, b, equal_nan=True)
+    assert fk.allclose(a, a, equal_nan=True)
+    fk.assert_allclose(a, b, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", _NON_NUMERIC, ids=lambda b: b.value)
+@pytest.mark.parametrize(
+    ("key", "value", "found"),
+    [
+        (
+            "vocab",
+            np.array(["<pad>", "a", "c"]),
+            r"at vocab: 1 of 3 entries differ \(<U5 array of shape \(3,\), compared exactly",
+        ),
+        ("raw", np.array([b"x", b"yy"]), r"at raw: 1 of 2 entries differ \(\|S2 array"),
+        ("when", np.array(["2020-01-01", "2020-01-02", "2020-01-03"], dtype="datetime64[D]"), r"at when: 1 of 3"),
+        ("span", np.array([1, 3], dtype="timedelta64[s]"), r"at span: 1 of 2 entries differ"),
+        ("obj", np.array([1, "y", None], dtype=object), r"at obj: 1 of 3 entries differ \(object array"),
+        ("obj", np.array([1, "x", _Raises()], dtype=object), r"at obj: 1 of 3 entries differ"),  # its == raises
+        ("rec", np.array([(1, 2.0), (3, 5.0)], dtype=[("i", "<i4"), ("f", "<f8")]), r"at rec: 1 of 2 entries"),
+        ("vocab", np.array(["<pad>", "a", "bb"], dtype="<U6"), r"at vocab: dtype <U5 in `a` vs <U6 in `b`\."),
+        (
+            "rec",
+            np.zeros(2, dtype=[("j", "<i4"), ("f", "<f8")]),
+            r"at rec: dtype \[\('i', '<i4'\), \('f', '<f8'\)\] in",
+        ),
+        (
+            "when",
+            np.array([1, 2, 3], dtype="datetime64[s]"),
+            r"at when: dtype datetime64\[D\] in `a` vs datetime64\[s\]",
+        ),
+        ("vocab", np.array([1.0, 2.0, 3.0]), r"at vocab: dtype <U5 in `a` vs float64 in `b`\."),
+    ],
+)
+def test_a_non_numeric_difference_is_false_and_named(backend: Backend, key: str, value: Any, found: str) -> None:
+    a, b = _non_numeric(backend), _non_numeric(backend, **{key: value})
+    assert fk.allclose(a, b, equal_nan=True) is False  # never an exception
+    with pytest.raises(AssertionError, match=r"models differ \(1 leaf\); the first:\n" + found):
+        fk.assert_allclose(a, b, equal_nan=True, rtol=1.0, atol=1e9)  # no tolerance applies
+
+
+def test_non_numeric_arrays_across_libraries_on_the_host() -> None:
+    a, b = _non_numeric(Backend.NUMPY), _non_numeric(Backend.DASK)
+    with pytest.raises(fk.PolicyError, match=r"at \w+: fk.allclose: a numpy array in `a` and a dask array"):
+        fk.allclose(a, b, equal_nan=True)
+    assert fk.allclose(a, b, equal_nan=True, namespaces="any")
+    c = _non_numeric(Backend.DASK, vocab=np.array(["<pad>", "b", "b"]))
+    with pytest.raises(AssertionError, match=r"at vocab: 1 of 3 entries differ"):
+        fk.assert_allclose(a, c, equal_nan=True, namespaces="any")
+
+
+def test_dask_arrays_of_unknown_shape_are_refused_naming_the_path() -> None:
+    da = pytest.importorskip("dask.array")
+    x = da.from_array(np.arange(6.0), chunks=2)
+    a = {"enc": {"u": x[x > 2]}, "w": x}
+    a2 = {"enc": {"u": x[x > 2]}, "w": x}  # the same values
+    fix = r"fk\.{}: at enc\.u, the array of `a` has the unknown shape \(nan,\).*x\.compute_chunk_sizes\(\)"
+    for other in (a, a2):  # was True for `a` itself, False ("(nan,) vs (nan,)") for `a2`
+        with pytest.raises(fk.StructureError, match=fix.format("allclose")):
+            fk.allclose(a, other)
+        with pytest.raises(fk.StructureError, match=fix.format("assert_allclose")):
+            fk.assert_allclose(a, other)
+    known = {"enc": {"u": x[x > 2].compute_chunk_sizes()}, "w": x}
+    with pytest.raises(fk.StructureError, match=r"at enc\.u, the array of `b` has the unknown shape"):
+        fk.allclose(known, a)
+    assert fk.allclose(known, {"enc": {"u": x[x > 2].compute_chunk_sizes()}, "w": x})
+
+
+def test_key_order_is_named_with_both_orders(xp: Any) -> None:
+    a = {"enc": {"layers": [{"w": xp.ones(2), "b": xp.zeros(2)}]}, "head": xp.ones(1)}
+    b = {"enc": {"layers": [{"b": xp.zeros(2), "w": xp.ones(2)}]}, "head": xp.ones(1)}
+    assert not fk.allclose(a, b)
+    with pytest.raises(
+        AssertionError,
+        match=r"at enc\.layers\[0\]: the keys are in another order: \['w', 'b'\] in `a` vs \['b', 'w'\] in `b`",
+    ):
+        fk.assert_allclose(a, b)

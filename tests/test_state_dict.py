@@ -444,3 +444,40 @@ def test_deep_nesting_and_a_bare_array() -> None:
     assert list(fk.state_dict(bare)) == [""]  # the root path
     fk.load_state_dict(bare, {"": np.arange(2.0)})
     assert bare.tolist() == [0.0, 1.0]
+
+
+def test_a_non_numeric_model_array_takes_only_its_own_dtype(xp: Any) -> None:
+    """str, datetime64 and object arrays (NumPy's own) have no kind to cast within: a numeric value
+    (from any backend) or another str length or datetime unit is a mismatch, nothing written."""
+    dst = {
+        "labels": np.array(["cat", "dog"]),
+        "when": np.array(["2020-01-01", "2020-01-02"], dtype="datetime64[D]"),
+        "obj": np.array([None, 1], dtype=object),
+        "w": np.zeros(2),
+    }
+    before = {k: v.copy() for k, v in dst.items()}
+    mapping = {
+        "labels": xp.asarray([0.5, 1.5]),  # was written as '0.5', '1.5'
+        "when": xp.asarray([1, 2]),  # was written as 1970-01-02, 1970-01-03
+        "obj": xp.asarray([1.0, 2.0]),
+        "w": xp.asarray([1.0, 2.0]),
+    }
+    with pytest.raises(fk.StructureError) as info:
+        fk.load_state_dict(dst, mapping)
+    msg = str(info.value)
+    assert "3 mismatched" in msg
+    assert (
+        "'labels': dtype <U3 (not a numeric dtype: it takes only a value of that same dtype) in the model vs float"
+        in msg
+    )
+    assert "'when': dtype datetime64[D] (not a numeric dtype" in msg
+    assert "'obj': dtype object (not a numeric dtype" in msg
+    assert all(np.array_equal(dst[k], before[k]) and dst[k].dtype == before[k].dtype for k in dst)
+    cut = {"labels": np.array(["horse", "mouse"]), "when": dst["when"].astype("datetime64[h]") + 5}
+    with pytest.raises(fk.StructureError, match=r"(?s)'labels': dtype <U3 .* vs <U5 \(not a numeric dtype\).*'when'"):
+        fk.load_state_dict(dst, {**mapping, **cut, "obj": dst["obj"]})  # would be cut to 'hor', rounded
+    same = {"labels": np.array(["ant", "bee"]), "when": dst["when"] + 1, "obj": np.array(["x", 2], dtype=object)}
+    fk.load_state_dict(dst, {**same, "w": mapping["w"]})
+    assert dst["labels"].tolist() == ["ant", "bee"]
+    assert dst["when"].tolist() == (before["when"] + 1).tolist()
+    assert dst["obj"].tolist() == ["x", 2]
