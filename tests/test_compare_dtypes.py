@@ -167,7 +167,10 @@ def test_integer_differences_that_overflow_their_dtype(xp: Any, dt: str, x: int,
 
 
 @pytest.mark.parametrize("dt", ["int8", "uint8", "int16", "int32", "int64"])
-def test_integers_follow_numpy_isclose_on_float64(xp: Any, dt: str) -> None:
+def test_integers_follow_numpy_isclose_with_exact_differences(xp: Any, dt: str) -> None:
+    """NumPy's isclose rule, |a - b| <= atol + rtol * |b|, with the difference exact: float64 holds
+    integers exactly only below 2**53 (np.isclose calls 2**63 - 2 and 2**63 - 1 equal at zero
+    tolerance; torch.allclose and functorkit do not)."""
     info = np.iinfo(dt)
     lo, hi = int(info.min), int(info.max)
     vals = sorted(v for v in {lo, lo + 1, -7, 0, 3, hi - 1, hi} if lo <= v <= hi)
@@ -177,11 +180,24 @@ def test_integers_follow_numpy_isclose_on_float64(xp: Any, dt: str) -> None:
     a = {"n": xp.asarray(np.asarray(xs, dtype=dt), dtype=getattr(xp, dt))}
     b = {"n": xp.asarray(np.asarray(ys, dtype=dt), dtype=getattr(xp, dt))}
     for rtol, atol in [(0.0, 0.0), (0.0, 1.0), (0.0, 10.0), (0.5, 0.0), (1e-5, 1e-8), (0.0, 2.0**40)]:
-        expect = np.isclose(hx, hy, rtol=rtol, atol=atol)
+        exact = np.asarray([abs(x - y) <= atol + rtol * abs(float(y)) for x, y in zip(xs, ys)])  # Python ints
+        expect = np.isclose(hx, hy, rtol=rtol, atol=atol) & exact
+        if dt != "int64":
+            assert (expect == np.isclose(hx, hy, rtol=rtol, atol=atol)).all()  # (below 2**53: NumPy's own answer)
         n_bad = int(np.count_nonzero(~expect))
         assert fk.allclose(a, b, rtol=rtol, atol=atol) is (n_bad == 0)
         if n_bad:
             assert f"at n: {n_bad} of {len(xs)} entries differ" in _message(a, b, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("x", [2**62, -(2**62), 2**63 - 2, -(2**63)])
+def test_signed_64_bit_integers_beyond_float64_precision_are_told_apart(xp: Any, x: int) -> None:
+    dtype = xp.int64
+    a, b = {"n": xp.asarray([x], dtype=dtype)}, {"n": xp.asarray([x + 1], dtype=dtype)}
+    assert fk.allclose(a, b, rtol=0, atol=0) is False  # float64 rounds both to one value
+    assert fk.allclose(a, b, rtol=0, atol=1) is True
+    assert fk.allclose(a, a, rtol=0, atol=0) is True
+    assert "largest absolute difference 1," in _message(a, b, rtol=0, atol=0)
 
 
 def test_integers_across_libraries() -> None:
