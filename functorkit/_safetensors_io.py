@@ -51,6 +51,7 @@ from ._safetensors_header import (
     parse_header,
     short,
     stand_in,
+    unicode_problem,
 )
 
 __all__ = [
@@ -490,7 +491,7 @@ class Checkpoint:
             if (
                 not isinstance(ties, dict)
                 or not all(type(v) is str and v in self.tensors for v in ties.values())
-                or any(k in self.tensors for k in ties)
+                or any(k in self.tensors or unicode_problem(k) for k in ties)
             ):
                 msg = (
                     f"{self.where}: the metadata {TIES!r} is not a JSON mapping of alias to stored key "
