@@ -22,7 +22,6 @@ from ._errors import StructureError
 
 __all__ = [
     "CODE_OF",
-    "MAX_NDIM",
     "NAME_OF",
     "TensorInfo",
     "bad_file",
@@ -58,7 +57,7 @@ _MAX_HEADER = 100_000_000
 #: the longest integer a header may hold (offsets and dims fit in 64 bits: 20 digits)
 _MAX_DIGITS = 20
 #: the most dimensions a tensor may have (NumPy's ``NPY_MAXDIMS``)
-MAX_NDIM = 64
+_MAX_NDIM = 64
 #: a tensor's non-zero dimensions times its item size stay below this (NumPy's ``npy_intp``)
 _MAX_EXTENT = 2**63
 #: a ``\\u`` escape of a UTF-16 surrogate; only a text holding one is searched for lone ones
@@ -158,9 +157,9 @@ def loads_json(raw: bytes, path: str, what: str) -> Any:
     except ValueError as e:  # json.JSONDecodeError, and whatever else json refuses
         raise bad_file(path, f"its {what} is not JSON ({short(str(e))})") from None
     if _SURROGATE_ESCAPE.search(text):  # rare: only then is every string looked at
-        where = _lone_surrogate(doc, ())
+        where = _lone_surrogate(doc)
         if where is not None:
-            shown = " -> ".join(short(k) for k in where) or "the top level"
+            shown = " -> ".join([short(k) for k in where[:3]] + ["..."] * (len(where) > 3)) or "the top level"
             raise bad_file(
                 path,
                 f"its {what} holds a string with a lone UTF-16 surrogate escape (at {shown}), which is not "
@@ -174,17 +173,21 @@ def unicode_problem(text: str) -> bool:
     return _LONE_SURROGATE.search(text) is not None
 
 
-def _lone_surrogate(obj: Any, where: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """Where in `obj` a string (a key or a value) holds a lone surrogate; ``None`` if nowhere."""
-    if isinstance(obj, str):
-        return where if _LONE_SURROGATE.search(obj) else None
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
-    for k, v in items:
-        if isinstance(k, str) and _LONE_SURROGATE.search(k):
-            return (*where, k)
-        found = _lone_surrogate(v, (*where, k))
-        if found is not None:
-            return found
+def _lone_surrogate(doc: Any) -> tuple[Any, ...] | None:
+    """Where in `doc` a string (a key or a value) holds a lone surrogate; ``None`` if nowhere.
+    Iterative: a document nested as deeply as the JSON parser allows is no `RecursionError`."""
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), doc)]
+    while stack:
+        where, obj = stack.pop()
+        if isinstance(obj, str):
+            if _LONE_SURROGATE.search(obj):
+                return where
+            continue
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+        for k, v in items:
+            if isinstance(k, str) and _LONE_SURROGATE.search(k):
+                return (*where, k)
+            stack.append(((*where, k), v))
     return None
 
 
@@ -227,8 +230,8 @@ def _entry(path: str, key: str, e: Any, data_size: int, data_start: int, ident: 
     shape, offs = e.get("shape"), e.get("data_offsets")
     if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
         raise bad_file(path, f"the shape of {key!r} is not a list of non-negative ints ({short(shape)})")
-    if len(shape) > MAX_NDIM:
-        raise bad_file(path, f"the shape of {key!r} has {len(shape)} dimensions; at most {MAX_NDIM} are allowed")
+    if len(shape) > _MAX_NDIM:
+        raise bad_file(path, f"the shape of {key!r} has {len(shape)} dimensions; at most {_MAX_NDIM} are allowed")
     if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int and o >= 0 for o in offs)):
         raise bad_file(path, f"the data offsets of {key!r} are not two non-negative ints ({short(offs)})")
     name = NAME_OF[code]

@@ -137,11 +137,14 @@ def open_regular(path: str, what: str) -> Any:
         msg = f"{path}: no such {what}; check the path (a missing shard of a sharded checkpoint?)."
         raise FileNotFoundError(msg) from None
     except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:  # no file has that name (a hostile index's shard name?)
+            msg = f"{path}: no such {what}: the name is longer than the file system allows; check the path."
+            raise FileNotFoundError(msg) from None
         if e.errno != errno.ELOOP:  # a permission or I/O error is itself, with the path
             raise
         msg = (
-            f"{path}: expected the {what} to be a regular file, found a loop of symbolic links (each "
-            "pointing, in the end, to itself). Fix: point to the checkpoint file itself."
+            f"{path}: expected the {what} to be a regular file, found a loop of symbolic links (a link "
+            "that leads back to itself). Fix: point to the checkpoint file itself."
         )
         raise StructureError(msg) from None
     if not stat.S_ISREG(st.st_mode):

@@ -111,6 +111,11 @@ CASES: dict[str, tuple[Any, tuple[str, ...]]] = {
         b'{"w\\ud800": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
         ("'w\\ud800'", "lone UTF-16 surrogate"),
     ),
+    "lone surrogate 500 lists deep": (
+        b'{"__metadata__": {"k": "v"}, "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "x": '
+        + b"[" * 500 + b'"\\udfff"' + b"]" * 500 + b"}}",
+        ("'w' -> 'x' -> 0 -> ...", "lone UTF-16 surrogate"),
+    ),
     "lone surrogate in metadata": (
         b'{"__metadata__": {"k": "\\udc80"}, "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
         ("'__metadata__' -> 'k'", "lone UTF-16 surrogate"),

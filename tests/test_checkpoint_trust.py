@@ -87,6 +87,18 @@ def test_a_symlink_loop_is_refused(tmp_path: Path) -> None:
             read(single)
 
 
+def test_a_shard_name_too_long_for_the_file_system_is_a_missing_shard(tmp_path: Path) -> None:
+    # was a raw OSError [Errno 36] in fk.save into that directory
+    ck = tmp_path / "ck"
+    fk.save(ck, {"a": np.ones(2)}, shard_size=16)
+    (ck / INDEX).write_text(json.dumps({"weight_map": {"a": "x" * 300}}))
+    for read in READERS:
+        with pytest.raises(FileNotFoundError, match="x" * 300):
+            read(ck)
+    with pytest.raises(FileExistsError, match="cannot read"):
+        fk.save(ck, {"a": np.ones(2)}, shard_size=16)
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_a_fifo_is_refused_without_hanging(tmp_path: Path) -> None:
     def hung(*_: Any) -> None:
