@@ -31,7 +31,9 @@ from ._ckpt_files import replace_dir, replace_file
 from ._ckpt_write import Item, dtype_name, write_file
 from ._dense import check_dense
 from ._errors import StructureError, known_shape
-from ._safetensors_io import TIES, Checkpoint
+from ._pieces import PIECES
+from ._safetensors_header import unicode_problem
+from ._safetensors_io import TIES, TOTAL_SIZE, Checkpoint
 from ._sharded_ckpt import save_sharded, sharded_pieces
 from ._state import state_positions
 from ._treedef import TreeDef
@@ -130,8 +132,10 @@ def save(
     model
         Any tree functorkit walks: dict, dataclass, ``nn.Module``...
     metadata
-        ``str -> str`` pairs stored in the header, never read as anything else
-        (``"functorkit.ties"`` is reserved: functorkit's own record of ties).
+        ``str -> str`` pairs stored in the header, never read as anything else.
+        The keys functorkit writes itself are reserved: ``"functorkit.ties"``
+        (its record of ties), ``"functorkit.pieces"`` and ``"total_size"``
+        (entries of a sharded checkpoint's index).
     shard_size
         The largest shard, in bytes (``int``) or as text (``"2GB"``, ``"500MiB"``);
         a tensor larger than that gets a shard of its own.
@@ -139,11 +143,13 @@ def save(
     Raises
     ------
     TypeError
-        For a dtype safetensors cannot store, or bad `metadata`.
+        For a dtype safetensors cannot store, or `metadata` not ``str -> str``.
     StructureError
         If two paths give one key (a dict key holding a dot), a key is
-        ``__metadata__`` (the header's own entry), or a lazy array's shape is
-        unknown.
+        ``__metadata__`` (the header's own entry), a key or a metadata text
+        is not Unicode (a lone surrogate such as ``"\\ud800"``, which has no
+        UTF-8 form), a metadata key is reserved, or a lazy array's shape is
+        unknown; all before anything is written.
     FileExistsError
         If the path holds something fk.save does not replace.
 
@@ -175,6 +181,14 @@ def save(
                 "metadata, so the file could not be read back. Fix: rename that key."
             )
             raise StructureError(msg)
+        for k in ks:
+            if not k.isascii() and unicode_problem(k):
+                msg = (
+                    f"fk.save: the model key {k!r} holds a lone UTF-16 surrogate, which is not Unicode: it has "
+                    "no UTF-8 form, so no safetensors file can hold it. Fix: rename that key (a name decoded "
+                    "with errors='surrogateescape'?)."
+                )
+                raise StructureError(msg)
         items.append(Item(ks[0], leaves[j]))
         ties.update({k: ks[0] for k in ks[1:]})
     meta[TIES] = json.dumps(ties)  # always written: it marks the other metadata as the user's
@@ -204,10 +218,30 @@ def _check_metadata(metadata: Any) -> dict[str, str]:
     ):
         msg = f"fk.save: `metadata` must be a mapping of str to str (safetensors stores text), got {metadata!r:.200}."
         raise TypeError(msg)
-    if TIES in metadata:
-        msg = f"fk.save: the metadata key {TIES!r} is reserved (fk.save records ties there); use another key."
-        raise ValueError(msg)
+    for k, v in metadata.items():
+        if k in _RESERVED:
+            msg = (
+                f"fk.save: the metadata key {k!r} is reserved for functorkit's own record ({_RESERVED[k]}): a "
+                "value given there would be overwritten or read as functorkit's. Expected a key other than "
+                f"{sorted(_RESERVED)}; fix: rename it (e.g. 'user.{k}')."
+            )
+            raise StructureError(msg)
+        for text, what in ((k, "key"), (v, f"value of {k!r}")):
+            if not text.isascii() and unicode_problem(text):
+                msg = (
+                    f"fk.save: the metadata {what} ({text!r:.100}) holds a lone UTF-16 surrogate, which is not "
+                    "Unicode: it has no UTF-8 form, so no safetensors file can hold it. Fix: pass valid text."
+                )
+                raise StructureError(msg)
     return dict(metadata)
+
+
+#: the metadata keys fk.save writes itself (in every header, or in a sharded checkpoint's index)
+_RESERVED = {
+    TIES: "the ties of the model, in every file",
+    PIECES: "the pieces of sharded tensors, in a sharded checkpoint's index",
+    TOTAL_SIZE: "the byte count of the tensors, in a sharded checkpoint's index",
+}
 
 
 def _plan_shards(items: list[Item], size: int) -> list[list[Item]]:
@@ -225,7 +259,7 @@ def _plan_shards(items: list[Item], size: int) -> list[list[Item]]:
 def _write_index(file: str, shards: list[list[Item]], names: list[str], meta: dict[str, str]) -> None:
     weight_map = {it.key: name for shard, name in zip(shards, names, strict=True) for it in shard}
     total = sum(it.nbytes for shard in shards for it in shard)
-    index = {"metadata": {**meta, "total_size": total}, "weight_map": weight_map}
+    index = {"metadata": {**meta, TOTAL_SIZE: total}, "weight_map": weight_map}
     with builtins.open(file, "w", encoding="utf-8") as f:
         json.dump(index, f, indent=2)
 

@@ -13,13 +13,24 @@ file and the key; nothing is allocated for sizes a header only claims.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
 
 from ._errors import StructureError
 
-__all__ = ["CODE_OF", "NAME_OF", "TensorInfo", "bad_file", "loads_json", "parse_header", "short", "stand_in"]
+__all__ = [
+    "CODE_OF",
+    "NAME_OF",
+    "TensorInfo",
+    "bad_file",
+    "loads_json",
+    "parse_header",
+    "short",
+    "stand_in",
+    "unicode_problem",
+]
 
 #: dtype name (``describe_dtype`` of a NumPy, torch or JAX dtype) -> safetensors code
 CODE_OF: dict[str, str] = {
@@ -45,6 +56,13 @@ _ML_DTYPES = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2"})
 _MAX_HEADER = 100_000_000
 #: the longest integer a header may hold (offsets and dims fit in 64 bits: 20 digits)
 _MAX_DIGITS = 20
+#: the most dimensions a tensor may have (NumPy's ``NPY_MAXDIMS``)
+_MAX_NDIM = 64
+#: a tensor's non-zero dimensions times its item size stay below this (NumPy's ``npy_intp``)
+_MAX_EXTENT = 2**63
+#: a ``\\u`` escape of a UTF-16 surrogate; only a text holding one is searched for lone ones
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def stand_in(name: str) -> np.dtype[Any]:
@@ -89,11 +107,19 @@ class _Refused(Exception):
     """A header value refused while the JSON is read (before Python builds it)."""
 
 
+class _NegativeZero(int):
+    """The JSON integer ``-0``: not a plain `int` (``type(x) is int`` fails), so the rule that reads
+    it (a shape, an offset) refuses it and names its key, as the ``safetensors`` package does."""
+
+    def __repr__(self) -> str:
+        return "-0"
+
+
 def _json_int(text: str) -> int:
     if len(text.lstrip("-")) > _MAX_DIGITS:
         msg = f"an integer of {len(text)} digits"
         raise _Refused(msg)
-    return int(text)
+    return _NegativeZero(0) if text == "-0" else int(text)
 
 
 def _json_constant(text: str) -> Any:
@@ -123,15 +149,46 @@ def loads_json(raw: bytes, path: str, what: str) -> Any:
     if not text.startswith("{"):
         raise bad_file(path, f"its {what} does not start with '{{' (found {short(text[:16])})")
     try:
-        return json.loads(
-            text, object_pairs_hook=_json_object, parse_int=_json_int, parse_constant=_json_constant
-        )
+        doc = json.loads(text, object_pairs_hook=_json_object, parse_int=_json_int, parse_constant=_json_constant)
     except _Refused as e:
         raise bad_file(path, f"its {what} holds {e}") from None
     except RecursionError:
         raise bad_file(path, f"its {what} is nested too deeply") from None
     except ValueError as e:  # json.JSONDecodeError, and whatever else json refuses
         raise bad_file(path, f"its {what} is not JSON ({short(str(e))})") from None
+    if _SURROGATE_ESCAPE.search(text):  # rare: only then is every string looked at
+        where = _lone_surrogate(doc)
+        if where is not None:
+            shown = " -> ".join([short(k) for k in where[:3]] + ["..."] * (len(where) > 3)) or "the top level"
+            raise bad_file(
+                path,
+                f"its {what} holds a string with a lone UTF-16 surrogate escape (at {shown}), which is not "
+                "Unicode (it has no UTF-8 form; the safetensors package refuses it)",
+            )
+    return doc
+
+
+def unicode_problem(text: str) -> bool:
+    """Whether `text` holds a lone surrogate (no UTF-8 form: no safetensors file can hold it)."""
+    return _LONE_SURROGATE.search(text) is not None
+
+
+def _lone_surrogate(doc: Any) -> tuple[Any, ...] | None:
+    """Where in `doc` a string (a key or a value) holds a lone surrogate; ``None`` if nowhere.
+    Iterative: a document nested as deeply as the JSON parser allows is no `RecursionError`."""
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), doc)]
+    while stack:
+        where, obj = stack.pop()
+        if isinstance(obj, str):
+            if _LONE_SURROGATE.search(obj):
+                return where
+            continue
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+        for k, v in items:
+            if isinstance(k, str) and _LONE_SURROGATE.search(k):
+                return (*where, k)
+            stack.append(((*where, k), v))
+    return None
 
 
 def parse_header(
@@ -173,9 +230,21 @@ def _entry(path: str, key: str, e: Any, data_size: int, data_start: int, ident: 
     shape, offs = e.get("shape"), e.get("data_offsets")
     if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
         raise bad_file(path, f"the shape of {key!r} is not a list of non-negative ints ({short(shape)})")
+    if len(shape) > _MAX_NDIM:
+        raise bad_file(path, f"the shape of {key!r} has {len(shape)} dimensions; at most {_MAX_NDIM} are allowed")
     if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int and o >= 0 for o in offs)):
         raise bad_file(path, f"the data offsets of {key!r} are not two non-negative ints ({short(offs)})")
     name = NAME_OF[code]
+    extent = stand_in(name).itemsize
+    for d in shape:  # the non-zero dimensions: an empty tensor's other dimensions must be shapeable too
+        extent *= d or 1
+        if extent >= _MAX_EXTENT:
+            shown = short(tuple(shape))
+            raise bad_file(
+                path,
+                f"the shape {shown} of {key!r} ({name}) is too large for any array library (its non-zero "
+                f"dimensions times the item size must stay below 2**63)",
+            )
     begin, end = offs
     if end < begin:
         raise bad_file(path, f"the data offsets of {key!r} end before they begin ({begin}, {end})")

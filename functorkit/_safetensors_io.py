@@ -26,6 +26,7 @@ recorded in their metadata.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import mmap as _mmap
@@ -50,6 +51,7 @@ from ._safetensors_header import (
     parse_header,
     short,
     stand_in,
+    unicode_problem,
 )
 
 __all__ = [
@@ -57,6 +59,7 @@ __all__ = [
     "INDEX",
     "NAME_OF",
     "TIES",
+    "TOTAL_SIZE",
     "Checkpoint",
     "LazyTensor",
     "SafetensorsFile",
@@ -72,6 +75,8 @@ __all__ = [
 INDEX = "model.safetensors.index.json"
 #: the metadata key of the ties fk.save records (``{alias: stored key}`` as JSON); always written
 TIES = "functorkit.ties"
+#: the index metadata entry of a sharded checkpoint's byte count (Hugging Face's layout)
+TOTAL_SIZE = "total_size"
 
 
 def real_dtype(name: str, where: str) -> np.dtype[Any]:
@@ -131,6 +136,17 @@ def open_regular(path: str, what: str) -> Any:
     except FileNotFoundError:
         msg = f"{path}: no such {what}; check the path (a missing shard of a sharded checkpoint?)."
         raise FileNotFoundError(msg) from None
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:  # no file has that name (a hostile index's shard name?)
+            msg = f"{path}: no such {what}: the name is longer than the file system allows; check the path."
+            raise FileNotFoundError(msg) from None
+        if e.errno != errno.ELOOP:  # a permission or I/O error is itself, with the path
+            raise
+        msg = (
+            f"{path}: expected the {what} to be a regular file, found a loop of symbolic links (a link "
+            "that leads back to itself). Fix: point to the checkpoint file itself."
+        )
+        raise StructureError(msg) from None
     if not stat.S_ISREG(st.st_mode):
         raise _not_regular(path, what, st.st_mode)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -478,7 +494,7 @@ class Checkpoint:
             if (
                 not isinstance(ties, dict)
                 or not all(type(v) is str and v in self.tensors for v in ties.values())
-                or any(k in self.tensors for k in ties)
+                or any(k in self.tensors or unicode_problem(k) for k in ties)
             ):
                 msg = (
                     f"{self.where}: the metadata {TIES!r} is not a JSON mapping of alias to stored key "

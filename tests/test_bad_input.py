@@ -1394,6 +1394,15 @@ PLAIN_CASES: list[Bad] = [
         names=("'w'", "complex128"),
     ),
     Bad(
+        "save-reserved-metadata",
+        "save",
+        '`metadata={"functorkit.pieces": "notes"}`, a key functorkit writes itself',
+        lambda c: fk.save(_ckpt_path("bad"), {"w": np.ones(2)}, metadata={"functorkit.pieces": "notes"}),
+        fk.StructureError,
+        "names the key and every reserved key; rename it",
+        names=("'functorkit.pieces'", "reserved", "'total_size'", "rename"),
+    ),
+    Bad(
         "load-missing-file",
         "load",
         "a path that does not exist",

@@ -52,6 +52,7 @@ def refused(path: Path, *match: str) -> str:
 #: every reader (fk.open needs Dask: the lite session has none)
 READERS: list[Any] = [fk.load, lambda p: fk.load(p, mmap=True)] + ([fk.open] if importable("dask") else [])
 OK = {"w": entry()}
+PAD = entry("U8", (8,))  # 8 bytes of U8, so that an empty tensor after it ends the file exactly
 CASES: dict[str, tuple[Any, tuple[str, ...]]] = {
     # name: (header as JSON object, or raw header bytes; what the message names)
     "not JSON": (b"{oops", ("not JSON",)),
@@ -90,6 +91,35 @@ CASES: dict[str, tuple[Any, tuple[str, ...]]] = {
     "metadata a string": ({"__metadata__": "x", **OK}, ("__metadata__",)),
     "metadata values not strings": ({"__metadata__": {"a": 1}, **OK}, ("__metadata__",)),
     "truncated": ({"w": entry(shape=(4,), offs=(0, 16))}, ("truncated", "'w'")),
+    # NumPy's limits, which the package meets as its own refusal: 64 dimensions, and the non-zero
+    # dimensions of an empty shape times the item size below 2**63 (each was a raw ValueError)
+    "65 dimensions": ({"w": entry("U8", [1] * 64 + [8])}, ("'w'", "65 dimensions")),
+    "dim of 2**63 in an empty shape": ({"p": PAD, "w": entry(shape=[0, 2**63], offs=(8, 8))}, ("'w'", "too large")),
+    "dim of 2**64-1 in an empty shape": (
+        {"p": PAD, "w": entry(shape=[2**64 - 1, 0], offs=(8, 8))},
+        ("'w'", "too large"),
+    ),
+    "empty shape of 2**63 bytes": ({"p": PAD, "w": entry(shape=[2**61, 0], offs=(8, 8))}, ("'w'", "too large")),
+    # what the package's JSON parser refuses: the integer -0, a lone surrogate escape in any string
+    "-0 in a shape": (
+        b'{"p": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}, '
+        b'"w": {"dtype": "F32", "shape": [-0], "data_offsets": [8, 8]}}',
+        ("'w'", "[-0]"),
+    ),
+    "-0 in the offsets": (b'{"w": {"dtype": "F32", "shape": [2], "data_offsets": [-0, 8]}}', ("'w'", "[-0, 8]")),
+    "lone surrogate in a key": (
+        b'{"w\\ud800": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
+        ("'w\\ud800'", "lone UTF-16 surrogate"),
+    ),
+    "lone surrogate 500 lists deep": (
+        b'{"__metadata__": {"k": "v"}, "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "x": '
+        + b"[" * 500 + b'"\\udfff"' + b"]" * 500 + b"}}",
+        ("'w' -> 'x' -> 0 -> ...", "lone UTF-16 surrogate"),
+    ),
+    "lone surrogate in metadata": (
+        b'{"__metadata__": {"k": "\\udc80"}, "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
+        ("'__metadata__' -> 'k'", "lone UTF-16 surrogate"),
+    ),
 }
 
 
@@ -176,11 +206,34 @@ def test_a_non_utf8_or_hostile_index_is_refused(tmp_path: Path) -> None:
         (b'{"weight_map": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
         (b'{"weight_map": ["a"]}', "weight_map"),
         (b'{"weight_map": {"a": 1}}', "weight_map"),
+        # a lone surrogate escape names no file (it was a raw UnicodeEncodeError)
+        (b'{"weight_map": {"a": "\\ud800.safetensors"}}', "lone UTF-16 surrogate"),
     ):
         index.write_bytes(text)
         with pytest.raises(fk.StructureError, match=what) as e:
             fk.load(ck)
         assert "model.safetensors.index.json" in str(e.value)
+        if READERS[-1] is fk.open:
+            with pytest.raises(fk.StructureError, match=what):
+                fk.open(ck)
+        with pytest.raises(FileExistsError, match="cannot read"):  # fk.save replaces only what it can read
+            fk.save(ck, {"a": np.ones(2)}, shard_size=8)
+
+
+def test_headers_the_package_reads_are_read(tmp_path: Path) -> None:
+    # the new rules refuse no valid file: 64 dimensions, an empty shape just under the bound,
+    # and a surrogate pair escape (one character, valid Unicode)
+    pad = b'"p": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}'
+    big = (2**61 - 1, 0)  # 2**61 - 1 float32 elements: 4 bytes short of 2**63
+    for header, key, shape in (
+        (json.dumps({"w": entry("U8", [1] * 63 + [8])}).encode(), "w", (1,) * 63 + (8,)),
+        (b"{" + pad + b', "w": ' + json.dumps(entry(shape=[2**61 - 1, 0], offs=(8, 8))).encode() + b"}", "w", big),
+        (b'{"\\ud83d\\ude00": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}', "\U0001f600", (2,)),
+    ):
+        path = raw_file(tmp_path / "ok.safetensors", header, b"\0" * 8)
+        for read in READERS:
+            assert read(path)[key].shape == shape
+        assert np.asarray(fk.load(path)[key]).shape == shape
 
 
 # ----------------------------------------------------------------------------- the fuzz run

@@ -8,6 +8,7 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -62,6 +63,40 @@ def test_a_symlink_leaving_the_directory_is_refused_one_inside_is_read(tmp_path:
     (ck / "shard.safetensors").symlink_to("real.safetensors")  # inside: fine
     (ck / INDEX).write_text(json.dumps({"weight_map": {"s": "shard.safetensors"}}))
     assert fk.load(ck)["s"].tolist() == [1.0]
+
+
+def test_a_symlink_loop_is_refused(tmp_path: Path) -> None:
+    # a shard (or a checkpoint file) that is a loop of symbolic links: was a raw OSError [Errno 40]
+    ck = tmp_path / "ck"
+    fk.save(ck, {"a": np.ones(2), "b": np.ones(2)}, shard_size=16)
+    doc = json.loads((ck / INDEX).read_text())
+    doc["weight_map"]["a"] = "loop1"
+    (ck / INDEX).write_text(json.dumps(doc))
+    (ck / "loop1").symlink_to("loop2")
+    (ck / "loop2").symlink_to("loop1")
+    for read in READERS:
+        with pytest.raises(fk.StructureError, match=r"ck/loop1: .*loop of symbolic links"):
+            read(ck)
+    with pytest.raises(FileExistsError, match="cannot read"):  # fk.save replaces only what it can read
+        fk.save(ck, {"a": np.ones(2)}, shard_size=16)
+    assert (ck / INDEX).read_text() == json.dumps(doc)
+    single = tmp_path / "self.safetensors"
+    single.symlink_to("self.safetensors")
+    for read in READERS:
+        with pytest.raises(fk.StructureError, match=r"self\.safetensors: .*loop of symbolic links"):
+            read(single)
+
+
+def test_a_shard_name_too_long_for_the_file_system_is_a_missing_shard(tmp_path: Path) -> None:
+    # was a raw OSError [Errno 36] in fk.save into that directory
+    ck = tmp_path / "ck"
+    fk.save(ck, {"a": np.ones(2)}, shard_size=16)
+    (ck / INDEX).write_text(json.dumps({"weight_map": {"a": "x" * 300}}))
+    for read in READERS:
+        with pytest.raises(FileNotFoundError, match="x" * 300):
+            read(ck)
+    with pytest.raises(FileExistsError, match="cannot read"):
+        fk.save(ck, {"a": np.ones(2)}, shard_size=16)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
@@ -149,6 +184,63 @@ def test_save_refuses_what_is_not_a_checkpoint(tmp_path: Path) -> None:
         fk.save(d, {"a": np.ones(2)}, shard_size=8)
     assert (d / INDEX).read_text() == "{broken"
     assert notes.read_text() == "my thesis"
+
+
+# ----------------------------------------------------------------------------- what save writes
+
+
+@pytest.mark.parametrize("shard_size", [None, 8])
+@pytest.mark.parametrize("key", ["functorkit.ties", "functorkit.pieces", "total_size"])
+def test_metadata_keys_functorkit_writes_are_refused_at_save(
+    key: str, shard_size: int | None, tmp_path: Path, backend: Backend, xp: Any
+) -> None:
+    # a user "functorkit.pieces" was copied into the index, where fk.load read it as the record of
+    # pieces (the checkpoint could not be read); a user "total_size" was overwritten there
+    model = {"a": xp.asarray(np.ones(2, np.float32)), "b": xp.asarray(np.zeros(2, np.float32))}
+    with pytest.raises(fk.StructureError, match=rf"metadata key '{re.escape(key)}' is reserved.*fix: rename"):
+        fk.save(tmp_path / "ck", model, shard_size=shard_size, metadata={"step": "1", key: "my notes"})
+    assert _files(tmp_path) == []
+
+
+def test_user_metadata_of_a_sharded_checkpoint_is_only_metadata(tmp_path: Path, backend: Backend, xp: Any) -> None:
+    model = {"a": xp.asarray(np.ones(2, np.float32)), "b": xp.asarray(np.zeros(2, np.float32))}
+    meta = {"step": "1000", "functorkit.notes": "mine", "b": "a"}  # "b": "a" looks like a tie record
+    fk.save(tmp_path / "ck", model, shard_size=8, metadata=meta)
+    index = json.loads((tmp_path / "ck" / INDEX).read_text())["metadata"]
+    assert {k: index[k] for k in meta} == meta
+    assert index["total_size"] == 16
+    for read in READERS:
+        back = read(tmp_path / "ck")
+        assert sorted(back) == ["a", "b"]
+        assert to_numpy(back["b"]).tolist() == [0.0, 0.0]  # not read as a tie of "a"
+
+
+@pytest.mark.parametrize("shard_size", [None, 8])
+def test_text_without_a_utf8_form_is_refused_at_save(
+    shard_size: int | None, tmp_path: Path, backend: Backend, xp: Any
+) -> None:
+    # a lone surrogate ("\ud800") is no Unicode: fk.save wrote it as a JSON escape, which the
+    # safetensors package refuses (and fk.load now too)
+    x = xp.asarray(np.ones(2, np.float32))
+    for model, meta, what in (
+        ({"\ud800": x}, None, "the model key '\\ud800'"),
+        ({"a": {"b\udc80": x}}, None, "the model key 'a.b\\udc80'"),
+        ({"w": x}, {"note": "\udc80"}, "the metadata value of 'note'"),
+        ({"w": x}, {"\ud800": "v"}, "the metadata key ('\\ud800')"),
+    ):
+        with pytest.raises(fk.StructureError, match=re.escape(what) + ".*lone UTF-16 surrogate.*Fix"):
+            fk.save(tmp_path / "ck", model, metadata=meta, shard_size=shard_size)
+        assert _files(tmp_path) == []
+    # text that is Unicode, ASCII or not, is stored as it is, and the package reads it
+    path = tmp_path / "ok.safetensors"
+    fk.save(path, {"\U0001f600": x, "\u00e9": xp.asarray(np.zeros(2, np.float32))}, metadata={"\u043a": "\u5024"})
+    assert sorted(fk.load(path)) == sorted(["\U0001f600", "\u00e9"])
+    if importable("safetensors"):
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="np") as f:
+            assert sorted(f.keys()) == sorted(["\U0001f600", "\u00e9"])
+            assert f.metadata()["\u043a"] == "\u5024"
 
 
 @pytest.mark.parametrize("length", [236, 250, 255])
