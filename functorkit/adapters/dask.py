@@ -407,7 +407,9 @@ class Adapter(MethodSlices):
         return [_little_endian(np.asarray(v)) for v in dask.compute(*one, **_local(blocks))]
 
     def from_stored(self, src: Any, like: Any) -> Any:
-        """A lazy array over the file: ``dask.array.from_array`` of a `LazyTensor` (picklable:
+        """``fk.load(like=...)`` (`like` a Dask array): the array read, in its own memory (a later
+        change to the file never changes it, SPEC 13), as a Dask array chunked as `like`.
+        ``fk.open`` (`like` None): a lazy array over the file: ``dask.array.from_array`` of a `LazyTensor` (picklable:
         path and offset, no data), chunked along the first axis in blocks of about
         `CHUNK_ELEMENTS` elements (one chunk when it holds no bytes); named by file, key and the file's identity
         (device, inode, size, modification time), so opening a file twice
@@ -419,6 +421,9 @@ class Adapter(MethodSlices):
         import numpy as np
         from dask.base import tokenize
 
+        da: Any = importlib.import_module("dask.array")
+        if like is not None:  # fk.load(like=a Dask model): the array read (its own memory, SPEC 13), chunked as `like`
+            return da.from_array(src.array(), chunks=like.chunks, name=False, asarray=False)
         lazy = src.lazy()
         shape = lazy.shape
         chunks: Any = getattr(lazy, "grid", ())  # a sharded checkpoint's tensor: one chunk per piece
@@ -429,7 +434,6 @@ class Adapter(MethodSlices):
             chunks = (rows, *shape[1:])
         name = "fk-open-" + tokenize(lazy.path, lazy.key, lazy.begin, lazy.ident)
         meta = np.empty((0,) * len(shape), dtype=lazy.dtype)
-        da: Any = importlib.import_module("dask.array")
         return da.from_array(lazy, chunks=chunks, name=name, lock=False, asarray=False, meta=meta)
 
 
