@@ -194,7 +194,7 @@ def from_stored(src: Any, like: Any, tensor_of: Callable[[Any, str, Any], Any]) 
         raw = region(tuple(offset), tuple(lshape))
     else:
         cut = tuple(slice(o, o + n) for o, n in zip(offset, lshape, strict=True))
-        raw = src.raw()[cut].copy()
+        raw = src.raw()[(*cut, Ellipsis)].copy()  # (`...`: a 0-d tensor's cut is an array, not a NumPy scalar)
     t = tensor_of(raw, src.name, None)
     dev = _local(like).device
     if t.device != dev:
@@ -339,13 +339,13 @@ def _plain_all_reduce(total: Any, mesh: Any, op: str) -> Any:
     """`total` (this rank's part, a fresh 0-d tensor) combined over every rank of `mesh` by ONE
     eager ``dist.all_reduce``, when `mesh` is 1-D or spans the whole world (the default group):
     in place where no gradient flows through it (a gradient's norm, anything under ``no_grad``),
-    through `_SumAcross` for a sum autograd records (a norm or dot of the parameters themselves).
-    DTensor's redistribution costs several times the collective itself (bench_sharded's norm
-    rows). None otherwise (a max/min that autograd records, a mesh of part of the world:
-    `all_reduce`, DTensor's own, is used)."""
+    through `_SumAcross` for a sum autograd records (a norm or dot of the parameters themselves),
+    through `_ExtremeAcross` for a max or min it records (``ord=inf``/``-inf``: the gradient to the
+    rank holding the extreme). DTensor's redistribution costs several times the collective itself
+    (bench_sharded's norm rows). None otherwise (a mesh of part of the world: `all_reduce`,
+    DTensor's own, is used), where a max or min that autograd records is a `ShardRefusal`
+    (DTensor's ``Partial(max)`` would give every rank's local extreme the gradient)."""
     grad = total.requires_grad and torch.is_grad_enabled()
-    if grad and op != "sum":
-        return None
     import torch.distributed as dist
 
     if mesh.ndim == 1:
@@ -353,9 +353,20 @@ def _plain_all_reduce(total: Any, mesh: Any, op: str) -> Any:
     elif _flat_mesh(mesh) is not None:
         group = None  # the default group: the whole world, which this mesh spans
     else:
+        if grad and op != "sum":
+            msg = (
+                f"the parameters are on {mesh}, which does not span every rank of the world, and autograd "
+                f"records this {op} across ranks: its gradient (to the rank holding the extreme only) needs "
+                "one all-reduce over the mesh's own ranks, which functorkit makes only over a 1-D mesh or one "
+                "spanning the world. Expected such a mesh, or no gradient; fix: compute it under "
+                "torch.no_grad(), or take ord=2 (whose gradient reaches every element)"
+            )
+            raise ShardRefusal(0, msg)
         return None
     if grad:
-        return _SumAcross.apply(total, group)  # type: ignore[no-untyped-call,unused-ignore]
+        if op == "sum":
+            return _SumAcross.apply(total, group)  # type: ignore[no-untyped-call,unused-ignore]
+        return _ExtremeAcross.apply(total, group, op)  # type: ignore[no-untyped-call,unused-ignore]
     dist.all_reduce(total, op=getattr(dist.ReduceOp, _OPS[op]), group=group)
     return total
 
@@ -377,6 +388,36 @@ class _SumAcross(torch.autograd.Function):  # type: ignore[misc,unused-ignore]  
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:
         return grad, None
+
+
+class _ExtremeAcross(torch.autograd.Function):  # type: ignore[misc,unused-ignore]  # (Any without torch stubs)
+    """The max (`op` "max") or min ("min") over the ranks of `group` of each rank's 0-d part (ONE
+    ``dist.all_reduce`` in the forward), whose gradient goes to the rank(s) holding the global extreme
+    only: ``grad * (part == total) / n``, `n` the number of ranks whose part equals it (one
+    all-reduce of that count in the backward, which every rank runs). That is the gradient of the
+    max of the unsharded values: torch's ``amax`` splits a tie evenly in the same way (DTensor's
+    ``Partial(max)`` -> ``Replicate`` has the identity as its backward, so every rank's local
+    extreme got the whole gradient)."""
+
+    @staticmethod
+    def forward(ctx: Any, part: Any, group: Any, op: str) -> Any:
+        import torch.distributed as dist
+
+        out = part.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN, group=group)
+        ctx.group = group
+        ctx.save_for_backward(part.detach() == out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        import torch.distributed as dist
+
+        (held,) = ctx.saved_tensors
+        n = held.to(grad.dtype)
+        count = n.detach().clone()
+        dist.all_reduce(count, op=dist.ReduceOp.SUM, group=ctx.group)  # how many ranks hold the extreme
+        return grad * n / count.clamp(min=1), None, None
 
 
 def _group_key(x: Any, y: Any) -> tuple[Any, ...] | None:
@@ -503,6 +544,18 @@ def _locals(xs: list[Any]) -> list[Any]:
     return list(map(_local, xs))
 
 
+def clone_local(x: Any) -> Any:
+    """``fk.copy`` of the DTensor `x` with a ``Partial`` placement: its local shard copied and
+    rebuilt with the same mesh, placements, shape and stride (no communication; DTensor's own
+    ``clone`` all-reduces it into ``Replicate``), detached; None for any other tensor (DTensor's
+    ``clone`` of ``Shard``/``Replicate`` placements copies the local shard already)."""
+    dt = dtensor_type()
+    if dt is None or not isinstance(x, dt) or not any(p.is_partial() for p in x.placements):
+        return None
+    local = _local(x).detach().clone()
+    return dt.from_local(local, x.device_mesh, x.placements, run_check=False, shape=x.shape, stride=x.stride())
+
+
 def stand_ins(arrays: list[Any]) -> list[Any] | None:
     """The local shards of `arrays` when every one is a DTensor: each has its DTensor's dtype,
     device and layout (``stand_ins`` of the adapter); None otherwise."""
@@ -593,8 +646,23 @@ def local_pair(x: Any, y: Any) -> tuple[Any, Any] | str:
             "Compare after b.redistribute(a.device_mesh, a.placements)"
         )
     if any(p.is_partial() for p in x.placements):
-        return f"{_describe(x)}: a Partial placement holds unreduced sums; redistribute it first"
+        # a Partial local shard is one rank's term of the value, not a part of it: equal values can have
+        # different terms (1 + 2 and 2 + 1), and close terms need not sum to close values. The values
+        # themselves are compared: each reduced (the Partial mesh dimensions made Replicate, the Shard
+        # ones kept: one all-reduce each; every rank meets the same Partial pairs in the same order)
+        rx = _reduced(x)
+        return rx.to_local(), (rx if y is x else _reduced(y)).to_local()
     return x.to_local(), y.to_local()
+
+
+def _reduced(x: Any) -> Any:
+    """The DTensor `x` with each ``Partial`` placement made ``Replicate`` (its pending reduction made:
+    one all-reduce per such mesh dimension), detached."""
+    from torch.distributed.tensor import Replicate
+
+    places = [Replicate() if p.is_partial() else p for p in x.placements]
+    with torch.no_grad():
+        return x.detach().redistribute(x.device_mesh, places)
 
 
 def any_rank(leaves: Sequence[Any]) -> Callable[[bool], bool] | None:

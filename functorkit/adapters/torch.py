@@ -289,15 +289,22 @@ class Adapter(ArrayAdapter):
         return new
 
     def clone_leaf(self, x: Any) -> Any:
-        """Detached like ``copy.deepcopy``: an ``nn.Parameter`` stays one, ``requires_grad`` is kept."""
-        if isinstance(x, _Uninitialized):
-            msg = (
-                "this parameter is uninitialized (a lazy module's): it has no shape and no values yet, so it "
-                "cannot be copied. Expected initialized parameters; fix: run one forward pass through the "
-                "model first, which initializes them."
-            )
-            raise ValueError(msg)
-        y = x.detach().clone()
+        """Detached like ``copy.deepcopy``: an ``nn.Parameter`` stays one, ``requires_grad`` is kept.
+        A DTensor keeps its placements with no communication (`_dtensor.clone_local`: DTensor's own
+        ``clone`` all-reduces a ``Partial`` one into ``Replicate``)."""
+        if type(x) not in _PLAIN:
+            if isinstance(x, _Uninitialized):
+                msg = (
+                    "this parameter is uninitialized (a lazy module's): it has no shape and no values yet, so "
+                    "it cannot be copied. Expected initialized parameters; fix: run one forward pass through "
+                    "the model first, which initializes them."
+                )
+                raise ValueError(msg)
+            y = _dtensor.clone_local(x)
+            if y is None:
+                y = x.detach().clone()
+        else:
+            y = x.detach().clone()
         if isinstance(x, torch.nn.Parameter):
             return torch.nn.Parameter(y, requires_grad=x.requires_grad)
         if x.requires_grad:
