@@ -49,6 +49,8 @@ __all__ = [
     "host_problem",
     "lerp_many_",
     "local_pair",
+    "mixed_problem",
+    "out_problem",
     "reduce",
     "save_piece",
     "settle",
@@ -86,6 +88,24 @@ def sharded_problem(x: Any) -> str | None:
         "directly (fk.fmap, the arithmetic, fk.norm and fk.dot act on the local shards), or flatten the "
         "local shards yourself: fk.destructure(fk.fmap(lambda x: x.to_local(), model)), rebuilding each "
         "with DTensor.from_local(v, x.device_mesh, x.placements, shape=x.shape, stride=x.stride())"
+    )
+
+
+def mixed_problem(x: Any, y: Any, xname: str, yname: str) -> str | None:
+    """Why a DTensor and a plain tensor at one position of two models (`x` in `xname`, `y` in
+    `yname`) are not combined: what each is, and the fixes; None unless exactly one is a DTensor."""
+    dt = dtensor_type()
+    if dt is None or isinstance(x, dt) == isinstance(y, dt):
+        return None
+    d, dn, p, pn = (x, xname, y, yname) if isinstance(x, dt) else (y, yname, x, xname)
+    return (
+        f"`{dn}` holds {_describe(d)} here but `{pn}` a plain {type(p).__name__}: each rank holds only its "
+        "shard of the one, and whether the other is the whole tensor or one rank's part is unknown (DTensor's "
+        "operators do not mix them). Expected DTensors of one mesh and placements at this place in every model "
+        "(or plain tensors in all); fix: shard the plain model first, "
+        f"{pn} = fk.load_into(fk.copy({dn}), {pn}) (each rank cuts its own shard "
+        "of a whole tensor, no communication), or gather the sharded one, fk.fmap(lambda t: t.full_tensor(), "
+        "model) (a collective)"
     )
 
 
@@ -589,11 +609,63 @@ def uniform_locals(arrays: list[Any]) -> list[Any] | None:
     meshes, placements = _mesh_and_placements(arrays)
     if placements.count(placements[0]) != len(placements):
         return None
+    if any(p.is_partial() for p in placements[0]):  # out= on Partial terms: the per-leaf path (`out_problem`)
+        return None
     mesh = meshes[0]
     # meshes equal to the first (FSDP2 makes one per `fully_shard` call): compared once each
     if any(m != mesh for m in dict(zip(map(id, meshes), meshes)).values()):
         return None
     return local
+
+
+_LINEAR = frozenset(("sum", "avg"))  # Partial reductions an element-wise linear map commutes with
+
+
+def out_problem(fname: str, x: Any, ins: Sequence[Any], o: Any, fix: str) -> str | None:
+    """Why ``fk.<fname>(..., out=)`` cannot write the result at a position where the first model
+    holds `x`, the other models `ins` and `out` the array `o`, one of them a DTensor with a
+    ``Partial`` placement (an unreduced sum: each rank holds a term, not a part, of the values); None
+    where it can (no ``Partial`` there). It can when every one is a DTensor of one mesh and one
+    placements tuple whose ``Partial`` reductions are ``sum`` or ``avg`` and the operation is linear in
+    the models and keeps them ``Partial`` in its functional form (``add``, ``sub``, ``scale``,
+    ``lincomb``, ``mean``): then each rank's term is computed from its terms, with no communication,
+    as DTensor's functional operators do. `fix`: the functional form. (The plain/DTensor mix is
+    refused before, by the operand check: `mixed_problem`.)"""
+    dt = dtensor_type()
+    if dt is None:
+        return None
+    arrays = (x, *ins, o)
+    partial = next((a for a in arrays if isinstance(a, dt) and any(p.is_partial() for p in a.placements)), None)
+    if partial is None:
+        return None
+    tail = (
+        f"fix: the functional form, `{fix}` (DTensor reduces the Partial terms where the result needs it), or "
+        "make the values whole first: x.redistribute(x.device_mesh, [Replicate()]) (a collective you ask for)"
+    )
+    for a in arrays:
+        if not isinstance(a, dt) or a.device_mesh != partial.device_mesh or tuple(a.placements) != tuple(partial.placements):
+            found = _describe(a) if isinstance(a, dt) else f"a plain {type(a).__name__}"
+            return (
+                f"one array here is {_describe(partial)} and another {found}: a Partial DTensor holds on each "
+                "rank a term of the values, not a part of them, so the result cannot be written term by term "
+                "unless every array here is a DTensor of the same mesh and placements. Expected that; " + tail
+            )
+    bad = next((p for p in partial.placements if p.is_partial() and p.reduce_op not in _LINEAR), None)
+    if bad is not None:
+        return (
+            f"the arrays here are {_describe(partial)}: each rank holds a candidate of each value (the value is "
+            f"the {bad.reduce_op} over the ranks), and the result of the arithmetic is not the {bad.reduce_op} of "
+            "its results on the candidates, so out= cannot compute it on the local shards. "
+            "Expected Shard, Replicate or Partial(sum/avg) placements; " + tail
+        )
+    if fname == "lerp":
+        return (
+            f"the arrays here are {_describe(partial)}: DTensor's lerp reduces Partial terms first (its "
+            "functional form gives Replicate values), so a result written term by term into a Partial array "
+            "would differ from it (in placement and in rounding). Expected Shard or Replicate placements for "
+            "the in-place lerp; " + tail
+        )
+    return None
 
 
 def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float, checked: bool = False) -> bool:
@@ -612,6 +684,8 @@ def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float, c
         if type(x) is not dt or type(y) is not dt:
             return False
         if x.device_mesh != y.device_mesh or tuple(x.placements) != tuple(y.placements):
+            return False
+        if any(p.is_partial() for p in x.placements):  # (refused by `out_problem` before)
             return False
         lx.append(_local(x))
         ly.append(_local(y))
