@@ -257,7 +257,7 @@ def run_out(
         if ins:
             check_same(fname, names, path, x, ins)
         _check_out(fname, first, path, x, o, check_same)
-        hook = getattr(adapter_of(x), "out_problem", None)  # sharded arrays (a Partial DTensor)
+        hook = getattr(adapter_of(x), "sharded_out_problem", None)  # sharded arrays (a Partial DTensor)
         why = None if hook is None else hook(fname, x, ins, o, _FIX[fname])
         if why is not None:
             msg = f"at {path.display}: fk.{fname}(out=...): {why}."

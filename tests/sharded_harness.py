@@ -54,7 +54,7 @@ def run_torch_ranks(script: str, world: int = 2, extra: dict[str, str] | None = 
     procs = []
     # each rank writes into files, not pipes: ranks finish together (a barrier), and a rank blocked on
     # a full pipe (64 KiB of results) that is read only after another rank's would never get there
-    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(world)]
+    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(world)]  # noqa: SIM115
     for rank in range(world):
         env = _env(
             {

@@ -96,9 +96,15 @@ def run(check: Callable[[str, Callable[[], dict[str, Any]]], None], count: Any, 
         out["add"] = error(lambda: fk.add(a, p), whole=True)
         # out=: the plain leaf sorts after a DTensor leaf that would be written first
         for name in ("add", "sub", "lerp", "lincomb", "out_plain"):
-            m = {"a": distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]), "b": distribute_tensor(full, mesh, [Shard(0)])}
+            m = {
+                "a": distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]),
+                "b": distribute_tensor(full, mesh, [Shard(0)]),
+            }
             q = {"a": distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]), "b": full.clone()}
-            o = {"a": distribute_tensor(torch.zeros(4, 2), mesh, [Shard(0)]), "b": distribute_tensor(torch.zeros(4, 2), mesh, [Shard(0)])}
+            o = {
+                "a": distribute_tensor(torch.zeros(4, 2), mesh, [Shard(0)]),
+                "b": distribute_tensor(torch.zeros(4, 2), mesh, [Shard(0)]),
+            }
             ops: dict[str, Callable[[], Any]] = {
                 "add": lambda m=m, q=q, o=o: fk.add(m, q, out=o),
                 "sub": lambda m=m, q=q, o=o: fk.sub(m, q, out=o),
@@ -130,7 +136,10 @@ def run(check: Callable[[str, Callable[[], dict[str, Any]]], None], count: Any, 
                 "add": (lambda a, b, o: fk.add(a, b, out=o), lambda a, b: fk.add(a, b)),
                 "sub": (lambda a, b, o: fk.sub(a, b, out=o), lambda a, b: fk.sub(a, b)),
                 "scale": (lambda a, b, o: fk.scale(-1.5, a, out=o), lambda a, b: fk.scale(-1.5, a)),
-                "lincomb": (lambda a, b, o: fk.lincomb([0.3, 0.6], [a, b], out=o), lambda a, b: fk.lincomb([0.3, 0.6], [a, b])),
+                "lincomb": (
+                    lambda a, b, o: fk.lincomb([0.3, 0.6], [a, b], out=o),
+                    lambda a, b: fk.lincomb([0.3, 0.6], [a, b]),
+                ),
                 "mean": (lambda a, b, o: fk.mean([a, b], out=o), lambda a, b: fk.mean([a, b])),
             }
             for name, (with_out, functional) in pairs.items():
@@ -145,7 +154,7 @@ def run(check: Callable[[str, Callable[[], dict[str, Any]]], None], count: Any, 
                         max(float((got[k].to_local() - want[k].to_local()).abs().max()) for k in want),
                         all(got[k].placements == a[k].placements == want[k].placements for k in want),
                         c,
-                    ]  # (out returned, the largest difference to the functional form's terms, placements kept, collectives)
+                    ]  # out returned, largest difference to the functional terms, placements kept, collectives
             # lerp: DTensor's functional lerp reduces Partial terms first: refused, nothing written
             for where in ("a", "other"):
                 a, b = models()
@@ -155,8 +164,14 @@ def run(check: Callable[[str, Callable[[], dict[str, Any]]], None], count: Any, 
                 out[f"{op}_lerp_{where}_untouched"] = torch.equal(o["s"].to_local(), before)
         for op in ("max", "min"):
             for name in ("add", "scale", "lincomb", "mean", "lerp", "lerp_second"):
-                a = {"s": distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]), "p": terms([[10.0, 0.0], [0.0, 10.0]], op)}
-                b = {"s": distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]), "p": terms([[0.0, 8.0], [8.0, 0.0]], op)}
+                a = {
+                    "s": distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]),
+                    "p": terms([[10.0, 0.0], [0.0, 10.0]], op),
+                }
+                b = {
+                    "s": distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]),
+                    "p": terms([[0.0, 8.0], [8.0, 0.0]], op),
+                }
                 if name == "lerp_second":  # every parameter Partial: the column path (bug: _foreach_lerp_ on terms)
                     a = {"p": a["p"], "q": terms([[1.0, 1.0], [1.0, 1.0]], op)}
                     b = {"p": b["p"], "q": terms([[3.0, 3.0], [3.0, 3.0]], op)}

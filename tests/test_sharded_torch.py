@@ -653,7 +653,8 @@ def test_out_on_partial_sum_and_avg_terms_is_local(ranks: list[dict[str, Any]], 
 def test_lerp_out_on_partial_terms_is_refused_before_writing(ranks: list[dict[str, Any]], op: str, where: str) -> None:
     for r in _ok(ranks, "partial_out"):
         err = r[f"{op}_lerp_{where}"]
-        assert err.startswith(f"PolicyError: at p: fk.lerp(out=...): the arrays here are a DTensor of shape (2, 3) with placements (Partial({op}),)"), err
+        assert err.startswith("PolicyError: at p: fk.lerp(out=...): the arrays here are a DTensor of shape (2, 3)"), err
+        assert f"with placements (Partial({op}),)" in err, err
         assert r[f"{op}_lerp_{where}_untouched"] is True
     full = ranks[0]["partial_out"][f"{op}_lerp_a"]
     for words in ("`ema = fk.lerp(ema, model, t)`", "redistribute", "reduces Partial terms first"):
@@ -667,7 +668,8 @@ def test_out_on_partial_max_min_is_refused_before_writing(ranks: list[dict[str, 
     lincomb raised DTensor's error after the first parameter was written."""
     for r in _ok(ranks, "partial_out"):
         err = r[f"{op}_{name}"]
-        assert err.startswith(f"PolicyError: at p: fk.{name.split('_')[0]}(out=...): the arrays here are a DTensor"), err
+        fname = name.split("_")[0]
+        assert err.startswith(f"PolicyError: at p: fk.{fname}(out=...): the arrays here are a DTensor"), err
         assert f"Partial({op})" in err, err
         assert r[f"{op}_{name}_untouched"] is True
     full = ranks[0]["partial_out"][f"{op}_scale"]
@@ -679,7 +681,8 @@ def test_out_with_a_partial_term_among_other_placements_is_refused(ranks: list[d
     for r in _ok(ranks, "partial_out"):
         err = r["mixed_placements"]
         assert err.startswith("PolicyError: at p: fk.add(out=...): one array here is a DTensor"), err
-        assert "(Partial(sum),)" in err and "(Replicate(),)" in err and "same mesh and placements" in err, err
+        for words in ("(Partial(sum),)", "(Replicate(),)", "same mesh and placements"):
+            assert words in err, (words, err)
 
 
 def test_copy_of_a_partial_dtensor_keeps_it_partial_without_a_collective(ranks: list[dict[str, Any]]) -> None:
@@ -690,8 +693,8 @@ def test_copy_of_a_partial_dtensor_keeps_it_partial_without_a_collective(ranks: 
 def test_allclose_of_partial_dtensors_compares_their_values(ranks: list[dict[str, Any]]) -> None:
     """Equal values with other terms are close; other values are not; every rank agrees."""
     for r in _ok(ranks, "partial_allclose"):
-        assert r["self"] is True and r["copy"] is True and r["swapped"] is True and r["max_self"] is True
-        assert r["other"] is False and r["max_other"] is False
+        assert [r[k] for k in ("self", "copy", "swapped", "max_self")] == [True] * 4
+        assert [r[k] for k in ("other", "max_other")] == [False] * 2
         assert r["comms"] == {"all_reduce": 2}  # one reduction of the Partial tensor, one agreement
     assert "at g: 1 of 2 entries differ" in ranks[0]["partial_allclose"]["message"]
 

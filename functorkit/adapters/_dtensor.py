@@ -50,7 +50,7 @@ __all__ = [
     "lerp_many_",
     "local_pair",
     "mixed_problem",
-    "out_problem",
+    "sharded_out_problem",
     "reduce",
     "save_piece",
     "settle",
@@ -609,7 +609,7 @@ def uniform_locals(arrays: list[Any]) -> list[Any] | None:
     meshes, placements = _mesh_and_placements(arrays)
     if placements.count(placements[0]) != len(placements):
         return None
-    if any(p.is_partial() for p in placements[0]):  # out= on Partial terms: the per-leaf path (`out_problem`)
+    if any(p.is_partial() for p in placements[0]):  # out= on Partial terms: the per-leaf path (`sharded_out_problem`)
         return None
     mesh = meshes[0]
     # meshes equal to the first (FSDP2 makes one per `fully_shard` call): compared once each
@@ -621,7 +621,7 @@ def uniform_locals(arrays: list[Any]) -> list[Any] | None:
 _LINEAR = frozenset(("sum", "avg"))  # Partial reductions an element-wise linear map commutes with
 
 
-def out_problem(fname: str, x: Any, ins: Sequence[Any], o: Any, fix: str) -> str | None:
+def sharded_out_problem(fname: str, x: Any, ins: Sequence[Any], o: Any, fix: str) -> str | None:
     """Why ``fk.<fname>(..., out=)`` cannot write the result at a position where the first model
     holds `x`, the other models `ins` and `out` the array `o`, one of them a DTensor with a
     ``Partial`` placement (an unreduced sum: each rank holds a term, not a part, of the values); None
@@ -643,7 +643,11 @@ def out_problem(fname: str, x: Any, ins: Sequence[Any], o: Any, fix: str) -> str
         "make the values whole first: x.redistribute(x.device_mesh, [Replicate()]) (a collective you ask for)"
     )
     for a in arrays:
-        if not isinstance(a, dt) or a.device_mesh != partial.device_mesh or tuple(a.placements) != tuple(partial.placements):
+        if (
+            not isinstance(a, dt)
+            or a.device_mesh != partial.device_mesh
+            or tuple(a.placements) != tuple(partial.placements)
+        ):
             found = _describe(a) if isinstance(a, dt) else f"a plain {type(a).__name__}"
             return (
                 f"one array here is {_describe(partial)} and another {found}: a Partial DTensor holds on each "
@@ -685,7 +689,7 @@ def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float, c
             return False
         if x.device_mesh != y.device_mesh or tuple(x.placements) != tuple(y.placements):
             return False
-        if any(p.is_partial() for p in x.placements):  # (refused by `out_problem` before)
+        if any(p.is_partial() for p in x.placements):  # (refused by `sharded_out_problem` before)
             return False
         lx.append(_local(x))
         ly.append(_local(y))

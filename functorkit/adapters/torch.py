@@ -700,12 +700,12 @@ class Adapter(ArrayAdapter):
             return None
         return _dtensor.mixed_problem(x, y, xname, yname)
 
-    def out_problem(self, fname: str, x: Any, ins: Sequence[Any], o: Any, fix: str) -> str | None:
-        """Why ``out=`` cannot write this position (`functorkit.adapters._dtensor.out_problem`: a
+    def sharded_out_problem(self, fname: str, x: Any, ins: Sequence[Any], o: Any, fix: str) -> str | None:
+        """Why ``out=`` cannot write this position (`functorkit.adapters._dtensor.sharded_out_problem`: a
         ``Partial`` DTensor there); None for plain tensors."""
         if type(x) in _PLAIN and type(o) in _PLAIN and all(type(a) in _PLAIN for a in ins):
             return None
-        return _dtensor.out_problem(fname, x, ins, o, fix)
+        return _dtensor.sharded_out_problem(fname, x, ins, o, fix)
 
     def whole_tensor_problem(self, x: Any) -> str | None:
         """Why a selection over the whole of `x` (``fk.ties``, ``fk.dare``) cannot be made here: a
