@@ -29,7 +29,7 @@ from itertools import chain, compress
 from typing import Any, cast
 
 from ._alias import _clusters, layouts_overlap, memory_layout, separate_allocations
-from ._errors import StructureError
+from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
 from ._record import all_distinct
 from ._walk import BUILD_NONE, _PathAt, walk
@@ -257,6 +257,11 @@ def run_out(
         if ins:
             check_same(fname, names, path, x, ins)
         _check_out(fname, first, path, x, o, check_same)
+        hook = getattr(adapter_of(x), "sharded_out_problem", None)  # sharded arrays (a Partial DTensor)
+        why = None if hook is None else hook(fname, x, ins, o, _FIX[fname])
+        if why is not None:
+            msg = f"at {path.display}: fk.{fname}(out=...): {why}."
+            raise PolicyError(msg)
         if check is not None:
             check(path, x)
         seen = by_out.get(id(o))

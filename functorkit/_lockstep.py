@@ -34,6 +34,7 @@ from ._xp import (
     same_device,
 )
 from .adapters import adapter_of, tracing
+from .adapters._sharding import mixed_problem
 
 _PY_SCALARS = (int, float, complex)
 
@@ -167,6 +168,10 @@ def _check_same(fname: str, names: Sequence[str], path: KeyPath, x: Any, others:
                 f"`{names[j]}` a {_ns_name(namespace(o))} array. Expected one namespace; functorkit does "
                 "not convert between libraries silently; fix: convert one model first (e.g. with fk.fmap)."
             )
+            raise PolicyError(msg)
+        why = mixed_problem(adapter_of(x), x, o, names[0], names[j])  # a DTensor and a plain tensor
+        if why is not None:
+            msg = f"at {path.display}: fk.{fname}: {why}."
             raise PolicyError(msg)
         if tuple(o.shape) != tuple(x.shape):
             msg = (

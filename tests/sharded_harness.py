@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,9 @@ def run_torch_ranks(script: str, world: int = 2, extra: dict[str, str] | None = 
     (`extra`: more environment variables)."""
     port = str(free_port())
     procs = []
+    # each rank writes into files, not pipes: ranks finish together (a barrier), and a rank blocked on
+    # a full pipe (64 KiB of results) that is read only after another rank's would never get there
+    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(world)]  # noqa: SIM115
     for rank in range(world):
         env = _env(
             {
@@ -66,20 +70,26 @@ def run_torch_ranks(script: str, world: int = 2, extra: dict[str, str] | None = 
             subprocess.Popen(
                 [sys.executable, str(ROOT / "tests" / script)],
                 env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdout=files[rank][0],
+                stderr=files[rank][1],
                 text=True,
             )
         )
     outs = []
     try:
-        for p in procs:
-            outs.append(p.communicate(timeout=TIMEOUT))
+        for p, (fo, fe) in zip(procs, files, strict=True):
+            p.wait(timeout=TIMEOUT)
+            fo.seek(0)
+            fe.seek(0)
+            outs.append((fo.read(), fe.read()))
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.communicate()
+                p.wait()
+        for fo, fe in files:
+            fo.close()
+            fe.close()
     return [_results(o, e, p.returncode, f"rank {r}") for r, (p, (o, e)) in enumerate(zip(procs, outs, strict=True))]
 
 

@@ -366,6 +366,10 @@ def main() -> None:
 
     check("mixed", mixed_refused)
 
+    import sharded_torch_partial  # more checks in this process: ord=inf gradients, plain among DTensors, Partial
+
+    sharded_torch_partial.run(check, count, mesh, os.environ.get("FK_CKPT_DIR", ""))
+
     # ---- 2-D meshes (HSDP's layout): every reduction is still ONE all-reduce, each value counted once
     def mesh2d(shape: tuple[int, int]) -> dict[str, Any]:
         mesh2 = init_device_mesh("cpu", shape)
@@ -488,8 +492,8 @@ def main() -> None:
 
     def norm_routes() -> dict[str, Any]:
         """Which all-reduce fk.norm makes: an eager dist.all_reduce for a sum, with or without a
-        gradient (the fast route), DTensor's autograd-aware redistribution for a max that autograd
-        records (ord=inf)."""
+        gradient (the fast route), and for a max that autograd records (ord=inf: inside an autograd
+        function whose backward sends the gradient to the rank holding the max)."""
         seen = []
         plain = dist.all_reduce
 

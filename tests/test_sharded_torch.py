@@ -255,11 +255,11 @@ def test_models_of_dtensors_that_differ_are_refused_by_path(ranks: list[dict[str
 
 def test_norm_takes_an_eager_all_reduce_for_sums(ranks: list[dict[str, Any]]) -> None:
     """The fast route (one dist.all_reduce, no DTensor redistribution) is taken for a sum, under
-    no_grad and where the norm carries a gradient (the same value); a max that autograd records
-    (ord=inf) goes through DTensor's redistribution. (The gradients: the fsdp_grad_norm and 2-D
-    mesh tests.)"""
+    no_grad and where the norm carries a gradient (the same value), and for a max that autograd
+    records (ord=inf; its gradient: test_an_inf_norm_gradient_reaches_only_the_global_extreme).
+    (The gradients: the fsdp_grad_norm and 2-D mesh tests.)"""
     for r in _ok(ranks, "norm_routes"):
-        assert (r["plain"], r["grad"], r["inf"], r["same"], r["req"]) == (1, 1, 0, True, [True, True])
+        assert (r["plain"], r["grad"], r["inf"], r["same"], r["req"]) == (1, 1, 1, True, [True, True])
 
 
 def test_fsdp2_norm_is_differentiable_and_a_gradient_norm_is_global(ranks: list[dict[str, Any]]) -> None:
@@ -586,3 +586,124 @@ def test_what_cannot_be_rebuilt_working_is_refused(ranks: list[dict[str, Any]]) 
         ranks, "fsdp_rebuilt_mixed", "StructureError", "FSDPLinear at 'fc1'", "'bias'", "fk.load_into(model, rebuilt)"
     )
     _refused(ranks, "fsdp_rebuilt_unsharded", "TypeError", "unsharded now", "reshard()", "fk.load_into(model, rebuilt)")
+
+
+# ---- tests/sharded_torch_partial.py's checks (run in the same worker processes)
+
+
+@pytest.mark.parametrize("case", ["inf", "-inf", "tie"])
+def test_an_inf_norm_gradient_reaches_only_the_global_extreme(ranks: list[dict[str, Any]], case: str) -> None:
+    """The gradient of the unsharded norm: rank 1's local max (min) gets none; a max held by both
+    ranks is split between them (torch's own rule for a tie); one all-reduce each way."""
+    for res in _ok(ranks, "inf_grad"):
+        r = res[case]
+        assert r["value"] == r["ref"]
+        assert r["grad"] == r["grad_ref"], (r["grad"], r["grad_ref"])
+        assert r["comms"] == ONE_ALL_REDUCE
+        assert r["comms_backward"] == ONE_ALL_REDUCE
+    if case == "tie":
+        assert ranks[0]["inf_grad"]["tie"]["grad"] == {"v": [[0.5, 0.0, -0.5, 0.0]]}
+
+
+def test_normalize_by_the_inf_norm_has_the_unsharded_gradient(ranks: list[dict[str, Any]]) -> None:
+    for res in _ok(ranks, "inf_grad"):
+        got, ref = np.array(res["normalize"]["grad"]), np.array(res["normalize"]["grad_ref"])
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
+
+
+MIXED = ["dot_ap", "dot_pa", "add", "lerp", "mean", "slerp", "task_arithmetic", "model_stock", "tensor_dots"]
+
+
+@pytest.mark.parametrize("name", MIXED)
+def test_a_plain_tensor_among_dtensors_is_refused_by_path(ranks: list[dict[str, Any]], name: str) -> None:
+    for r in _ok(ranks, "mixed_plain"):
+        err = r[name]
+        assert err.startswith("PolicyError: at enc.w: fk."), err
+        assert "holds a DTensor of shape (4, 2) with placements (Shard(dim=0),)" in err, err
+    full = ranks[0]["mixed_plain"]["add"]
+    for words in ("`b` a plain Tensor", "b = fk.load_into(fk.copy(a), b)", "full_tensor()"):
+        assert words in full, (words, full)
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "lerp", "lincomb", "out_plain"])
+def test_out_with_a_plain_tensor_among_dtensors_writes_nothing(ranks: list[dict[str, Any]], name: str) -> None:
+    for r in _ok(ranks, "mixed_plain"):
+        assert r[f"out_{name}"].startswith("PolicyError: at b: fk."), r[f"out_{name}"]
+        assert r[f"out_{name}_untouched"] is True
+    assert "`out` a plain" in ranks[0]["mixed_plain"]["out_out_plain"]
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("name", ["add", "sub", "scale", "lincomb", "mean"])
+@pytest.mark.parametrize("where", ["a", "other"])
+def test_out_on_partial_sum_and_avg_terms_is_local(ranks: list[dict[str, Any]], op: str, name: str, where: str) -> None:
+    """Linear operations on Partial(sum/avg) DTensors: each rank's term from its terms, as the
+    functional form computes it (DTensor's operators keep Partial there), no collective."""
+    for r in _ok(ranks, "partial_out"):
+        same, diff, kept, comms = r[f"{op}_{name}_{where}"]
+        assert same is True
+        assert kept is True
+        assert comms == {}
+        # bit for bit, but lincomb: its functional form on DTensors is `acc + x * c`, out= `add_(alpha=c)`
+        assert diff <= (1e-6 if name == "lincomb" else 0.0), diff
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("where", ["a", "other"])
+def test_lerp_out_on_partial_terms_is_refused_before_writing(ranks: list[dict[str, Any]], op: str, where: str) -> None:
+    for r in _ok(ranks, "partial_out"):
+        err = r[f"{op}_lerp_{where}"]
+        assert err.startswith("PolicyError: at p: fk.lerp(out=...): the arrays here are a DTensor of shape (2, 3)"), err
+        assert f"with placements (Partial({op}),)" in err, err
+        assert r[f"{op}_lerp_{where}_untouched"] is True
+    full = ranks[0]["partial_out"][f"{op}_lerp_a"]
+    for words in ("`ema = fk.lerp(ema, model, t)`", "redistribute", "reduces Partial terms first"):
+        assert words in full, (words, full)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("name", ["add", "scale", "lincomb", "mean", "lerp", "lerp_second"])
+def test_out_on_partial_max_min_is_refused_before_writing(ranks: list[dict[str, Any]], op: str, name: str) -> None:
+    """Not linear: the in-place EMA wrote the lerp of each rank's candidates (5, not 9), scale and
+    lincomb raised DTensor's error after the first parameter was written."""
+    for r in _ok(ranks, "partial_out"):
+        err = r[f"{op}_{name}"]
+        fname = name.split("_")[0]
+        assert err.startswith(f"PolicyError: at p: fk.{fname}(out=...): the arrays here are a DTensor"), err
+        assert f"Partial({op})" in err, err
+        assert r[f"{op}_{name}_untouched"] is True
+    full = ranks[0]["partial_out"][f"{op}_scale"]
+    for words in ("Partial(sum/avg)", "`a = fk.scale(c, a)`", "x.redistribute(x.device_mesh, [Replicate()])"):
+        assert words in full, (words, full)
+
+
+def test_out_with_a_partial_term_among_other_placements_is_refused(ranks: list[dict[str, Any]]) -> None:
+    for r in _ok(ranks, "partial_out"):
+        err = r["mixed_placements"]
+        assert err.startswith("PolicyError: at p: fk.add(out=...): one array here is a DTensor"), err
+        for words in ("(Partial(sum),)", "(Replicate(),)", "same mesh and placements"):
+            assert words in err, (words, err)
+
+
+def test_copy_of_a_partial_dtensor_keeps_it_partial_without_a_collective(ranks: list[dict[str, Any]]) -> None:
+    for r in _ok(ranks, "partial_copy"):
+        assert r == {"placements": "(Partial(sum),)", "local_equal": True, "independent": True, "comms": {}}
+
+
+def test_allclose_of_partial_dtensors_compares_their_values(ranks: list[dict[str, Any]]) -> None:
+    """Equal values with other terms are close; other values are not; every rank agrees."""
+    for r in _ok(ranks, "partial_allclose"):
+        assert [r[k] for k in ("self", "copy", "swapped", "max_self")] == [True] * 4
+        assert [r[k] for k in ("other", "max_other")] == [False] * 2
+        assert r["comms"] == {"all_reduce": 2}  # one reduction of the Partial tensor, one agreement
+    assert "at g: 1 of 2 entries differ" in ranks[0]["partial_allclose"]["message"]
+
+
+def test_load_like_a_model_holding_a_0d_dtensor(ranks: list[dict[str, Any]]) -> None:
+    for r in _ok(ranks, "load_0d"):
+        for how in ("sharded", "whole"):
+            assert r[how] == {
+                "placements": ["(Shard(dim=0),)", "(Replicate(),)"],
+                "s": 1.5,
+                "w": [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]],
+            }

@@ -49,6 +49,8 @@ __all__ = [
     "host_problem",
     "lerp_many_",
     "local_pair",
+    "mixed_problem",
+    "sharded_out_problem",
     "reduce",
     "save_piece",
     "settle",
@@ -86,6 +88,24 @@ def sharded_problem(x: Any) -> str | None:
         "directly (fk.fmap, the arithmetic, fk.norm and fk.dot act on the local shards), or flatten the "
         "local shards yourself: fk.destructure(fk.fmap(lambda x: x.to_local(), model)), rebuilding each "
         "with DTensor.from_local(v, x.device_mesh, x.placements, shape=x.shape, stride=x.stride())"
+    )
+
+
+def mixed_problem(x: Any, y: Any, xname: str, yname: str) -> str | None:
+    """Why a DTensor and a plain tensor at one position of two models (`x` in `xname`, `y` in
+    `yname`) are not combined: what each is, and the fixes; None unless exactly one is a DTensor."""
+    dt = dtensor_type()
+    if dt is None or isinstance(x, dt) == isinstance(y, dt):
+        return None
+    d, dn, p, pn = (x, xname, y, yname) if isinstance(x, dt) else (y, yname, x, xname)
+    return (
+        f"`{dn}` holds {_describe(d)} here but `{pn}` a plain {type(p).__name__}: each rank holds only its "
+        "shard of the one, and whether the other is the whole tensor or one rank's part is unknown (DTensor's "
+        "operators do not mix them). Expected DTensors of one mesh and placements at this place in every model "
+        "(or plain tensors in all); fix: shard the plain model first, "
+        f"{pn} = fk.load_into(fk.copy({dn}), {pn}) (each rank cuts its own shard "
+        "of a whole tensor, no communication), or gather the sharded one, fk.fmap(lambda t: t.full_tensor(), "
+        "model) (a collective)"
     )
 
 
@@ -194,7 +214,7 @@ def from_stored(src: Any, like: Any, tensor_of: Callable[[Any, str, Any], Any]) 
         raw = region(tuple(offset), tuple(lshape))
     else:
         cut = tuple(slice(o, o + n) for o, n in zip(offset, lshape, strict=True))
-        raw = src.raw()[cut].copy()
+        raw = src.raw()[(*cut, Ellipsis)].copy()  # (`...`: a 0-d tensor's cut is an array, not a NumPy scalar)
     t = tensor_of(raw, src.name, None)
     dev = _local(like).device
     if t.device != dev:
@@ -339,13 +359,13 @@ def _plain_all_reduce(total: Any, mesh: Any, op: str) -> Any:
     """`total` (this rank's part, a fresh 0-d tensor) combined over every rank of `mesh` by ONE
     eager ``dist.all_reduce``, when `mesh` is 1-D or spans the whole world (the default group):
     in place where no gradient flows through it (a gradient's norm, anything under ``no_grad``),
-    through `_SumAcross` for a sum autograd records (a norm or dot of the parameters themselves).
-    DTensor's redistribution costs several times the collective itself (bench_sharded's norm
-    rows). None otherwise (a max/min that autograd records, a mesh of part of the world:
-    `all_reduce`, DTensor's own, is used)."""
+    through `_SumAcross` for a sum autograd records (a norm or dot of the parameters themselves),
+    through `_ExtremeAcross` for a max or min it records (``ord=inf``/``-inf``: the gradient to the
+    rank holding the extreme). DTensor's redistribution costs several times the collective itself
+    (bench_sharded's norm rows). None otherwise (a mesh of part of the world: `all_reduce`,
+    DTensor's own, is used), where a max or min that autograd records is a `ShardRefusal`
+    (DTensor's ``Partial(max)`` would give every rank's local extreme the gradient)."""
     grad = total.requires_grad and torch.is_grad_enabled()
-    if grad and op != "sum":
-        return None
     import torch.distributed as dist
 
     if mesh.ndim == 1:
@@ -353,9 +373,20 @@ def _plain_all_reduce(total: Any, mesh: Any, op: str) -> Any:
     elif _flat_mesh(mesh) is not None:
         group = None  # the default group: the whole world, which this mesh spans
     else:
+        if grad and op != "sum":
+            msg = (
+                f"the parameters are on {mesh}, which does not span every rank of the world, and autograd "
+                f"records this {op} across ranks: its gradient (to the rank holding the extreme only) needs "
+                "one all-reduce over the mesh's own ranks, which functorkit makes only over a 1-D mesh or one "
+                "spanning the world. Expected such a mesh, or no gradient; fix: compute it under "
+                "torch.no_grad(), or take ord=2 (whose gradient reaches every element)"
+            )
+            raise ShardRefusal(0, msg)
         return None
     if grad:
-        return _SumAcross.apply(total, group)  # type: ignore[no-untyped-call,unused-ignore]
+        if op == "sum":
+            return _SumAcross.apply(total, group)  # type: ignore[no-untyped-call,unused-ignore]
+        return _ExtremeAcross.apply(total, group, op)  # type: ignore[no-untyped-call,unused-ignore]
     dist.all_reduce(total, op=getattr(dist.ReduceOp, _OPS[op]), group=group)
     return total
 
@@ -377,6 +408,36 @@ class _SumAcross(torch.autograd.Function):  # type: ignore[misc,unused-ignore]  
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:
         return grad, None
+
+
+class _ExtremeAcross(torch.autograd.Function):  # type: ignore[misc,unused-ignore]  # (Any without torch stubs)
+    """The max (`op` "max") or min ("min") over the ranks of `group` of each rank's 0-d part (ONE
+    ``dist.all_reduce`` in the forward), whose gradient goes to the rank(s) holding the global extreme
+    only: ``grad * (part == total) / n``, `n` the number of ranks whose part equals it (one
+    all-reduce of that count in the backward, which every rank runs). That is the gradient of the
+    max of the unsharded values: torch's ``amax`` splits a tie evenly in the same way (DTensor's
+    ``Partial(max)`` -> ``Replicate`` has the identity as its backward, so every rank's local
+    extreme got the whole gradient)."""
+
+    @staticmethod
+    def forward(ctx: Any, part: Any, group: Any, op: str) -> Any:
+        import torch.distributed as dist
+
+        out = part.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN, group=group)
+        ctx.group = group
+        ctx.save_for_backward(part.detach() == out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        import torch.distributed as dist
+
+        (held,) = ctx.saved_tensors
+        n = held.to(grad.dtype)
+        count = n.detach().clone()
+        dist.all_reduce(count, op=dist.ReduceOp.SUM, group=ctx.group)  # how many ranks hold the extreme
+        return grad * n / count.clamp(min=1), None, None
 
 
 def _group_key(x: Any, y: Any) -> tuple[Any, ...] | None:
@@ -503,6 +564,18 @@ def _locals(xs: list[Any]) -> list[Any]:
     return list(map(_local, xs))
 
 
+def clone_local(x: Any) -> Any:
+    """``fk.copy`` of the DTensor `x` with a ``Partial`` placement: its local shard copied and
+    rebuilt with the same mesh, placements, shape and stride (no communication; DTensor's own
+    ``clone`` all-reduces it into ``Replicate``), detached; None for any other tensor (DTensor's
+    ``clone`` of ``Shard``/``Replicate`` placements copies the local shard already)."""
+    dt = dtensor_type()
+    if dt is None or not isinstance(x, dt) or not any(p.is_partial() for p in x.placements):
+        return None
+    local = _local(x).detach().clone()
+    return dt.from_local(local, x.device_mesh, x.placements, run_check=False, shape=x.shape, stride=x.stride())
+
+
 def stand_ins(arrays: list[Any]) -> list[Any] | None:
     """The local shards of `arrays` when every one is a DTensor: each has its DTensor's dtype,
     device and layout (``stand_ins`` of the adapter); None otherwise."""
@@ -536,11 +609,67 @@ def uniform_locals(arrays: list[Any]) -> list[Any] | None:
     meshes, placements = _mesh_and_placements(arrays)
     if placements.count(placements[0]) != len(placements):
         return None
+    if any(p.is_partial() for p in placements[0]):  # out= on Partial terms: the per-leaf path (`sharded_out_problem`)
+        return None
     mesh = meshes[0]
     # meshes equal to the first (FSDP2 makes one per `fully_shard` call): compared once each
     if any(m != mesh for m in dict(zip(map(id, meshes), meshes)).values()):
         return None
     return local
+
+
+_LINEAR = frozenset(("sum", "avg"))  # Partial reductions an element-wise linear map commutes with
+
+
+def sharded_out_problem(fname: str, x: Any, ins: Sequence[Any], o: Any, fix: str) -> str | None:
+    """Why ``fk.<fname>(..., out=)`` cannot write the result at a position where the first model
+    holds `x`, the other models `ins` and `out` the array `o`, one of them a DTensor with a
+    ``Partial`` placement (an unreduced sum: each rank holds a term, not a part, of the values); None
+    where it can (no ``Partial`` there). It can when every one is a DTensor of one mesh and one
+    placements tuple whose ``Partial`` reductions are ``sum`` or ``avg`` and the operation is linear in
+    the models and keeps them ``Partial`` in its functional form (``add``, ``sub``, ``scale``,
+    ``lincomb``, ``mean``): then each rank's term is computed from its terms, with no communication,
+    as DTensor's functional operators do. `fix`: the functional form. (The plain/DTensor mix is
+    refused before, by the operand check: `mixed_problem`.)"""
+    dt = dtensor_type()
+    if dt is None:
+        return None
+    arrays = (x, *ins, o)
+    partial = next((a for a in arrays if isinstance(a, dt) and any(p.is_partial() for p in a.placements)), None)
+    if partial is None:
+        return None
+    tail = (
+        f"fix: the functional form, `{fix}` (DTensor reduces the Partial terms where the result needs it), or "
+        "make the values whole first: x.redistribute(x.device_mesh, [Replicate()]) (a collective you ask for)"
+    )
+    for a in arrays:
+        if (
+            not isinstance(a, dt)
+            or a.device_mesh != partial.device_mesh
+            or tuple(a.placements) != tuple(partial.placements)
+        ):
+            found = _describe(a) if isinstance(a, dt) else f"a plain {type(a).__name__}"
+            return (
+                f"one array here is {_describe(partial)} and another {found}: a Partial DTensor holds on each "
+                "rank a term of the values, not a part of them, so the result cannot be written term by term "
+                "unless every array here is a DTensor of the same mesh and placements. Expected that; " + tail
+            )
+    bad = next((p for p in partial.placements if p.is_partial() and p.reduce_op not in _LINEAR), None)
+    if bad is not None:
+        return (
+            f"the arrays here are {_describe(partial)}: each rank holds a candidate of each value (the value is "
+            f"the {bad.reduce_op} over the ranks), and the result of the arithmetic is not the {bad.reduce_op} of "
+            "its results on the candidates, so out= cannot compute it on the local shards. "
+            "Expected Shard, Replicate or Partial(sum/avg) placements; " + tail
+        )
+    if fname == "lerp":
+        return (
+            f"the arrays here are {_describe(partial)}: DTensor's lerp reduces Partial terms first (its "
+            "functional form gives Replicate values), so a result written term by term into a Partial array "
+            "would differ from it (in placement and in rounding). Expected Shard or Replicate placements for "
+            "the in-place lerp; " + tail
+        )
+    return None
 
 
 def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float, checked: bool = False) -> bool:
@@ -559,6 +688,8 @@ def lerp_many_(fe: Callable[..., Any], xs: list[Any], ys: list[Any], t: float, c
         if type(x) is not dt or type(y) is not dt:
             return False
         if x.device_mesh != y.device_mesh or tuple(x.placements) != tuple(y.placements):
+            return False
+        if any(p.is_partial() for p in x.placements):  # (refused by `sharded_out_problem` before)
             return False
         lx.append(_local(x))
         ly.append(_local(y))
@@ -593,8 +724,23 @@ def local_pair(x: Any, y: Any) -> tuple[Any, Any] | str:
             "Compare after b.redistribute(a.device_mesh, a.placements)"
         )
     if any(p.is_partial() for p in x.placements):
-        return f"{_describe(x)}: a Partial placement holds unreduced sums; redistribute it first"
+        # a Partial local shard is one rank's term of the value, not a part of it: equal values can have
+        # different terms (1 + 2 and 2 + 1), and close terms need not sum to close values. The values
+        # themselves are compared: each reduced (the Partial mesh dimensions made Replicate, the Shard
+        # ones kept: one all-reduce each; every rank meets the same Partial pairs in the same order)
+        rx = _reduced(x)
+        return rx.to_local(), (rx if y is x else _reduced(y)).to_local()
     return x.to_local(), y.to_local()
+
+
+def _reduced(x: Any) -> Any:
+    """The DTensor `x` with each ``Partial`` placement made ``Replicate`` (its pending reduction made:
+    one all-reduce per such mesh dimension), detached."""
+    from torch.distributed.tensor import Replicate
+
+    places = [Replicate() if p.is_partial() else p for p in x.placements]
+    with torch.no_grad():
+        return x.detach().redistribute(x.device_mesh, places)
 
 
 def any_rank(leaves: Sequence[Any]) -> Callable[[bool], bool] | None:

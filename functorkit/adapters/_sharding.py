@@ -33,7 +33,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["ShardRefusal", "first_sharded", "new_array_device", "settle", "sharded_reduce", "whole_tensor_problem"]
+__all__ = [
+    "ShardRefusal",
+    "first_sharded",
+    "mixed_problem",
+    "new_array_device",
+    "settle",
+    "sharded_reduce",
+    "whole_tensor_problem",
+]
 
 
 class ShardRefusal(Exception):
@@ -73,6 +81,15 @@ def settle(ad: Any, r: Any) -> Any:
     """The adapter's ``settle`` of the per-tensor result `r` (`r` itself for a family without it)."""
     hook = getattr(ad, "settle", None)
     return r if hook is None else hook(r)
+
+
+def mixed_problem(ad: Any, x: Any, y: Any, xname: str, yname: str) -> str | None:
+    """Why the arrays `x` (of the model `xname`) and `y` (of `yname`), of one namespace, at one
+    parameter position cannot be combined: one sharded and the other not (torch: a DTensor and a plain
+    tensor), with the fix; None otherwise, or for a family without sharded arrays. Asked only where
+    their types differ (the element-wise functions' operand check, not the common case)."""
+    hook = getattr(ad, "mixed_problem", None)
+    return None if hook is None else hook(x, y, xname, yname)
 
 
 def new_array_device(ad: Any, like: Any) -> Any:

@@ -302,15 +302,22 @@ class Adapter(ArrayAdapter):
         return new
 
     def clone_leaf(self, x: Any) -> Any:
-        """Detached like ``copy.deepcopy``: an ``nn.Parameter`` stays one, ``requires_grad`` is kept."""
-        if isinstance(x, _Uninitialized):
-            msg = (
-                "this parameter is uninitialized (a lazy module's): it has no shape and no values yet, so it "
-                "cannot be copied. Expected initialized parameters; fix: run one forward pass through the "
-                "model first, which initializes them."
-            )
-            raise ValueError(msg)
-        y = x.detach().clone()
+        """Detached like ``copy.deepcopy``: an ``nn.Parameter`` stays one, ``requires_grad`` is kept.
+        A DTensor keeps its placements with no communication (`_dtensor.clone_local`: DTensor's own
+        ``clone`` all-reduces a ``Partial`` one into ``Replicate``)."""
+        if type(x) not in _PLAIN:
+            if isinstance(x, _Uninitialized):
+                msg = (
+                    "this parameter is uninitialized (a lazy module's): it has no shape and no values yet, so "
+                    "it cannot be copied. Expected initialized parameters; fix: run one forward pass through "
+                    "the model first, which initializes them."
+                )
+                raise ValueError(msg)
+            y = _dtensor.clone_local(x)
+            if y is None:
+                y = x.detach().clone()
+        else:
+            y = x.detach().clone()
         if isinstance(x, torch.nn.Parameter):
             return torch.nn.Parameter(y, requires_grad=x.requires_grad)
         if x.requires_grad:
@@ -730,6 +737,19 @@ class Adapter(ArrayAdapter):
         """``fk.allclose``: for leaves holding a DTensor, ``flag -> flag on any rank`` (one
         all-reduce over its mesh); None otherwise."""
         return _dtensor.any_rank(leaves)
+
+    def mixed_problem(self, x: Any, y: Any, xname: str, yname: str) -> str | None:
+        """A DTensor and a plain tensor at one position (`functorkit.adapters._dtensor.mixed_problem`)."""
+        if type(x) in _PLAIN and type(y) in _PLAIN:
+            return None
+        return _dtensor.mixed_problem(x, y, xname, yname)
+
+    def sharded_out_problem(self, fname: str, x: Any, ins: Sequence[Any], o: Any, fix: str) -> str | None:
+        """Why ``out=`` cannot write this position (`functorkit.adapters._dtensor.sharded_out_problem`: a
+        ``Partial`` DTensor there); None for plain tensors."""
+        if type(x) in _PLAIN and type(o) in _PLAIN and all(type(a) in _PLAIN for a in ins):
+            return None
+        return _dtensor.sharded_out_problem(fname, x, ins, o, fix)
 
     def whole_tensor_problem(self, x: Any) -> str | None:
         """Why a selection over the whole of `x` (``fk.ties``, ``fk.dare``) cannot be made here: a
