@@ -25,6 +25,7 @@ from ._structured import Diagonal
 from ._treedef import TreeDef
 from ._xp import Kind, describe_kind, device_of, is_array, namespace, promote_dtypes, same_device
 from .adapters import adapter_of
+from .adapters._sharding import mixed_problem
 
 __all__ = ["stack", "unstack"]
 
@@ -109,6 +110,10 @@ def _stack_leaf(xs: list[Any], path: KeyPath, pol: str) -> Any:
             raise StructureError(msg)
         k = _kind(x)
         kinds.append(k)
+        why = mixed_problem(ad, x0, x, "models[0]", f"models[{i}]") if type(x) is not t0 else None
+        if why is not None:  # (torch: a DTensor and a plain tensor)
+            msg = f"fk.stack: at {path.display}: {why}."
+            raise PolicyError(msg)
         if k.xp is not k0.xp or (pol == "strict" and (k.dtype != k0.dtype or not same_device(k.device, k0.device))):
             allowed = k.xp is k0.xp
             fix = (

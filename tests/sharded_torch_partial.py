@@ -91,6 +91,7 @@ def run(check: Callable[[str, Callable[[], dict[str, Any]]], None], count: Any, 
             "task_arithmetic": lambda: fk.task_arithmetic(a, [p], [1.0]),
             "model_stock": lambda: fk.model_stock(a, [p, a]),
             "tensor_dots": lambda: fk.tensor_dots(p, a),
+            "stack": lambda: fk.stack([a, p]),
         }
         out: dict[str, Any] = {name: error(f) for name, f in calls.items()}
         out["add"] = error(lambda: fk.add(a, p), whole=True)
