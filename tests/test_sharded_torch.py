@@ -645,8 +645,7 @@ def test_out_on_partial_sum_and_avg_terms_is_local(ranks: list[dict[str, Any]], 
         assert same is True
         assert kept is True
         assert comms == {}
-        # bit for bit, but lincomb: its functional form on DTensors is `acc + x * c`, out= `add_(alpha=c)`
-        assert diff <= (1e-6 if name == "lincomb" else 0.0), diff
+        assert diff == 0.0, diff  # bit for bit (lincomb's functional form: add(alpha=c), as out='s add_)
 
 
 @pytest.mark.parametrize("op", ["sum", "avg"])

@@ -507,7 +507,10 @@ class Adapter(ArrayAdapter):
 
     def axpy(self, acc: Any, x: Any, c: Any, inplace: bool) -> Any:
         if not inplace:
-            return acc + x * c
+            # out of place, the same kernel as in place (``add(alpha=)``): the values of the
+            # functional form and of ``out=`` agree bit for bit (SPEC 14) on DTensors and under
+            # transforms too (``acc + x * c`` rounds twice)
+            return acc + x * c if isinstance(c, torch.Tensor) else torch.add(acc, x, alpha=c)
         if isinstance(c, torch.Tensor):
             return acc.addcmul_(x, c)
         return acc.add_(x, alpha=c)
