@@ -47,6 +47,7 @@ from ._lockstep import (
 from ._typing import Tree as T
 from ._walk import _map
 from ._xp import (
+    describe_device,
     device_of,
     is_array,
     is_inexact_array,
@@ -146,8 +147,9 @@ def _check_coefficient(path: KeyPath, x: Any, c: Any, what: str, fname: str) -> 
         raise PolicyError(msg)
     if not _same_device(c, x):
         msg = (
-            f"at {path.display}: fk.{fname}: `{what}` is on {device_of(c)} but the parameter is on "
-            f"{device_of(x)}. Expected the same device; fix: move the coefficient, or pass a Python number."
+            f"at {path.display}: fk.{fname}: `{what}` is on {describe_device(device_of(c))} but the parameter is "
+            f"on {describe_device(device_of(x))}. Expected the same device; fix: move the coefficient, or pass a "
+            "Python number."
         )
         raise PolicyError(msg)
     if not is_inexact_array(c):

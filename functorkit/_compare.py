@@ -28,7 +28,16 @@ from ._lockstep import _as_array, _reduce_params
 from ._record import record_plain
 from ._reduce import sharded_total
 from ._treedef import TreeDef
-from ._xp import describe_array, describe_dtype, describe_namespace, device_of, is_array, namespace, same_device
+from ._xp import (
+    describe_array,
+    describe_device,
+    describe_dtype,
+    describe_namespace,
+    device_of,
+    is_array,
+    namespace,
+    same_device,
+)
 from .adapters import adapter_of
 
 __all__ = ["all_finite", "allclose", "assert_allclose"]
@@ -382,7 +391,7 @@ def _compare_here(
             where = (
                 f"a {describe_namespace(xn)} array in `a` and a {describe_namespace(yn)} array in `b`"
                 if xn is not yn
-                else f"device {device_of(x)} in `a` and {device_of(y)} in `b`"
+                else f"device {describe_device(device_of(x))} in `a` and {describe_device(device_of(y))} in `b`"
             )
             msg = (
                 f"at {path(j).display}: fk.{fname}: {where}. Expected both models in one library and on one "

@@ -23,6 +23,7 @@ from ._typing import Tree as T
 from ._walk import BUILD_NONE, BUILD_SAME, walk
 from ._xp import (
     describe_array,
+    describe_device,
     describe_dtype,
     describe_namespace,
     device_of,
@@ -189,8 +190,9 @@ def _check_same(fname: str, names: Sequence[str], path: KeyPath, x: Any, others:
             raise PolicyError(msg)
         if not _same_device(o, x):
             msg = (
-                f"at {path.display}: fk.{fname}: device {device_of(x)} in `{names[0]}` vs "
-                f"{device_of(o)} in `{names[j]}`. Expected one device per parameter; fix: move one model first."
+                f"at {path.display}: fk.{fname}: device {describe_device(device_of(x))} in `{names[0]}` vs "
+                f"{describe_device(device_of(o))} in `{names[j]}`. Expected one device per parameter; fix: move one "
+                "model first."
             )
             raise PolicyError(msg)
 
@@ -387,9 +389,9 @@ def _reduce_params(
             if namespace(x0) is not xp or not _same_device(x0, x):
                 msg = (
                     f"at {p0.display} and {path.display}: fk.{fname} reduces over every parameter, but "
-                    f"these are {_ns_name(namespace(x0))} on {device_of(x0)} and {_ns_name(xp)} on "
-                    f"{device_of(x)}. Expected one namespace and device for the 0-d result; fix: move the "
-                    "model to one device first."
+                    f"these are {_ns_name(namespace(x0))} on {describe_device(device_of(x0))} and {_ns_name(xp)} "
+                    f"on {describe_device(device_of(x))}. Expected one namespace and device for the 0-d result; fix: "
+                    "move the model to one device first."
                 )
                 raise PolicyError(msg)
         parts.append(compute(xp, x, others))

@@ -79,10 +79,17 @@ def describe_dtype(dtype: Any) -> str:
 
 
 def describe_device(device: Any) -> str:
-    """The device as text; None reads ``unknown device``."""
+    """The device as text; None reads ``unknown device``. A placement over several devices (a JAX
+    sharding: its ``device_set``) names them too: two meshes of one shape over other devices print
+    alike otherwise."""
     if device is None:
         return "unknown device"
-    return str(device)
+    text = str(device)
+    devices = getattr(device, "device_set", None)
+    if isinstance(devices, (set, frozenset)) and len(devices) > 1:
+        ids = sorted(str(getattr(d, "id", d)) for d in devices)
+        text += f" over devices {{{', '.join(ids)}}}"
+    return text
 
 
 def describe_kind(kind: Kind) -> str:

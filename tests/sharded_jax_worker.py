@@ -215,6 +215,21 @@ def main() -> None:
 
         check(f"{kind}.load_into", load_into)
 
+    def two_meshes() -> dict[str, Any]:
+        """Arrays of one mesh shape over two device sets: the refusal says which devices each has."""
+        devs = jax.devices()
+        halves = [jax.sharding.Mesh(np.array(devs[:4]), ("x",)), jax.sharding.Mesh(np.array(devs[4:]), ("x",))]
+        a, b = (jax.device_put(jnp.arange(8.0), NamedSharding(m, P("x"))) for m in halves)
+        out: dict[str, Any] = {}
+        for name, f in (("norm", lambda: fk.norm({"a": a, "b": b})), ("add", lambda: fk.add({"w": a}, {"w": b}))):
+            try:
+                f()
+                out[name] = "no error"
+            except fk.PolicyError as e:
+                out[name] = str(e)
+        return out
+
+    check("two_meshes", two_meshes)
     print("FK_RESULTS " + json.dumps(results, default=str), flush=True)
 
 

@@ -141,3 +141,10 @@ def test_load_into_jax_is_the_immutable_refusal(res: dict[str, Any], mesh: str) 
     err = res[f"{mesh}.load_into"].get("error")
     assert err is not None
     assert err.startswith("TypeError: at a: fk.load_into writes into `dst`'s arrays in place"), err
+
+
+@pytest.mark.parametrize("name", ["norm", "add"])
+def test_arrays_on_two_device_sets_are_refused_naming_each_ones_devices(res: dict[str, Any], name: str) -> None:
+    err = _ok(res, "two_meshes")[name]
+    assert "over devices {0, 1, 2, 3}" in err, err
+    assert "over devices {4, 5, 6, 7}" in err, err
