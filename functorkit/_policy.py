@@ -209,7 +209,9 @@ def decide_rebuild(policy: str, leaf: Kind, p: Kind, model_has_complex: bool) ->
         return Decision(
             None, False, False, False, False, False, f"{policy}: complex p into real parameter: {RAISE}", "complex"
         )
-    if not adapter_for(p.xp).readable(p.device):  # a meta p: nothing to convert (any step reads p's values)
+    unreadable = not adapter_for(p.xp).readable(p.device)  # a meta p: no values to read
+    if unreadable and ("namespace" in diffs or ("device" in diffs and adapter_for(leaf.xp).readable(leaf.device))):
+        # into another library, or onto a device with memory, p's values would be read (a cast on meta is not)
         why = f"{policy}: p on {describe_device(p.device)} holds no values: {RAISE}"
         return Decision(None, False, False, False, False, False, why, "no values")
     steps = []

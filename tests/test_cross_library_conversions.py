@@ -68,3 +68,14 @@ def test_lazy_narrow_float_sources_load_into_torch(ml: str, td: object, tmp_path
         lin.weight.zero_()
     fk.load_state_dict(lin, {"weight": fk.state_dict(fk.open(path))["weight"].reshape(1, 3)})
     assert lin.weight.float().flatten().tolist() == VALUES
+
+
+def test_a_meta_p_casts_into_a_meta_model_but_is_refused_onto_the_cpu() -> None:
+    # a cast on meta reads no values (a meta model is a template); a move to the CPU would
+    _, re_meta = fk.destructure({"w": torch.empty(3, device="meta", dtype=torch.float64)}, policy="model")
+    got = re_meta(torch.empty(3, device="meta", dtype=torch.float32))["w"]
+    assert got.device.type == "meta"
+    assert got.dtype == torch.float64
+    _, re_cpu = fk.destructure({"w": torch.zeros(3)}, policy="model")
+    with pytest.raises(fk.PolicyError, match=r"at w: .*holds no values"):
+        re_cpu(torch.empty(3, device="meta"))
