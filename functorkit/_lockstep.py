@@ -318,6 +318,11 @@ def _map_params(
     if cols is not None and op is not None:
         td, leaves, idx, others = cols
         out = list(map(op, map(leaves.__getitem__, idx), *others))
+        mask = td._trainable_mask() if every else None
+        if mask is not None:  # trainable_only=False: a frozen parameter's result stays frozen (SPEC 3)
+            for j, i in enumerate(idx):
+                if not mask[i]:
+                    out[j] = adapter_of(leaves[i]).keep_kind(out[j], leaves[i])
         if len(idx) < len(leaves) or any(issubclass(t, np.generic) for t in set(map(type, out))):
             res = list(map(copy_array, leaves))  # constants: arrays copied, anything else shared
             for i, r in zip(idx, out, strict=True):
@@ -333,8 +338,12 @@ def _map_params(
             if check is not None:
                 check(path, x)
             if op is None or x.dtype in adapter_of(x).operator_less:  # (torch float8: the adapter's kernel)
-                return _as_array(fn(path, x, others, None))
-            return _as_array(op(x, *others))
+                r = _as_array(fn(path, x, others, None))
+            else:
+                r = _as_array(op(x, *others))
+            # trainable_only=False: a frozen parameter's result stays frozen (a plain tensor in a
+            # parameter slot would be trainable, SPEC 3)
+            return r if trainable else adapter_of(x).keep_kind(r, x)
         return copy_array(x)
 
     return cast(T, _run(fname, names, models, visit, BUILD_SAME))

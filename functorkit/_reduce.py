@@ -332,11 +332,20 @@ def _first(xp: Any, x: Any, others: list[Any]) -> Any:
 
 def _leaf_norm(xp: Any, x: Any, o: float, power: bool) -> Any:
     """One parameter's part of a norm of order `o` (not 2): ``sum(|x|**o)`` or its vector norm."""
-    acc = adapter_of(x).accumulate_dtype(x.dtype)
+    ad = adapter_of(x)
+    acc = ad.accumulate_dtype(x.dtype)
     if acc is not None:
         x = xp.astype(x, acc)
     if power:
-        return xp.sum(xp.abs(x) ** o)
+        a = xp.abs(x)
+        if o >= 1 or not ad.autodiff:
+            return xp.sum(a ** o)
+        # below 1 the derivative of |x|**o is infinite at 0 (times abs's 0: NaN): the zero entries are
+        # taken apart, as torch's vector_norm does (0 for 0 < o < 1; for o < 0 a zero makes the norm 0,
+        # every gradient 0), ``where`` on a safe input so that no inf * 0 reaches the gradient
+        zero = a == 0
+        part = xp.where(zero, xp.ones_like(a), a) ** o
+        return xp.sum(xp.where(zero, xp.full_like(a, 0.0 if o > 0 else math.inf), part))
     return _vector_norm(xp, x, ord=o)
 
 

@@ -945,3 +945,32 @@ def test_the_other_trees_of_a_multi_tree_operation_are_matched_without_their_aux
             nd.flatten = f  # type: ignore[method-assign]
     # fk.fmap records `a` and matches `b`; the lerp records `b` (out, the first model) and matches `a`
     assert sorted(calls) == sorted(id(x) for m in (a, b) for x in m.modules())  # each module flattened once
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "scale", "lerp", "lincomb", "mean", "normalize"])
+def test_trainable_only_false_keeps_frozen_parameters_frozen(op: str) -> None:
+    # the arithmetic over every floating array (a soup with buffers) computes the frozen parameters
+    # too; their results stay frozen nn.Parameters (a plain tensor in the slot would be trainable)
+    torch.manual_seed(0)
+    a = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    a[0].bias.requires_grad_(False)
+    b = fk.fmap(lambda x: x + 1, a, trainable_only=False)
+    b[0].bias.requires_grad_(False)
+    calls = {
+        "add": lambda: fk.add(a, b, trainable_only=False),
+        "sub": lambda: fk.sub(a, b, trainable_only=False),
+        "scale": lambda: fk.scale(2.0, a, trainable_only=False),
+        "lerp": lambda: fk.lerp(a, b, 0.5, trainable_only=False),
+        "lincomb": lambda: fk.lincomb([1.0, 2.0], [a, b], trainable_only=False),
+        "mean": lambda: fk.mean([a, b], trainable_only=False),
+        "normalize": lambda: fk.normalize(a, trainable_only=False),
+    }
+    out = calls[op]()
+    bias = out[0].bias
+    assert type(bias) is nn.Parameter
+    assert not bias.requires_grad
+    assert bias.grad_fn is None
+    assert [str(p) for p in fk.destructure(out)[1].paths] == [str(p) for p in fk.destructure(a)[1].paths]
+    assert type(out[1].running_mean) is torch.Tensor  # a buffer stays a buffer
+    if op == "scale":
+        assert torch.equal(bias.data, 2 * a[0].bias.data)
