@@ -22,6 +22,7 @@ in ``_policy.py``.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, Generic, cast
 
 from ._codegen import CODEGEN_MAX, build_source, compile_source, entry_of_error
@@ -555,7 +556,20 @@ class Restructure(Reflatten, Generic[Tree]):
 
 
 def _same_constant(a: Any, b: Any) -> bool:
-    return a is b or (type(a) is type(b) and type(a) in SCALAR_TYPES and a == b)
+    """The same built-in scalar: of one type and equal, and floats (complex parts) of one sign too
+    (``0.0 == -0.0``, but ``1 / re(p)["c"]`` tells them apart: two rebuilders equal by ``==`` share
+    one ``jax.jit`` cache entry)."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or type(a) not in SCALAR_TYPES or a != b:
+        return False
+    if type(a) is float:
+        return math.copysign(1.0, a) == math.copysign(1.0, b)
+    if type(a) is complex:
+        return math.copysign(1.0, a.real) == math.copysign(1.0, b.real) and math.copysign(
+            1.0, a.imag
+        ) == math.copysign(1.0, b.imag)
+    return True
 
 
 #: what `Restructure._again` shares between two rebuilders of one plan (all but the constants and

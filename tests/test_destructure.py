@@ -555,3 +555,17 @@ def test_alias_of_view_and_owner_detected(xp: Any, backend: Backend) -> None:
     base = xp.asarray([1.0, 2.0, 3.0, 4.0])
     with pytest.raises(fk.StructureError, match=r"at owner and view: "):
         fk.destructure({"owner": base, "view": base[1:3]})
+
+
+def test_rebuilders_whose_constants_differ_in_sign_only_are_not_equal(xp: Any) -> None:
+    # 0.0 == -0.0, but a model built with one is not the other (1 / c differs): equal rebuilders share
+    # one jax.jit cache entry, so they must rebuild alike
+    w = xp.asarray(np.ones(2))
+    for pos, neg in ((0.0, -0.0), (complex(0.0, 1.0), complex(-0.0, 1.0)), (complex(1.0, 0.0), complex(1.0, -0.0))):
+        _, re_pos = fk.destructure({"w": w, "c": pos})
+        _, re_neg = fk.destructure({"w": w, "c": neg})
+        assert re_pos != re_neg
+        assert re_pos == fk.destructure({"w": w, "c": pos})[1]
+    _, a = fk.destructure({"w": w, "c": 1})
+    _, b = fk.destructure({"w": w, "c": 1.0})
+    assert a != b  # (types apart, as before)
