@@ -126,6 +126,33 @@ def test_norm_gradient_of_a_module_with_a_zero_bias() -> None:
     torch.testing.assert_close(net.bias.grad, torch.zeros(2))
 
 
+ORDS = [0.5, -1.0, -2.0, 1.0, math.inf, -math.inf, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("o", ORDS)
+@pytest.mark.parametrize("lib", ["torch", "jax"])
+def test_norm_gradients_at_zero_entries_are_torch_vector_norms_for_every_ord(lib: str, o: float) -> None:
+    """A zero bias and an all-zero model: the gradient of fk.norm(ord=o) is torch.linalg.vector_norm's
+    of the concatenated values, on torch and JAX (ord < 1 gave NaN or inf at zero entries; JAX's
+    abs and max gave ord=1 and inf non-zero gradients at 0)."""
+    torch = pytest.importorskip("torch")
+    for vals in ({"w": [1.0, -2.0], "b": [0.0, 0.0]}, {"w": [0.0, 0.0], "b": [0.0, 0.0]}):
+        ref = torch.tensor([*vals["w"], *vals["b"]], dtype=torch.float64, requires_grad=True)
+        torch.linalg.vector_norm(ref, ord=o).backward()
+        assert ref.grad is not None
+        want = ref.grad.numpy()
+        if lib == "torch":
+            m = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in vals.items()}
+            fk.norm(m, ord=o).backward()
+            got = np.concatenate([m["w"].grad.numpy(), m["b"].grad.numpy()])
+        else:
+            jax = pytest.importorskip("jax")
+            jnp = jax.numpy
+            g = jax.grad(lambda t: fk.norm(t, ord=o))({k: jnp.asarray(v, dtype=jnp.float32) for k, v in vals.items()})
+            got = np.concatenate([np.asarray(g["w"]), np.asarray(g["b"])]).astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
 # --------------------------------------------------------------------------- trainable_only
 
 

@@ -96,7 +96,9 @@ def _part(kind: str, x: Any, y: Any, o: float) -> Any:
     x = _acc(x)
     if kind == "dot":
         return jnp.sum(jnp.conj(x) * _acc(y))
-    a = jnp.abs(x)
+    # |x| with gradient 0 at 0 (JAX's abs has 1 there; torch's vector_norm, whose subgradients
+    # functorkit follows, has 0: a zero bias gets gradient 0 for every ord, an all-zero model too)
+    a = jnp.where(x == 0, 0, jnp.abs(x))
     if o == 2:
         return jnp.sum(a * a)
     if o == math.inf:
@@ -107,7 +109,13 @@ def _part(kind: str, x: Any, y: Any, o: float) -> Any:
         return jnp.sum((a != 0).astype(a.dtype))
     if o == 1:
         return jnp.sum(a)
-    return jnp.sum(a**o)
+    if o > 1:
+        return jnp.sum(a**o)
+    # below 1 the derivative of |x|**o is infinite at 0: zero entries taken apart (0 for 0 < o < 1; for
+    # o < 0 a zero makes the norm 0), ``where`` on a safe input so that no inf * 0 reaches the gradient
+    zero = a == 0
+    part = jnp.where(zero, 1, a) ** o
+    return jnp.sum(jnp.where(zero, 0.0 if o > 0 else math.inf, part))
 
 
 def reduce(kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float) -> Any:
