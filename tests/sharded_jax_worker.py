@@ -230,6 +230,25 @@ def main() -> None:
         return out
 
     check("two_meshes", two_meshes)
+
+    def replicated_spec_merges() -> dict[str, Any]:
+        """Replicated arrays whose spec has their rank (P(None): what jnp operations give on an
+        Explicit mesh for a P() input): the merges' 0-d constants are left uncommitted."""
+        out: dict[str, Any] = {}
+        for kind, axes in (("explicit", None), ("auto", (AxisType.Auto,) * 2)):
+            mesh = jax.make_mesh((4, 2), ("x", "y"), **({} if axes is None else {"axis_types": axes}))
+            vals = [rng.standard_normal(3) for _ in range(3)]
+            rep = NamedSharding(mesh, P(None))
+            base, m1, m2 = ({"w": jax.device_put(jnp.asarray(v, jnp.float32), rep)} for v in vals)
+            ref = fk.slerp({"w": np.float32(vals[1])}, {"w": np.float32(vals[2])}, 0.3)["w"]
+            got = fk.slerp(m1, m2, 0.3)["w"]
+            out[f"{kind}.slerp"] = float(np.max(np.abs(np.asarray(got) - ref)))
+            if kind == "auto":
+                out["auto.ties"] = np.asarray(fk.ties(base, [m1, m2], [0.5, 0.5], density=0.5)["w"]).tolist()
+                out["auto.dare"] = np.asarray(fk.dare(base, [m1, m2], [0.5, 0.5], density=0.5, seed=0)["w"]).tolist()
+        return out
+
+    check("replicated_spec_merges", replicated_spec_merges)
     print("FK_RESULTS " + json.dumps(results, default=str), flush=True)
 
 

@@ -148,3 +148,13 @@ def test_arrays_on_two_device_sets_are_refused_naming_each_ones_devices(res: dic
     err = _ok(res, "two_meshes")[name]
     assert "over devices {0, 1, 2, 3}" in err, err
     assert "over devices {4, 5, 6, 7}" in err, err
+
+
+def test_merges_of_replicated_arrays_with_a_spec_of_their_rank(res: dict[str, Any]) -> None:
+    # (a raw "with_sharding_constraint ... rank at least 1" ValueError before: 0-d constants were
+    # committed to the arrays' rank-1 sharding)
+    r = _ok(res, "replicated_spec_merges")
+    assert r["explicit.slerp"] <= 1e-6
+    assert r["auto.slerp"] <= 1e-6
+    assert len(r["auto.ties"]) == 3
+    assert len(r["auto.dare"]) == 3

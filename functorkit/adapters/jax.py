@@ -77,9 +77,14 @@ class Adapter(ArrayAdapter):
         return _jax_sharding.whole_tensor_problem(x)
 
     def new_array_device(self, like: Any) -> Any:
-        """None (an uncommitted array, placed where it is used) for `like` split over several devices
-        (its sharding fits only its own shape); else `like`'s device."""
-        return None if _jax_sharding.is_split(like) else self.device(like)
+        """None (an uncommitted array, placed where it is used) for `like` on several devices (split,
+        or replicated with a spec of its own rank, ``P(None,)``: either sharding fits only arrays of
+        its rank, not a 0-d constant); else `like`'s device."""
+        if _jax_sharding.is_split(like):
+            return None
+        dev = self.device(like)
+        devices = getattr(dev, "device_set", None)
+        return None if devices is not None and len(devices) > 1 else dev
 
     def copy(self, x: Any) -> Any:
         """Immutable: ``x.copy()`` gives a new buffer (same values)."""
