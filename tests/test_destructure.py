@@ -334,6 +334,10 @@ def test_model_with_only_constant_arrays(xp: Any, backend: Backend) -> None:
     assert flat.shape == (0,)
     assert type(flat) is type(idx)
     assert re(flat)["idx"] is idx
+    for policy in ("strict", "model", "flat"):  # any empty 1-D array, under every policy
+        _, re_p = fk.destructure(tree, policy=policy)
+        assert re_p(flat)["idx"] is idx
+        assert re_p(xp.asarray([], dtype=xp.float32))["idx"] is idx
 
 
 # --------------------------------------------------------------------------- memory sharing

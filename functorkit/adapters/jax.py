@@ -42,7 +42,10 @@ class Adapter(ArrayAdapter):
 
     def views(self, p: Any, offsets: list[int], shapes: list[tuple[int, ...]]) -> list[Any]:
         """One ``split`` for up to `SPLIT_MAX` parameters (bench_flat jax ``re(p)`` rows:
-        eager JAX pays a dispatch per slice); method slices beyond."""
+        eager JAX pays a dispatch per slice); method slices beyond. No parameters: no views (``split``
+        of an empty vector gives one chunk)."""
+        if not shapes:
+            return []
         if len(shapes) <= SPLIT_MAX:
             chunks = self.xp.split(p, offsets[1:])
             return [c if len(s) == 1 else c.reshape(s) for c, s in zip(chunks, shapes, strict=True)]
