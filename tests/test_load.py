@@ -327,7 +327,9 @@ def _net(torch: Any, seed: int) -> Any:
     return net
 
 
-@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize(
+    "name", ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"]
+)
 def test_torch_narrow_floats_load_into_numpy(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A torch bfloat16/float8 tensor (NumPy has no such dtype: ``Tensor.numpy()`` refuses it) loads
     into a NumPy model through an ml_dtypes view of its bits: bit for bit into the same dtype,
@@ -336,8 +338,8 @@ def test_torch_narrow_floats_load_into_numpy(name: str, monkeypatch: pytest.Monk
     torch = pytest.importorskip("torch")
     ml_dtypes = pytest.importorskip("ml_dtypes")
     tdt = getattr(torch, name, None)
-    if tdt is None:
-        pytest.skip(f"torch has no {name}")
+    if tdt is None or not hasattr(ml_dtypes, name):
+        pytest.skip(f"torch or ml_dtypes has no {name}")
     ndt = np.dtype(getattr(ml_dtypes, name))
     src32 = torch.linspace(-3.0, 3.0, 24).reshape(4, 6)
     src = {"w": src32.to(tdt), "t": src32.to(tdt).T}  # a strided (transposed) view too

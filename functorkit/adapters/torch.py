@@ -836,7 +836,7 @@ class Adapter(ArrayAdapter):
 
 _STAND_IN = {
     d: torch.int16 if d == torch.bfloat16 else torch.uint8
-    for d in (torch.bfloat16, getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None))
+    for d in (torch.bfloat16, *(getattr(torch, n, None) for n in _F8_NAMES))  # (the fnuz and e8m0 kinds too)
     if d is not None
 }
 
