@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import operator
 import pickle
+import types
 from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -590,9 +591,17 @@ def key_order_difference(ta: TreeDef, tb: TreeDef) -> tuple[int, list[Any], list
     return None
 
 
+#: node classes pickle cannot name (not an attribute of their module: ``builtins.mappingproxy``),
+#: written as these names and read back by them
+_BY_NAME = {types.MappingProxyType: "types.MappingProxyType"}
+_FROM_NAME = {name: cls for cls, name in _BY_NAME.items()}
+
+
 def reduce_program(prog: list[Any]) -> list[Any]:
-    """The program as picklable data: node classes in place of their `NodeDef`."""
-    return [(e[ND].cls, *e[KEYS:]) if type(e) is tuple else e for e in prog]
+    """The program as picklable data: node classes in place of their `NodeDef` (by name where
+    pickle cannot find the class itself, `_BY_NAME`)."""
+    get = _BY_NAME.get
+    return [(get(e[ND].cls, e[ND].cls), *e[KEYS:]) if type(e) is tuple else e for e in prog]
 
 
 def restore_program(prog_in: Any, bad: str) -> list[Any]:
@@ -610,6 +619,8 @@ def restore_program(prog_in: Any, bad: str) -> list[Any]:
             prog.append(e)
         elif type(e) is tuple and len(e) == 6:
             cls, keys, n, leafy, aux, named = e
+            if type(cls) is str:
+                cls = _FROM_NAME.get(cls)
             if not isinstance(cls, type) or type(n) is not int or type(leafy) is not bool or type(named) is not bool:
                 raise pickle.UnpicklingError(bad)
             nd = resolve(cls)

@@ -45,14 +45,18 @@ BUILTIN_CLASSES: dict[str, type] = {
     "collections.UserDict": collections.UserDict,
     "collections.UserList": collections.UserList,
     "types.SimpleNamespace": types.SimpleNamespace,
+    "types.MappingProxyType": types.MappingProxyType,
     "functorkit.Diagonal": Diagonal,
     "functorkit.Transpose": Transpose,
 }
 _BUILTIN_NAMES = {cls: name for name, cls in BUILTIN_CLASSES.items()}
 
 
-def class_name(cls: type) -> str:
-    """The name a document gives `cls`: functorkit's table's, else ``module.qualname``."""
+def class_name(cls: type | str) -> str:
+    """The name a document gives `cls`: functorkit's table's, else ``module.qualname`` (a name
+    already, where the pickled program names a class pickle cannot: ``_program._BY_NAME``)."""
+    if isinstance(cls, str):
+        return cls
     return _BUILTIN_NAMES.get(cls) or f"{cls.__module__}.{cls.__qualname__}"
 
 

@@ -297,3 +297,19 @@ def test_a_defaultdict_factory_is_not_data() -> None:
     _, td = fk.flatten(zoo(np)["defaultdict"])
     with pytest.raises(TypeError, match=r"at <root>: .*defaultdict node holds a builtins.type"):
         td.to_json()
+
+
+def test_a_mapping_proxy_node_pickles_and_round_trips_through_json(xp: Any) -> None:
+    # mappingproxy is one of functorkit's own nodes, but pickle cannot name its class
+    # (builtins.mappingproxy): a definition and a rebuilder holding one pickled only by name
+    import pickle
+    import types
+
+    model = {"cfg": types.MappingProxyType({"w": xp.asarray(np.ones(2)), "n": 3})}
+    td = fk.flatten(model)[1]
+    assert pickle.loads(pickle.dumps(td)) == td
+    assert fk.TreeDef.from_json(td.to_json()) == td  # (from functorkit's own table, no classes=)
+    flat, re = fk.destructure(model)
+    back = pickle.loads(pickle.dumps(re))(flat)
+    assert type(back["cfg"]) is types.MappingProxyType
+    assert back["cfg"]["n"] == 3
