@@ -3,7 +3,7 @@
 A leaf of a model that is not an array, a built-in scalar, a function or a
 class, and that no registry knows, is an *unknown holder* when arrays sit in
 it: in its attributes (``__dict__`` or ``__slots__``), among the items of a
-``Mapping``/``Sequence`` subclass (and its own attributes), of a set, or in what
+``Mapping``/``Sequence`` subclass (and its own attributes), of a set or a mapping's values view, or in what
 a ``functools.partial`` holds, directly or inside containers and other such
 objects up to `DEPTH` levels down (at most `BUDGET` objects per leaf).
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, ValuesView
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -71,7 +71,7 @@ def _contents(x: Any) -> list[Any]:
         out.extend(x.values())
         if t is dict:
             return out
-    elif isinstance(x, (Sequence, AbstractSet)):
+    elif isinstance(x, (Sequence, AbstractSet, ValuesView)):  # (a dict's values(): keys/items are sets)
         out.extend(x)
         if t in (list, tuple, set, frozenset):
             return out
@@ -194,7 +194,7 @@ def never_holds(x: Any) -> bool:
         or issubclass(t, _NOT_HOLDERS)
         or registered_leaf(t)
         or not (
-            issubclass(t, (Mapping, Sequence, AbstractSet, functools.partial))
+            issubclass(t, (Mapping, Sequence, AbstractSet, ValuesView, functools.partial))
             or hasattr(x, "__dict__")
             or any(_slot_names(c) for c in t.__mro__)
         )

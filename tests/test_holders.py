@@ -69,6 +69,7 @@ UNKNOWN: dict[str, Callable[[Any], Any]] = {
     "list_subclass": lambda a: ListSub([a]),
     "plain_class": lambda a: Plain(a),
     "slots_class": lambda a: Slotted(a),
+    "values_view": lambda a: {"w": a}.values(),  # (a dict's keys() and items() are sets: found before)
 }
 #: the path of the array inside each node holder
 INNER = {
