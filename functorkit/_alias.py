@@ -46,7 +46,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -58,7 +58,15 @@ from .adapters import adapter_of
 from .adapters._base import _HOST, Layout, normalise_layout
 from .adapters._base import extent as _extent
 
-__all__ = ["Layout", "check_no_aliases", "layouts_overlap", "may_overlap", "memory_layout", "separate_allocations"]
+__all__ = [
+    "Layout",
+    "check_constants_apart",
+    "check_no_aliases",
+    "layouts_overlap",
+    "may_overlap",
+    "memory_layout",
+    "separate_allocations",
+]
 
 #: above this many contiguous runs in one cluster, fall back to pairwise tests
 _RUN_LIMIT = 1 << 21
@@ -419,3 +427,39 @@ def _relation(x: Any, y: Any, a: Layout, b: Layout) -> str:
     ):
         return "one is a transpose view of the other"
     return "they are two views of the same elements, e.g. `a[:]`, `a.reshape(...)`, `t.detach()`"
+
+
+def check_constants_apart(
+    params: Sequence[Any], constants: Sequence[Any], path_of: Callable[[int, int], KeyPath], what: str
+) -> None:
+    """Raise `check_no_aliases`'s StructureError if an array of `constants` shares memory with one of
+    `params` (``fk.destructure``: ``re(p)`` gives the parameter its slice of ``p`` and keeps the
+    constant, so a buffer that is a view of a weight would be silently untied). Two constants that
+    share memory are kept as they are: not an error. ``path_of(side, k)`` names the k-th parameter
+    (side 0) or constant (side 1), asked only for a message. C-level passes prove the common case
+    (separate NumPy allocations; one library whose adapter shows the ranges do not meet); otherwise
+    one extent per mutable array, one sweep, and the pairs in touching extents checked exactly."""
+    arrays = [*params, *constants]
+    if separate_allocations(arrays):
+        return
+    # one library whose adapter proves in C-level passes that the ranges do not meet (torch: parameters
+    # and buffers, `nn.Parameter` and `Tensor`, contiguous): the common case, no extent each
+    ads = {id(a): a for a in (adapter_of(x) for x in dict(zip(map(type, arrays), arrays)).values())}
+    if len(ads) == 1 and all_distinct(arrays) and next(iter(ads.values())).out_fast([], arrays):
+        return
+    spans: list[tuple[Any, ...]] = []
+    for side, entries in ((0, params), (1, constants)):
+        for k, x in enumerate(entries):
+            if not adapter_of(x).mutable:
+                continue
+            ext = adapter_of(x).memory_extent(x)
+            if ext is not None:
+                spans.append((*ext, side, k, x))
+    if not any(sp[3] for sp in spans):
+        return
+    for cluster in _clusters(spans):
+        ps = [sp for sp in cluster if sp[3] == 0]
+        for c in (sp for sp in cluster if sp[3] == 1):
+            for p in ps:
+                if p[5] is not c[5]:  # (the same object in both: a tie, never an alias)
+                    check_no_aliases([(path_of(0, p[4]), p[5]), (path_of(1, c[4]), c[5])], what)

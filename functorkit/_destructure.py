@@ -15,7 +15,7 @@ import math
 import operator
 from typing import Any
 
-from ._alias import check_no_aliases
+from ._alias import check_constants_apart, check_no_aliases
 from ._dense import check_dense
 from ._flat import Restructure, _default_float
 from ._keypath import KeyPath
@@ -130,6 +130,7 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
             param_kind = [0] * len(params)
             param_types = param_types[:1]
         check_no_aliases(_LazyPaths(path_of, params), "fk.destructure")
+        _check_apart(leaves, param_idx, td)
         _check_readable(kinds, param_kind, flat_kind, path_of)
     elif any(is_array(x) for x in leaves):
         first = next(x for x in leaves if is_array(x))
@@ -188,6 +189,7 @@ class _Plan:
             return td.paths[idx[k]]
 
         check_no_aliases(_LazyPaths(path_of, params), "fk.destructure")
+        _check_apart(leaves, idx, td)
         flat = _new_flat(old._flat_kind, self.n, params, self.offsets, old._shapes)
         template = list(leaves)
         for j in idx:
@@ -213,6 +215,27 @@ def _shapes(params: list[Any]) -> list[tuple[int, ...]]:
         if set(map(type, itertools.chain.from_iterable(plain))) <= _INT:
             return plain
     return [tuple(map(int, s)) for s in shapes]  # a library's own shape type, symbolic sizes
+
+
+def _check_apart(leaves: list[Any], param_idx: list[int], td: TreeDef) -> None:
+    """No constant array (a buffer, a frozen parameter) shares memory with a parameter: ``re(p)``
+    would give the parameter its slice of ``p`` and keep the constant, untying them silently
+    (``fk.load_into`` refuses the same model). Paths are built only for a message."""
+    if len(param_idx) == len(leaves):
+        return  # (every leaf a parameter: no constant)
+    is_param = set(param_idx)
+    # floating constants only (buffers, frozen parameters): an integer or bool array is no view of a
+    # parameter's elements short of a dtype reinterpretation
+    consts = [j for j, x in enumerate(leaves) if j not in is_param and is_inexact_array(x)]
+    if not consts:
+        return
+
+    def path_of(side: int, k: int) -> KeyPath:
+        return td.paths[(param_idx, consts)[side][k]]
+
+    check_constants_apart(
+        list(map(leaves.__getitem__, param_idx)), list(map(leaves.__getitem__, consts)), path_of, "fk.destructure"
+    )
 
 
 def _parameters(leaves: list[Any], td: TreeDef) -> list[int]:

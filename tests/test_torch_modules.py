@@ -974,3 +974,28 @@ def test_trainable_only_false_keeps_frozen_parameters_frozen(op: str) -> None:
     assert type(out[1].running_mean) is torch.Tensor  # a buffer stays a buffer
     if op == "scale":
         assert torch.equal(bias.data, 2 * a[0].bias.data)
+
+
+def test_a_constant_sharing_memory_with_a_parameter_is_refused_by_destructure() -> None:
+    # re(p) gives the parameter its slice of p and keeps the constant: a buffer (or frozen parameter)
+    # that is a view of a weight would be untied silently (fk.load_into refused the same model)
+    lin = nn.Linear(3, 3)
+    lin.register_buffer("wT", lin.weight.detach().t())
+    with pytest.raises(fk.StructureError, match=r"at weight and wT: two different arrays share memory"):
+        fk.destructure(lin)
+    frozen = nn.Linear(3, 3)
+    frozen.half_w = nn.Parameter(frozen.weight.detach()[0], requires_grad=False)
+    with pytest.raises(fk.StructureError, match=r"at weight and half_w: two different arrays share memory"):
+        fk.destructure(frozen)
+    # two constants sharing memory stay as they are (both kept by re(p)); a tie is no alias
+    both = nn.Linear(3, 3)
+    both.register_buffer("a", torch.zeros(4))
+    both.register_buffer("b", both.a[:2])
+    flat, re = fk.destructure(both)
+    out = re(flat)
+    assert out.b.data_ptr() == out.a.data_ptr()
+    tied = nn.Linear(3, 3)
+    tied.register_buffer("w2", torch.zeros(2))
+    tied.extra = nn.Linear(3, 3)
+    tied.extra.weight = tied.weight  # one Parameter at two places
+    assert len(fk.destructure(tied)[1]) == len(fk.destructure(nn.Linear(3, 3))[1]) + 3
