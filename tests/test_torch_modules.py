@@ -481,6 +481,8 @@ def test_lazy_module_explains_itself() -> None:
     lazy = nn.Sequential(nn.LazyLinear(2))
     assert [str(p) for p, _ in fk.leaves_with_path(lazy)] == ["[0].weight", "[0].bias"]
     deep = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2), nn.LazyLinear(2)))
+    with pytest.raises(TypeError, match=r"^at \[1\]\[1\]\.weight: fk.load_into .*uninitialized parameter of a lazy"):
+        fk.load_into(deep, fk.fmap(lambda x: x, deep))  # (torch's raw "Attempted to use an uninitialized parameter")
     for fn in (fk.destructure, fk.norm, fk.state_dict):  # the message itself names which lazy module
         with pytest.raises(ValueError, match=r"^at \[1\]\[1\]: the parameter 'weight' of this LazyLinear is uninit"):
             fn(deep)

@@ -329,7 +329,13 @@ class Adapter(ArrayAdapter):
 
     def write_problem(self, x: Any) -> str | None:
         """Inference tensors cannot be written outside ``inference_mode``; sparse and nested
-        tensors cannot be written in place with dense values."""
+        tensors cannot be written in place with dense values; a lazy module's uninitialized
+        parameter has no shape yet (asking it anything else raises torch's own error)."""
+        if isinstance(x, _Uninitialized):
+            return (
+                "it is an uninitialized parameter of a lazy module (no shape and no values yet); fix: run one "
+                "forward pass through the model first, which initializes it"
+            )
         if not compiling() and x.is_inference() and not torch.is_inference_mode_enabled():
             return "it is an inference tensor (made under torch.inference_mode)"
         return self.dense_problem(x)
