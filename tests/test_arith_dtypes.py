@@ -4,6 +4,7 @@ coefficients are weak; complex into real and integer 0-d coefficients are refuse
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -325,6 +326,11 @@ def test_dtypes_without_a_promotion_flatten_and_reduce_in_the_narrow_ones_as_flo
     dtypes taken as float32 (float8 with float64 is float64), never a raw promotion error."""
     if backend == "dask":
         pytest.importorskip("dask.array")
+    # where the library has a promotion (ml_dtypes >= 0.7: bfloat16 with float8), it is the rule; the
+    # narrow-as-float32 one only stands in where there is none
+    with contextlib.suppress(TypeError):
+        if backend != "torch":
+            want = str(np.result_type(*(_np_dtype(n) for n in names)))
     vals = {"a": [0.5, -1.5, 2.0], "b": [0.25, 4.0]}
     m = {k: _maker(backend, n)(np.asarray(vals[k])) for k, n in zip(("a", "b"), names)}
     ref = float(np.sqrt(sum(float(np.dot(v, v)) for v in vals.values())))  # (exact in every dtype here)
