@@ -430,13 +430,13 @@ def _relation(x: Any, y: Any, a: Layout, b: Layout) -> str:
 
 
 def check_constants_apart(
-    params: Sequence[Any], constants: Sequence[Any], path_of: Callable[[int, int], KeyPath], what: str
+    params: Sequence[Any], constants: Sequence[Any], where: Callable[[int, int], tuple[int, KeyPath]], what: str
 ) -> None:
     """Raise `check_no_aliases`'s StructureError if an array of `constants` shares memory with one of
     `params` (``fk.destructure``: ``re(p)`` gives the parameter its slice of ``p`` and keeps the
     constant, so a buffer that is a view of a weight would be silently untied). Two constants that
-    share memory are kept as they are: not an error. ``path_of(side, k)`` names the k-th parameter
-    (side 0) or constant (side 1), asked only for a message. C-level passes prove the common case
+    share memory are kept as they are: not an error. ``where(side, k)`` is the walk position and path
+    of the k-th parameter (side 0) or constant (side 1), asked only for a message. C-level passes prove the common case
     (separate NumPy allocations; one library whose adapter shows the ranges do not meet); otherwise
     one extent per mutable array, one sweep, and the pairs in touching extents checked exactly."""
     arrays = [*params, *constants]
@@ -462,4 +462,6 @@ def check_constants_apart(
         for c in (sp for sp in cluster if sp[3] == 1):
             for p in ps:
                 if p[5] is not c[5]:  # (the same object in both: a tie, never an alias)
-                    check_no_aliases([(path_of(0, p[4]), p[5]), (path_of(1, c[4]), c[5])], what)
+                    (i, pi), (j, pj) = where(0, p[4]), where(1, c[4])
+                    pair = [(pi, p[5]), (pj, c[5])] if i < j else [(pj, c[5]), (pi, p[5])]  # in walk order
+                    check_no_aliases(pair, what)

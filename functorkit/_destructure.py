@@ -230,11 +230,12 @@ def _check_apart(leaves: list[Any], param_idx: list[int], td: TreeDef) -> None:
     if not consts:
         return
 
-    def path_of(side: int, k: int) -> KeyPath:
-        return td.paths[(param_idx, consts)[side][k]]
+    def where(side: int, k: int) -> tuple[int, KeyPath]:
+        j = (param_idx, consts)[side][k]
+        return j, td.paths[j]
 
     check_constants_apart(
-        list(map(leaves.__getitem__, param_idx)), list(map(leaves.__getitem__, consts)), path_of, "fk.destructure"
+        list(map(leaves.__getitem__, param_idx)), list(map(leaves.__getitem__, consts)), where, "fk.destructure"
     )
 
 
