@@ -303,17 +303,17 @@ def separate_allocations(arrays: list[Any]) -> bool:
 
 
 def _disjoint_by_adapter(arrays: list[Any]) -> bool:
-    """True if the arrays, all of one type, are distinct arrays whose adapter proves in C-level
-    passes that their memory ranges do not meet (``out_fast`` with nothing to write: torch's
-    ``data_ptr``/``nbytes`` ranges of plain contiguous tensors, bench_walk's module
-    ``fk.destructure(m)`` row); False: not known, every array is looked at."""
-    if len(arrays) < 2 or len(set(map(type, arrays))) != 1 or not all_distinct(arrays):
+    """True if the arrays, all of one library (torch: ``nn.Parameter`` and ``Tensor`` alike), are
+    distinct arrays whose adapter proves in C-level passes that their memory ranges do not meet
+    (``out_fast`` with nothing to write: torch's ``data_ptr``/``nbytes`` ranges of plain contiguous
+    tensors, bench_walk's module ``fk.destructure(m)`` row); False: not known, every array is looked at."""
+    if len(arrays) < 2 or not all_distinct(arrays):
         return False
     try:
-        ad = adapter_of(arrays[0])
+        ads = {id(a): a for a in map(adapter_of, dict(zip(map(type, arrays), arrays)).values())}
     except TypeError:  # not arrays: nothing the adapter can tell
         return False
-    return bool(ad.out_fast([], arrays))
+    return len(ads) == 1 and bool(next(iter(ads.values())).out_fast([], arrays))
 
 
 def may_overlap(dsts: list[Any], srcs: list[Any]) -> list[bool]:
@@ -440,12 +440,7 @@ def check_constants_apart(
     (separate NumPy allocations; one library whose adapter shows the ranges do not meet); otherwise
     one extent per mutable array, one sweep, and the pairs in touching extents checked exactly."""
     arrays = [*params, *constants]
-    if separate_allocations(arrays):
-        return
-    # one library whose adapter proves in C-level passes that the ranges do not meet (torch: parameters
-    # and buffers, `nn.Parameter` and `Tensor`, contiguous): the common case, no extent each
-    ads = {id(a): a for a in (adapter_of(x) for x in dict(zip(map(type, arrays), arrays)).values())}
-    if len(ads) == 1 and all_distinct(arrays) and next(iter(ads.values())).out_fast([], arrays):
+    if separate_allocations(arrays) or _disjoint_by_adapter(arrays):  # (the common case: C-level passes)
         return
     spans: list[tuple[Any, ...]] = []
     for side, entries in ((0, params), (1, constants)):

@@ -126,25 +126,24 @@ def _structure_difference(ta: TreeDef, tb: TreeDef, b: Any) -> str:
 # --------------------------------------------------------------------------- leaves
 
 
-def _is_int(xp: Any, dt: Any) -> bool:
+def _isdtype(xp: Any, dt: Any, kind: str, np_kinds: str) -> bool:
+    """``xp.isdtype(dt, kind)``, else (a namespace or dtype it does not know) the NumPy kind test."""
     try:
-        return bool(xp.isdtype(dt, "integral"))
+        return bool(xp.isdtype(dt, kind))
     except (TypeError, ValueError, AttributeError):
-        return isinstance(dt, np.dtype) and dt.kind in "iu"
+        return isinstance(dt, np.dtype) and dt.kind in np_kinds
+
+
+def _is_int(xp: Any, dt: Any) -> bool:
+    return _isdtype(xp, dt, "integral", "iu")
 
 
 def _is_unsigned(xp: Any, dt: Any) -> bool:
-    try:
-        return bool(xp.isdtype(dt, "unsigned integer"))
-    except (TypeError, ValueError, AttributeError):
-        return isinstance(dt, np.dtype) and dt.kind == "u"
+    return _isdtype(xp, dt, "unsigned integer", "u")
 
 
 def _is_bool(xp: Any, dt: Any) -> bool:
-    try:
-        return bool(xp.isdtype(dt, "bool"))
-    except (TypeError, ValueError, AttributeError):
-        return isinstance(dt, np.dtype) and dt.kind == "b"
+    return _isdtype(xp, dt, "bool", "b")
 
 
 def _exact_kind(dt: Any) -> bool:
