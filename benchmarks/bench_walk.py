@@ -365,6 +365,8 @@ SWITCHES: dict[str, tuple[tuple[str, str, Any], ...]] = {
         ("functorkit._record", "OBJECT_WORDS", False),
         ("functorkit._record", "_DISTINCT_SORT", 1 << 62),
     ),
+    # off: fk.leaves of a large container tree records its structure as fk.flatten does
+    "leaves walk": (("functorkit._leaves_walk", "LEAVES_WALK", False),),
 }
 
 
@@ -396,6 +398,7 @@ ONOFF = (
     ("map (2 trees)", "fk.fmap(f, t, u)", "recursive matcher"),
     ("leaves", "fk.flatten(t)", "object-word tie sort"),
     ("leaves", "fk.leaves(t)", "generated matcher and builder"),
+    ("leaves", "fk.leaves(t)", "leaves walk"),
     ("map (1 tree)", "fk.fmap(f, t)", "generated matcher and builder"),
 )
 
@@ -808,8 +811,10 @@ the **recursive walk** (one Python call per node, a layer's leaves taken in one 
 **generated matcher and builder** (a small container tree met before is matched and rebuilt by
 straight-line code instead of being walked), the **recursive matcher** (a second tree matched
 against the first one's structure by the same kind of recursion, the full matcher deciding and
-naming anything else), and the **object-word tie sort** (the ties of many
-leaves found by sorting their object words in NumPy instead of a set of ids). A switch that shows
+naming anything else), the **object-word tie sort** (the ties of many
+leaves found by sorting their object words in NumPy instead of a set of ids), and the **leaves
+walk** (`fk.leaves` of a container tree too large for the plan cache lists the leaves without
+recording a structure; with it off they are recorded, as `fk.flatten` records them). A switch that shows
 little gain in one section is kept for the section whose shape it serves.
 
 ### (a) A wide tree: {n_wide:,} leaves, dicts of lists of tuples, 3 levels

@@ -46,6 +46,7 @@ __all__ = [
     "PLAN_MAX",
     "PLANS",
     "PLAN_NODES",
+    "ROOTS",
     "LeafFacts",
     "clear",
     "keep_plan",
@@ -92,6 +93,8 @@ class _Entry:
 #: (root type, root length) -> the entry of the last definition recorded for such a root (read by
 #: ``_record.record_plain``: its matcher, made under the published snapshot, tried before a walk)
 _BY_ROOT: dict[tuple[type, int], _Entry] = {}
+#: the root keys of `_BY_ROOT`, read by ``_leaves_walk`` (a tree whose root is planned for is matched)
+ROOTS = _BY_ROOT.keys()
 #: id(definition) -> its entry (the entry holds the definition, so the id stays its; read by
 #: `match_of` and `plan_for`)
 _BY_TD: dict[int, _Entry] = {}

@@ -33,7 +33,7 @@ from ._registry import (
 )
 from ._treedef import _MISS, _NO_AUX, TreeDef, add_note
 
-__all__ = ["flatten", "record", "record_plain", "unflatten"]
+__all__ = ["all_distinct", "distinct_leaves", "flatten", "record", "record_plain", "unflatten"]
 
 
 # ============================================================== record
@@ -257,25 +257,31 @@ def _finish(
     if distinct or (distinct is None and all_distinct(flat)):
         leaves = flat
     else:
-        leaves = []
-        first: dict[int, int] = {}
-        pl: list[int] = []
-        scalars = SCALAR_TYPES
-        for x in flat:
-            if type(x) in scalars:
-                pl.append(len(leaves))
-                leaves.append(x)
-                continue
-            j = first.get(id(x))
-            if j is None:
-                j = first[id(x)] = len(leaves)
-                leaves.append(x)
-            pl.append(j)
-        if len(leaves) != npos:
-            pos_leaf = tuple(pl)
+        leaves, pos_leaf = distinct_leaves(flat)
     refs_ = frozenset(refs) if refs else _NO_REFS
     forced_ = frozenset(forced) if forced else _NO_REFS
     return leaves, TreeDef._recorded(prog, npos, len(leaves), pos_leaf, refs_, forced_, tsets)
+
+
+def distinct_leaves(flat: list[Any]) -> tuple[list[Any], tuple[int, ...] | None]:
+    """The distinct leaves of the objects at a walk's positions (each identity-cached object once,
+    at its first position; scalars at every position) and, if some position repeats an earlier
+    one, the leaf index of every position (else None)."""
+    leaves: list[Any] = []
+    first: dict[int, int] = {}
+    pl: list[int] = []
+    scalars = SCALAR_TYPES
+    for x in flat:
+        if type(x) in scalars:
+            pl.append(len(leaves))
+            leaves.append(x)
+            continue
+        j = first.get(id(x))
+        if j is None:
+            j = first[id(x)] = len(leaves)
+            leaves.append(x)
+        pl.append(j)
+    return leaves, (tuple(pl) if len(leaves) != len(flat) else None)
 
 
 class _Recorder:

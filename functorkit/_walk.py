@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
+from ._leaves_walk import leaves_unrecorded
 from ._record import record, record_plain
 from ._registry import SCALAR_TYPES
 from ._treedef import _MISS as MISS
@@ -390,7 +391,10 @@ def leaves(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None) -> lis
     ['ndarray', 'int', 'int']
     """
     _check_is_leaf(is_leaf, "leaves")
-    return (record(tree, is_leaf, track=False) if is_leaf is not None else record_plain(tree))[0]
+    if is_leaf is not None:
+        return record(tree, is_leaf, track=False)[0]
+    found = leaves_unrecorded(tree)  # a large container tree: listed without recording its structure
+    return found if found is not None else record_plain(tree)[0]
 
 
 def leaves_with_path(tree: Any, /, *, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[KeyPath, Any]]:
