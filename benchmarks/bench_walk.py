@@ -541,7 +541,9 @@ def time_module(rounds: int) -> tuple[int, int, dict[str, float]]:
     assert torch.equal(flat, vec)
     calls: dict[str, Callable[[], Any]] = {
         "fk.leaves(m)": lambda: fk.leaves(m),
-        "fk.leaves(m), recursive walk off": lambda: switched_off("recursive walk", fk.leaves)(m),
+        "fk.leaves(m), leaves walk off": lambda: switched_off("leaves walk", fk.leaves)(m),
+        "fk.flatten(m)": lambda: fk.flatten(m),
+        "fk.flatten(m), recursive walk off": lambda: switched_off("recursive walk", fk.flatten)(m),
         "m.state_dict()": m.state_dict,
         "list(m.named_parameters())": lambda: list(m.named_parameters()),
         "recursive Python leaves (m._parameters, m._modules)": lambda: _mod_leaves(m, []),
@@ -565,7 +567,8 @@ _MODULE_TARGETS = (  # (what, functorkit call, torch call, target fk/torch or No
     ("leaves", "fk.leaves(m)", "m.state_dict()", 1.0),
     ("leaves", "fk.leaves(m)", "list(m.named_parameters())", None),
     ("leaves", "fk.leaves(m)", "recursive Python leaves (m._parameters, m._modules)", None),
-    ("leaves: recursive walk on / off", "fk.leaves(m)", "fk.leaves(m), recursive walk off", None),
+    ("leaves: leaves walk on / off", "fk.leaves(m)", "fk.leaves(m), leaves walk off", None),
+    ("flatten: recursive walk on / off", "fk.flatten(m)", "fk.flatten(m), recursive walk off", None),
     ("fmap(identity)", "fk.fmap(f, m)", "m.state_dict()", None),
     ("rebuild from a vector", "re(flat)", "vector_to_parameters(flat, m.parameters())", 1.5),
     ("flatten to a vector", "fk.destructure(m)", "parameters_to_vector(m.parameters())", 1.5),

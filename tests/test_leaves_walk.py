@@ -190,3 +190,107 @@ def test_every_tree_lists_what_the_recording_walk_lists(
         m.setattr(_plans, "PLAN_NODES", 0)  # every tree too large to plan for: the walk takes it where it can
         _assert_same(tree)
         _assert_same([tree, tree])  # every leaf tied, every node shared
+
+
+# ---------------------------------------------------------------- torch modules
+
+
+def _torch() -> Any:
+    return pytest.importorskip("torch")
+
+
+_MODULES = (
+    "blocks",
+    "lstm",
+    "tied",
+    "no bias, buffers",
+    "lazy",
+    "frozen",
+    "parametrized",
+    "in a dict",
+    "one module twice",
+    "a compiled module",
+)
+
+
+def _module(name: str) -> Any:
+    torch = _torch()
+    nn = torch.nn
+    torch.manual_seed(0)
+    if name == "blocks":
+        blocks = [nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4)) for _ in range(3)]
+        return nn.Sequential(*blocks)
+    if name == "lstm":
+        return nn.LSTM(3, 4, num_layers=2)
+    if name == "tied":
+        tied = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5, bias=False))
+        tied[1].weight = tied[0].weight  # weight tying: one Parameter in two modules
+        return tied
+    if name == "no bias, buffers":
+        return nn.Sequential(nn.Conv1d(2, 2, 3, bias=False), nn.BatchNorm1d(2))
+    if name == "lazy":
+        return nn.Sequential(nn.LazyLinear(3), nn.Linear(3, 3))
+    if name == "frozen":
+        frozen = nn.Linear(3, 3)
+        frozen.bias.requires_grad_(False)
+        return frozen
+    if name == "parametrized":
+
+        class Sym(nn.Module):
+            def forward(self, x: Any) -> Any:
+                return x + x.T
+
+        param = nn.Linear(4, 4)
+        torch.nn.utils.parametrize.register_parametrization(param, "weight", Sym())
+        return param
+    if name == "in a dict":
+        return {"enc": nn.Linear(2, 2), "scale": torch.ones(1), "cfg": [1, 2.0, "x"]}
+    if name == "one module twice":
+        lin = nn.Linear(2, 2)
+        return nn.Sequential(lin, lin)
+    assert name == "a compiled module"
+    return torch.compile(nn.Linear(2, 2), backend="eager")
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # (torch.compile imports torch.jit)
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name", _MODULES)
+def test_a_torch_module_lists_what_the_recording_walk_lists(name: str, recordings: list[int]) -> None:
+    tree = _module(name)
+    got = fk.leaves(tree)
+    # a module met twice is a shared sub-tree: recorded
+    assert recordings == ([1] if name == "one module twice" else [])
+    _assert_same(tree)
+    if name == "tied":
+        assert len(got) == 1  # the tied weight once
+    if name == "no bias, buffers":
+        assert len(got) == 1 + 2 + 3  # conv weight; norm weight and bias; three buffers
+
+
+def test_a_torch_module_tree_takes_the_walk_every_time(recordings: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = _module("blocks")
+    for _ in range(3):
+        assert len(fk.leaves(tree)) == 3 * 6
+    assert recordings == []
+    monkeypatch.setattr(_leaves_walk, "LEAVES_WALK", False)
+    fk.leaves(tree)
+    assert recordings == [1]
+
+
+def test_a_broken_module_fails_as_in_the_recording_walk(recordings: list[int]) -> None:
+    torch = _torch()
+
+    class Broken(torch.nn.Module):
+        def __init__(self) -> None:  # never calls nn.Module.__init__: no parameter dicts
+            pass
+
+    outer = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    outer._modules["bad"] = Broken()
+    tree = {"m": outer}
+    with pytest.raises(KeyError) as on:
+        fk.leaves(tree)
+    with pytest.raises(KeyError) as off:
+        _recorded(tree)
+    assert str(on.value) == str(off.value)
+    assert getattr(on.value, "__notes__", None) == getattr(off.value, "__notes__", None)
+    assert "m.bad" in " ".join(on.value.__notes__)  # the recording walk named the path
