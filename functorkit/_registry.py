@@ -14,6 +14,7 @@ registered here are exported to JAX and torch ``_pytree`` in turn (see
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import threading
 import types
@@ -121,7 +122,10 @@ def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None
 
     Rebuilt without calling ``__init__``/``__post_init__`` (fields set with
     ``object.__setattr__``, so frozen dataclasses work); static fields and any
-    non-field instance attributes are carried over from the input. `all_fields`
+    non-field instance attributes are carried over from the input, except the
+    values a ``functools.cached_property`` of the class cached in ``__dict__``:
+    they were computed from the old fields, so the rebuilt object recomputes
+    them from its own on first access. `all_fields`
     (objects with ``name`` and ``metadata``, in definition order) and `frozen`
     default to the dataclass's own (attrs classes pass theirs, ``_stdnodes.py``).
     """
@@ -131,6 +135,11 @@ def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None
     names = [f.name for f in all_fields if not f.metadata.get("static", False)]
     statics = [f.name for f in all_fields if f.metadata.get("static", False)]
     field_names = {f.name for f in all_fields}
+    # a cached_property's value, stored in __dict__ under its name, was computed from the old fields:
+    # carried over it would be stale (a rebuilt model's cached matrix of the old weights); left out
+    not_extra = field_names | {
+        name for c in cls.__mro__ for name, v in vars(c).items() if isinstance(v, functools.cached_property)
+    }
     # a field read through a descriptor (a property) may hand out a fresh object
     # each time: then the walk keeps the values list alive itself
     # so may a class that overrides attribute access
@@ -145,7 +154,7 @@ def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None
         values = [getattr(x, n) for n in names]
         extra = getattr(x, "__dict__", None)
         if extra is not None:
-            extra = [(k, v) for k, v in extra.items() if k not in field_names]
+            extra = [(k, v) for k, v in extra.items() if k not in not_extra]
         aux = ([(n, getattr(x, n)) for n in statics], extra)
         return names, values, aux, True
 
@@ -549,7 +558,8 @@ def register_dataclass(cls: Any = None, /, *, replace: bool = False, export: boo
 
     Fields with ``field(metadata={"static": True})`` are static data, not
     children. The rebuilt object is made without calling ``__init__`` or
-    ``__post_init__``; non-field instance attributes are carried over.
+    ``__post_init__``; non-field instance attributes are carried over (but not
+    the values a ``functools.cached_property`` cached: they are recomputed).
     Registered classes become JAX and torch pytree nodes too, as with
     `register` (``export=False`` opts out).
 

@@ -138,6 +138,49 @@ def test_plain_dataclasses_are_nodes_and_carry_extra_attributes(xp: Any) -> None
     np.testing.assert_array_equal(to_numpy(out.w), [2.0])
 
 
+def test_a_cached_property_value_is_not_carried_into_a_rebuilt_dataclass(xp: Any) -> None:
+    """A `functools.cached_property` caches its value in ``__dict__``: carried over like the other
+    non-field attributes, a rebuilt dataclass (fmap, re(p), fk.copy, arithmetic) answered with the
+    value computed from the *old* fields (silently), and fk.copy aliased it."""
+    import functools
+
+    import attrs
+
+    @dataclasses.dataclass
+    class Lin:
+        w: Any
+
+        @functools.cached_property
+        def total(self) -> Any:
+            return xp.sum(self.w)
+
+    @attrs.define(slots=False)
+    class ALin:
+        w: Any
+
+        @functools.cached_property
+        def total(self) -> Any:
+            return xp.sum(self.w)
+
+    for cls in (Lin, ALin):
+        m = cls(xp.asarray([1.0, 2.0]))
+        m.note = "kept"  # type: ignore[attr-defined]
+        assert float(m.total) == 3.0  # cached now
+        out = fk.fmap(lambda x: x * 2, m)
+        assert float(out.total) == 6.0
+        assert out.note == "kept"  # other non-field attributes are still carried over
+        flat, re = fk.destructure(m)
+        assert float(re(flat * 3).total) == 9.0
+        assert float(fk.scale(4.0, m).total) == 12.0
+        c = fk.copy(m)
+        assert "total" not in vars(c)
+        assert float(c.total) == 3.0
+        assert c.total is not m.total
+        fresh = cls(xp.asarray([0.0, 0.0]))
+        fresh.note = "kept"  # type: ignore[attr-defined]
+        assert fk.flatten(m)[1] == fk.flatten(fresh)[1]  # a cached value is no static data
+
+
 def test_register_leaf_forces_leaf_treatment_of_a_dataclass(xp: Any) -> None:
     @dataclasses.dataclass
     class Config:
