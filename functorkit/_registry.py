@@ -27,6 +27,7 @@ from ._nodedef import GENERIC as GENERIC
 from ._nodedef import LIST as LIST
 from ._nodedef import TUPLE as TUPLE
 from ._nodedef import NodeDef as NodeDef
+from ._nodedef import fields_check, mapping_check, sequence_check
 from ._stdnodes import attrs_def, std_nodes
 from .adapters import load_family, tracing
 from .adapters._families import NODE_FAMILIES
@@ -50,6 +51,7 @@ __all__ = [
     "registered_leaf",
     "node_error",
     "resolve",
+    "set_check",
 ]
 
 T = TypeVar("T")
@@ -114,7 +116,7 @@ def _namedtuple_def(cls: type) -> NodeDef:
     def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
         return cls(*values)
 
-    return NodeDef(cls, flatten, unflatten, owns=True, mutable=False)
+    return NodeDef(cls, flatten, unflatten, owns=True, mutable=False, check=fields_check(fields, _is_none))
 
 
 def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None) -> NodeDef:
@@ -171,7 +173,45 @@ def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None
                 setattr_(obj, n, v)
         return obj
 
-    return NodeDef(cls, flatten, unflatten, owns=owns, mutable=not frozen)
+    def aux_ok(aux: Any) -> bool:
+        if type(aux) is not tuple or len(aux) != 2:
+            return False
+        static, extra = aux
+        if type(static) not in (list, tuple) or [_pair_name(p) for p in static] != statics:
+            return False
+        return extra is None or (
+            type(extra) in (list, tuple)
+            and all(type(k := _pair_name(p)) is str and k not in not_extra and not k.startswith("__") for p in extra)
+        )
+
+    return NodeDef(cls, flatten, unflatten, owns=owns, mutable=not frozen, check=fields_check(names, aux_ok))
+
+
+def _pair_name(p: Any) -> Any:
+    """The name of a ``(name, value)`` pair of a dataclass's aux data, or None for anything else."""
+    return p[0] if type(p) in (tuple, list) and len(p) == 2 else None
+
+
+def _is_none(aux: Any) -> bool:
+    return aux is None
+
+
+def _user_check(keys: Any, n: int, aux: Any, named: bool) -> str | None:
+    """`NodeDef.check` of a class registered with `register`: the form its entries have (`rebuild`
+    itself is the user's: what keys it accepts is not known here)."""
+    if type(aux) is not tuple or len(aux) != 2 or aux[1] not in (None, True, False) or (aux[1] is None) != named:
+        return (
+            "expected the static data of a registered class: (aux, None) for mapping children, "
+            "(aux, True/False) for a tuple or list"
+        )
+    return (mapping_check(lambda a: True) if named else sequence_check(lambda a, n: True))(keys, n, aux, named)
+
+
+def set_check(cls: type, check: Any) -> None:
+    """Give the registered node `cls` an exact `NodeDef.check` (the structured wrappers: their keys)."""
+    entry = TABLES[0][_ENTRIES].get(cls)
+    if isinstance(entry, NodeDef):
+        entry.check = check
 
 
 def _user_def(
@@ -226,18 +266,26 @@ def _user_def(
                 )
                 raise node_error(msg) from None
 
-    return NodeDef(cls, flatten, unflatten, tfn)
+    return NodeDef(cls, flatten, unflatten, tfn, check=_user_check)
 
 
 # ---------------------------------------------------------------- the table
 
 _lock = threading.RLock()
 _BUILTIN: dict[type, Any] = {
-    dict: NodeDef(dict, _dict_flatten, _dict_unflatten, fast=DICT, owns=True),
-    list: NodeDef(list, _seq_flatten, _list_unflatten, fast=LIST, owns=True),
-    tuple: NodeDef(tuple, _seq_flatten, _tuple_unflatten, fast=TUPLE, owns=True, mutable=False),
-    OrderedDict: NodeDef(OrderedDict, _dict_flatten, _odict_unflatten, owns=True),
-    defaultdict: NodeDef(defaultdict, _ddict_flatten, _ddict_unflatten, owns=True),
+    dict: NodeDef(dict, _dict_flatten, _dict_unflatten, fast=DICT, owns=True, check=mapping_check()),
+    list: NodeDef(list, _seq_flatten, _list_unflatten, fast=LIST, owns=True, check=sequence_check()),
+    tuple: NodeDef(
+        tuple, _seq_flatten, _tuple_unflatten, fast=TUPLE, owns=True, mutable=False, check=sequence_check()
+    ),
+    OrderedDict: NodeDef(OrderedDict, _dict_flatten, _odict_unflatten, owns=True, check=mapping_check()),
+    defaultdict: NodeDef(
+        defaultdict,
+        _ddict_flatten,
+        _ddict_unflatten,
+        owns=True,
+        check=mapping_check(lambda a: a is None or callable(a)),
+    ),
     **std_nodes(NodeDef),  # deque, UserDict, UserList, SimpleNamespace, MappingProxyType (SPEC 12)
 }
 # The table is copy-on-write: one snapshot is a tuple

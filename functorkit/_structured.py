@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._registry import register
+from ._nodedef import fields_check
+from ._registry import register, set_check
 from ._xp import describe_namespace, device_of, is_array, namespace
 
 __all__ = ["Diagonal", "Transpose"]
@@ -392,3 +393,6 @@ register(Diagonal, children=lambda x: ({"diag": x.diag}, None), rebuild=lambda a
 register(
     Transpose, children=lambda x: ({"parent": x.parent}, None), rebuild=lambda aux, ch: _make_transpose(ch["parent"])
 )
+# a TreeDef.from_json document names exactly these keys for them (their rebuild reads them)
+set_check(Diagonal, fields_check(["diag"], lambda aux: aux == (None, None)))
+set_check(Transpose, fields_check(["parent"], lambda aux: aux == (None, None)))
