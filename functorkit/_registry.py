@@ -109,6 +109,8 @@ def _tuple_unflatten(aux: Any, keys: list[Any], values: list[Any]) -> tuple[Any,
 
 def _namedtuple_def(cls: type) -> NodeDef:
     fields = list(cls._fields)  # type: ignore[attr-defined]
+    if any("__dict__" in vars(c) for c in cls.__mro__):
+        return _namedtuple_dict_def(cls, fields)
 
     def flatten(x: Any) -> tuple[list[Any], list[Any], Any, bool]:
         return fields, list(x), None, True
@@ -117,6 +119,33 @@ def _namedtuple_def(cls: type) -> NodeDef:
         return cls(*values)
 
     return NodeDef(cls, flatten, unflatten, owns=True, mutable=False, check=fields_check(fields, _is_none))
+
+
+def _namedtuple_dict_def(cls: type, fields: list[Any]) -> NodeDef:
+    """A subclass of a namedtuple without ``__slots__ = ()``: its instances have a ``__dict__``,
+    whose attributes are carried over as a dataclass's non-field attributes are (they were dropped
+    by the rebuild, silently, arrays included), except a ``functools.cached_property``'s values."""
+    skip = {name for c in cls.__mro__ for name, v in vars(c).items() if isinstance(v, functools.cached_property)}
+
+    def flatten(x: Any) -> tuple[list[Any], list[Any], Any, bool]:
+        extra = [(k, v) for k, v in x.__dict__.items() if k not in skip]
+        return fields, list(x), extra or None, True
+
+    def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
+        obj = cls(*values)
+        if aux:
+            setattr_ = object.__setattr__
+            for k, v in aux:
+                setattr_(obj, k, v)
+        return obj
+
+    def aux_ok(aux: Any) -> bool:
+        return aux is None or (
+            type(aux) in (list, tuple)
+            and all(type(k := _pair_name(p)) is str and k not in skip and not k.startswith("__") for p in aux)
+        )
+
+    return NodeDef(cls, flatten, unflatten, owns=True, mutable=False, check=fields_check(fields, aux_ok))
 
 
 def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None) -> NodeDef:

@@ -181,6 +181,28 @@ def test_a_cached_property_value_is_not_carried_into_a_rebuilt_dataclass(xp: Any
         assert fk.flatten(m)[1] == fk.flatten(fresh)[1]  # a cached value is no static data
 
 
+def test_a_namedtuple_subclass_keeps_its_instance_attributes(xp: Any) -> None:
+    """A subclass of a namedtuple without ``__slots__ = ()`` has a ``__dict__``: the rebuild
+    (``cls(*values)``) dropped its attributes silently; they are carried over now, as a
+    dataclass's non-field attributes are."""
+
+    class Point(collections.namedtuple("Point", "x y")):
+        def total(self) -> Any:
+            return self.x + self.y
+
+    p = Point(xp.asarray([1.0]), xp.asarray([2.0]))
+    p.unit = "m"  # type: ignore[attr-defined]
+    for out in (fk.fmap(lambda x: x * 2, p), fk.copy(p), fk.scale(2.0, p), fk.destructure(p)[1](fk.destructure(p)[0])):
+        assert type(out) is Point
+        assert out.unit == "m"  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(to_numpy(fk.fmap(lambda x: x * 2, p).total()), [6.0])
+    assert [str(k) for k, _ in fk.leaves_with_path(p)] == ["x", "y"]
+    plain = Point(1, 2)
+    assert vars(fk.fmap(lambda x: x, plain)) == {}
+    td = fk.flatten(p)[1]
+    assert fk.TreeDef.from_json(td.to_json(), classes=[Point]).unflatten([1, 2]).unit == "m"
+
+
 def test_register_leaf_forces_leaf_treatment_of_a_dataclass(xp: Any) -> None:
     @dataclasses.dataclass
     class Config:
