@@ -286,6 +286,13 @@ def _user_def(
 
         def tfn(x: Any) -> frozenset[Any] | None:
             keys = t(x)
+            if isinstance(keys, (str, bytes)):  # its characters would be read as the keys
+                msg = (
+                    f"the `trainable` function registered for {qual} must return an iterable of "
+                    f"child keys, got the {type(keys).__name__} {keys!r}, whose characters would be "
+                    f"read as keys; return a list of keys, e.g. [{keys!r}]."
+                )
+                raise node_error(msg)
             try:
                 return frozenset(keys)
             except TypeError:
@@ -577,7 +584,8 @@ def register(
         `children` gave (a dict with the same keys, or a list/tuple).
     trainable
         ``trainable(obj) -> iterable of child keys`` that are trainable
-        (default: all children).
+        (default: all children). A single ``str`` is a ``TypeError`` (its
+        characters would be read as keys): return ``["w"]``, not ``"w"``.
     replace
         Replace an existing entry instead of raising ``ValueError``.
     export

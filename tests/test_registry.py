@@ -232,6 +232,30 @@ def test_trainable_function_and_its_errors(xp: Any) -> None:
         fk.fmap(lambda x: x, [Bad(1.0, 2.0)], trainable_only=True)
 
 
+def test_a_trainable_function_returning_one_string_is_refused(xp: Any) -> None:
+    """``trainable=lambda o: "ab"`` was read as the set of its characters: with children ``a``,
+    ``b`` and ``ab``, the parameters were ``a`` and ``b`` (silently), not ``ab``."""
+
+    class Three:
+        def __init__(self, a: Any, b: Any, ab: Any) -> None:
+            self.a, self.b, self.ab = a, b, ab
+
+    fk.register(
+        Three,
+        children=lambda o: ({"a": o.a, "b": o.b, "ab": o.ab}, None),
+        rebuild=lambda aux, ch: Three(ch["a"], ch["b"], ch["ab"]),
+        trainable=lambda o: "ab",
+    )
+    tree = {"t": Three(xp.asarray([1.0]), xp.asarray([2.0]), xp.asarray([3.0]))}
+    for op in (
+        lambda: fk.destructure(tree),
+        lambda: fk.fmap(lambda x: x, tree, trainable_only=True),
+        lambda: fk.scale(2.0, tree),
+    ):
+        with pytest.raises(TypeError, match=r"at t: the `trainable` function registered for .*Three .*got the str 'ab'"):
+            op()
+
+
 def test_bad_registration_arguments_name_the_argument() -> None:
     Box = _fresh_class()
     ok = {"children": _box_children, "rebuild": lambda aux, ch: None}
