@@ -434,7 +434,9 @@ def node_for(cls: type) -> NodeDef | None:
         kind = _kind_of(cls)
         token = None if kind is cls else _Parametrized(cls)
         drop = _RNN_CACHES if issubclass(cls, torch.nn.RNNBase) else ()
-        cached = _cached_properties(cls)
+        # (Dynamo cannot iterate a class's MRO: a class first met inside torch.compile is taken as
+        # it was before, its cached values carried over; met eagerly first, it is handled)
+        cached = () if torch.compiler.is_compiling() else _cached_properties(cls)
         if cached:  # values computed from the old parameters: left out of the aux data and the clone
             drop = (*drop, *cached)
             fixup = _drop_cached(cached, fixup)
