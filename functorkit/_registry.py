@@ -125,7 +125,7 @@ def _namedtuple_dict_def(cls: type, fields: list[Any]) -> NodeDef:
     """A subclass of a namedtuple without ``__slots__ = ()``: its instances have a ``__dict__``,
     whose attributes are carried over as a dataclass's non-field attributes are (they were dropped
     by the rebuild, silently, arrays included), except a ``functools.cached_property``'s values."""
-    skip = {name for c in cls.__mro__ for name, v in vars(c).items() if isinstance(v, functools.cached_property)}
+    skip = _cached_properties(cls)
 
     def flatten(x: Any) -> tuple[list[Any], list[Any], Any, bool]:
         extra = [(k, v) for k, v in x.__dict__.items() if k not in skip]
@@ -168,9 +168,7 @@ def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None
     field_names = {f.name for f in all_fields}
     # a cached_property's value, stored in __dict__ under its name, was computed from the old fields:
     # carried over it would be stale (a rebuilt model's cached matrix of the old weights); left out
-    not_extra = field_names | {
-        name for c in cls.__mro__ for name, v in vars(c).items() if isinstance(v, functools.cached_property)
-    }
+    not_extra = field_names | _cached_properties(cls)
     # a field read through a descriptor (a property) may hand out a fresh object
     # each time: then the walk keeps the values list alive itself
     # so may a class that overrides attribute access
@@ -214,6 +212,15 @@ def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None
         )
 
     return NodeDef(cls, flatten, unflatten, owns=owns, mutable=not frozen, check=fields_check(names, aux_ok))
+
+
+def _cached_properties(cls: type) -> set[str]:
+    """The names of the ``functools.cached_property`` attributes of `cls` (its MRO). Empty while a
+    tracer runs (Dynamo cannot iterate an MRO: a class first met inside ``torch.compile`` carries
+    such values over, as before)."""
+    if tracing():
+        return set()
+    return {name for c in cls.__mro__ for name, v in vars(c).items() if isinstance(v, functools.cached_property)}
 
 
 def _pair_name(p: Any) -> Any:
