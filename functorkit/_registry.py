@@ -161,7 +161,7 @@ def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None
     default to the dataclass's own (attrs classes pass theirs, ``_stdnodes.py``).
     """
     if all_fields is None:
-        all_fields = dataclasses.fields(cls)
+        all_fields = _dataclass_fields(cls)
         frozen = bool(cls.__dataclass_params__.frozen)  # type: ignore[attr-defined]
     names = [f.name for f in all_fields if not f.metadata.get("static", False)]
     statics = [f.name for f in all_fields if f.metadata.get("static", False)]
@@ -248,6 +248,21 @@ def set_check(cls: type, check: Any) -> None:
     entry = TABLES[0][_ENTRIES].get(cls)
     if isinstance(entry, NodeDef):
         entry.check = check
+
+
+#: the marker of a real field in a dataclass's ``__dataclass_fields__`` (what ``dataclasses.fields`` keeps)
+_DC_FIELD: Final = getattr(dataclasses, "_FIELD", None)
+
+
+def _dataclass_fields(cls: type) -> Any:
+    """``dataclasses.fields(cls)``; while a tracer runs, read from the class's own table instead
+    (torch.compile cannot trace ``dataclasses.fields`` of a class: a dataclass model first met
+    inside a compiled function broke the graph), ClassVar and InitVar pseudo-fields left out as
+    ``fields`` leaves them."""
+    if _DC_FIELD is not None and tracing():
+        table = cls.__dataclass_fields__  # type: ignore[attr-defined]
+        return [f for f in table.values() if f._field_type is _DC_FIELD]
+    return dataclasses.fields(cls)
 
 
 def _user_def(

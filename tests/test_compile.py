@@ -180,6 +180,27 @@ check("norm", lambda u: fk.norm(u), net)
 flat, re = fk.destructure(net)
 check("re", lambda p, x: re(p)(x).sum(), flat, x)
 check("flatten", lambda m, o: re.flatten(m, out=o), net, torch.empty(len(re)))
+
+# a dataclass met first inside the compiled function (dataclasses.fields of a class broke the graph)
+import dataclasses, functools
+
+@dataclasses.dataclass
+class Layer:
+    w: torch.Tensor
+    b: torch.Tensor
+    name: str = dataclasses.field(default="l", metadata={"static": True})
+
+    @functools.cached_property
+    def total(self):
+        return self.w.sum()
+
+check("dataclass fmap", lambda m: fk.fmap(lambda t: t * 2, m), {"l": Layer(torch.ones(2), torch.zeros(1))})
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    w: torch.Tensor
+
+check("frozen dataclass add", lambda u, v: fk.add(u, v), [Frozen(torch.ones(2))], [Frozen(torch.ones(2))])
 print("ok")
 """
 
