@@ -109,7 +109,7 @@ def _tuple_unflatten(aux: Any, keys: list[Any], values: list[Any]) -> tuple[Any,
 
 def _namedtuple_def(cls: type) -> NodeDef:
     fields = list(cls._fields)  # type: ignore[attr-defined]
-    if any("__dict__" in vars(c) for c in cls.__mro__):
+    if getattr(cls, "__dictoffset__", 0):  # its instances have a __dict__ (no `__slots__ = ()`)
         return _namedtuple_dict_def(cls, fields)
 
     def flatten(x: Any) -> tuple[list[Any], list[Any], Any, bool]:
@@ -163,8 +163,8 @@ def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None
     if all_fields is None:
         all_fields = _dataclass_fields(cls)
         frozen = bool(cls.__dataclass_params__.frozen)  # type: ignore[attr-defined]
-    names = [f.name for f in all_fields if not f.metadata.get("static", False)]
-    statics = [f.name for f in all_fields if f.metadata.get("static", False)]
+    names = [f.name for f in all_fields if not _static(f)]
+    statics = [f.name for f in all_fields if _static(f)]
     field_names = {f.name for f in all_fields}
     # a cached_property's value, stored in __dict__ under its name, was computed from the old fields:
     # carried over it would be stale (a rebuilt model's cached matrix of the old weights); left out
@@ -174,8 +174,9 @@ def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None
     # so may a class that overrides attribute access
     plain: bool = getattr(cls, "__getattribute__", None) is object.__getattribute__
     owns = plain and not hasattr(cls, "__getattr__")
+    traced = tracing()  # (a class's __dict__ is a mapping proxy Dynamo cannot read: getattr instead)
     for n in names:
-        attr = cls.__dict__.get(n)
+        attr = getattr(cls, n, None) if traced else cls.__dict__.get(n)
         if hasattr(type(attr), "__get__") and not isinstance(attr, types.MemberDescriptorType):
             owns = False
 
@@ -221,6 +222,14 @@ def _cached_properties(cls: type) -> set[str]:
     if tracing():
         return set()
     return {name for c in cls.__mro__ for name, v in vars(c).items() if isinstance(v, functools.cached_property)}
+
+
+def _static(field: Any) -> bool:
+    """Whether a dataclass or attrs field is marked ``metadata={"static": True}``. (An empty
+    metadata mapping is not read: Dynamo cannot read a non-empty mapping proxy, so a class with
+    field metadata first met inside ``torch.compile`` still breaks the graph; one without, not.)"""
+    meta = field.metadata
+    return bool(len(meta)) and bool(meta.get("static", False))
 
 
 def _pair_name(p: Any) -> Any:

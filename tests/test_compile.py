@@ -201,6 +201,25 @@ class Frozen:
     w: torch.Tensor
 
 check("frozen dataclass add", lambda u, v: fk.add(u, v), [Frozen(torch.ones(2))], [Frozen(torch.ones(2))])
+
+import collections
+import importlib.util
+
+if importlib.util.find_spec("attrs") is not None:  # attrs classes are nodes where attrs is installed
+    import attrs
+
+    @attrs.define
+    class ALayer:
+        w: torch.Tensor
+
+    check("attrs fmap", lambda m: fk.fmap(lambda t: t * 2, m), {"a": ALayer(torch.ones(2))})
+Point = collections.namedtuple("Point", "x y")
+
+class Tagged(Point):  # a namedtuple subclass with a __dict__
+    pass
+
+check("namedtuple fmap", lambda m: fk.fmap(lambda t: t * 2, m), [Point(torch.ones(1), torch.ones(1))])
+check("namedtuple subclass fmap", lambda m: fk.fmap(lambda t: t * 2, m), [Tagged(torch.ones(1), torch.ones(1))])
 print("ok")
 """
 
