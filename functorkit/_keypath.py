@@ -79,7 +79,9 @@ class KeyPath(tuple[Any, ...]):
     as ``[repr(key)]``; the root path is ``""`` and shows as ``<root>`` in
     messages. ``str()`` and ``repr()`` never raise: an integer longer than
     Python's digit limit, or a key whose ``repr`` fails, shows as a short
-    ``<...>`` stand-in.
+    ``<...>`` stand-in. ``path + ("w",)`` (a tuple of keys, or another path)
+    is a longer path; ``path + "w"`` is a ``TypeError``, since the string's
+    characters would become entries.
 
     Examples
     --------
@@ -133,10 +135,10 @@ class KeyPath(tuple[Any, ...]):
         raise AssertionError  # unreachable: tuple.__hash__ fails only on an entry  # pragma: no cover
 
     def __add__(self, other: Any) -> KeyPath:
-        return _tuple_new(KeyPath, (*self, *other))
+        return _tuple_new(KeyPath, (*self, *_entries_of(other, "path + other")))
 
     def __radd__(self, other: Any) -> KeyPath:
-        return _tuple_new(KeyPath, (*other, *self))
+        return _tuple_new(KeyPath, (*_entries_of(other, "other + path"), *self))
 
     def __getitem__(self, index: Any) -> Any:
         out = tuple.__getitem__(self, index)
@@ -268,6 +270,27 @@ class KeyPath(tuple[Any, ...]):
                 "the path against fk.leaves_with_path(tree)."
             )
         return StructureError(msg)
+
+
+def _entries_of(other: Any, what: str) -> Any:
+    """The entries `other` adds to a path: an iterable of keys, not a string (whose characters
+    ``(*"weight",)`` would become one entry each, silently)."""
+    if isinstance(other, (str, bytes)):
+        msg = (
+            f"{what}: cannot add the {type(other).__name__} {safe_repr(other)} to a KeyPath (its characters "
+            f"would become entries); add a tuple of keys: path + ({safe_repr(other)},), or "
+            f"KeyPath.parse({safe_repr(other)}) for a path written as text."
+        )
+        raise TypeError(msg)
+    try:
+        iter(other)
+    except TypeError:
+        msg = (
+            f"{what}: cannot add a {type(other).__name__} to a KeyPath; add a tuple of keys, "
+            f"e.g. path + ({safe_repr(other)},)."
+        )
+        raise TypeError(msg) from None
+    return other
 
 
 def _dotted_entry(key: Any) -> str:

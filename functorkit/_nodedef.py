@@ -12,7 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DICT", "GENERIC", "LIST", "TUPLE", "NodeDef", "aux_equal"]
+__all__ = [
+    "DICT",
+    "GENERIC",
+    "LIST",
+    "TUPLE",
+    "NodeDef",
+    "aux_equal",
+    "fields_check",
+    "mapping_check",
+    "sequence_check",
+]
 
 # fast-path codes used by the walk for the built-in containers
 GENERIC, DICT, LIST, TUPLE = 0, 1, 2, 3
@@ -52,9 +62,15 @@ class NodeDef:
     several positions is one shared sub-tree even when it holds only scalars
     (SPEC 12, ``docs/treedef.md`` R2): false for tuples, namedtuples, frozen
     dataclasses and attrs classes, and mapping proxies.
+
+    ``check(keys, n, aux, named)`` (optional) says whether a recorded entry read from outside (a
+    ``TreeDef.from_json`` document) is one this node's ``flatten`` could have made: ``None`` if so,
+    else what is wrong (the built-in containers, namedtuples, dataclasses and attrs classes, the
+    structured wrappers, and the form of a registered class's entry). Never on a hot path.
     """
 
     __slots__ = (
+        "check",
         "children",
         "cls",
         "fast",
@@ -82,7 +98,9 @@ class NodeDef:
         flatten_slots: Callable[[Any], tuple[list[Any], list[Any], Any, bool]] | None = None,
         mutable: bool = True,
         children: Callable[[Any], tuple[list[Any], list[Any]]] | None = None,
+        check: Callable[[Any, int, Any, bool], str | None] | None = None,
     ) -> None:
+        self.check = check
         self.cls = cls
         self.mutable = mutable
         self.kind = cls if kind is None else kind
@@ -114,3 +132,57 @@ def aux_equal(a: Any, b: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return same is True
+
+
+# ---------------------------------------------------------------- entry checks (NodeDef.check)
+
+
+def _distinct(keys: Any) -> bool:
+    try:
+        return len(set(keys)) == len(keys)
+    except TypeError:  # an unhashable key
+        return False
+
+
+def mapping_check(aux_ok: Callable[[Any], bool] | None = None, str_keys: bool = False) -> Callable[..., str | None]:
+    """The `NodeDef.check` of a mapping node: named, `n` distinct keys (str ones if `str_keys`),
+    aux None (or accepted by `aux_ok`)."""
+
+    def check(keys: Any, n: int, aux: Any, named: bool) -> str | None:
+        if not named or type(keys) is not list or len(keys) != n or not _distinct(keys):
+            return f"a mapping node needs `named` true and {n} distinct keys"
+        if str_keys and not all(type(k) is str for k in keys):
+            return "its keys must be strings (attribute names)"
+        if not (aux is None if aux_ok is None else aux_ok(aux)):
+            return f"unexpected static (aux) data {aux!r:.60}"
+        return None
+
+    return check
+
+
+def sequence_check(aux_ok: Callable[[Any, int], bool] | None = None) -> Callable[..., str | None]:
+    """The `NodeDef.check` of a sequence node: not named, keys absent or the indices ``0..n-1``,
+    aux None (or accepted by ``aux_ok(aux, n)``)."""
+
+    def check(keys: Any, n: int, aux: Any, named: bool) -> str | None:
+        if named or not (keys is None or keys == list(range(n))):
+            return "a sequence node needs `named` false and no keys (or the indices 0, 1, ...)"
+        if not (aux is None if aux_ok is None else aux_ok(aux, n)):
+            return f"unexpected static (aux) data {aux!r:.60} for {n} children"
+        return None
+
+    return check
+
+
+def fields_check(names: list[Any], aux_ok: Callable[[Any], bool]) -> Callable[..., str | None]:
+    """The `NodeDef.check` of a node whose children are fixed fields `names` (a namedtuple, a
+    dataclass, a structured wrapper): exactly those keys, in that order; aux accepted by `aux_ok`."""
+
+    def check(keys: Any, n: int, aux: Any, named: bool) -> str | None:
+        if not named or keys != names:
+            return f"expected the keys {names!r} (the class's fields), got {keys!r:.80}"
+        if not aux_ok(aux):
+            return f"unexpected static (aux) data {aux!r:.60}"
+        return None
+
+    return check

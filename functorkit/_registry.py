@@ -14,6 +14,7 @@ registered here are exported to JAX and torch ``_pytree`` in turn (see
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import threading
 import types
@@ -26,6 +27,7 @@ from ._nodedef import GENERIC as GENERIC
 from ._nodedef import LIST as LIST
 from ._nodedef import TUPLE as TUPLE
 from ._nodedef import NodeDef as NodeDef
+from ._nodedef import fields_check, mapping_check, sequence_check
 from ._stdnodes import attrs_def, std_nodes
 from .adapters import load_family, tracing
 from .adapters._families import NODE_FAMILIES
@@ -49,6 +51,7 @@ __all__ = [
     "registered_leaf",
     "node_error",
     "resolve",
+    "set_check",
 ]
 
 T = TypeVar("T")
@@ -106,6 +109,8 @@ def _tuple_unflatten(aux: Any, keys: list[Any], values: list[Any]) -> tuple[Any,
 
 def _namedtuple_def(cls: type) -> NodeDef:
     fields = list(cls._fields)  # type: ignore[attr-defined]
+    if getattr(cls, "__dictoffset__", 0):  # its instances have a __dict__ (no `__slots__ = ()`)
+        return _namedtuple_dict_def(cls, fields)
 
     def flatten(x: Any) -> tuple[list[Any], list[Any], Any, bool]:
         return fields, list(x), None, True
@@ -113,7 +118,34 @@ def _namedtuple_def(cls: type) -> NodeDef:
     def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
         return cls(*values)
 
-    return NodeDef(cls, flatten, unflatten, owns=True, mutable=False)
+    return NodeDef(cls, flatten, unflatten, owns=True, mutable=False, check=fields_check(fields, _is_none))
+
+
+def _namedtuple_dict_def(cls: type, fields: list[Any]) -> NodeDef:
+    """A subclass of a namedtuple without ``__slots__ = ()``: its instances have a ``__dict__``,
+    whose attributes are carried over as a dataclass's non-field attributes are (they were dropped
+    by the rebuild, silently, arrays included), except a ``functools.cached_property``'s values."""
+    skip = _cached_properties(cls)
+
+    def flatten(x: Any) -> tuple[list[Any], list[Any], Any, bool]:
+        extra = [(k, v) for k, v in x.__dict__.items() if k not in skip]
+        return fields, list(x), extra or None, True
+
+    def unflatten(aux: Any, keys: list[Any], values: list[Any]) -> Any:
+        obj = cls(*values)
+        if aux:
+            setattr_ = object.__setattr__
+            for k, v in aux:
+                setattr_(obj, k, v)
+        return obj
+
+    def aux_ok(aux: Any) -> bool:
+        return aux is None or (
+            type(aux) in (list, tuple)
+            and all(type(k := _pair_name(p)) is str and k not in skip and not k.startswith("__") for p in aux)
+        )
+
+    return NodeDef(cls, flatten, unflatten, owns=True, mutable=False, check=fields_check(fields, aux_ok))
 
 
 def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None) -> NodeDef:
@@ -121,23 +153,30 @@ def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None
 
     Rebuilt without calling ``__init__``/``__post_init__`` (fields set with
     ``object.__setattr__``, so frozen dataclasses work); static fields and any
-    non-field instance attributes are carried over from the input. `all_fields`
+    non-field instance attributes are carried over from the input, except the
+    values a ``functools.cached_property`` of the class cached in ``__dict__``:
+    they were computed from the old fields, so the rebuilt object recomputes
+    them from its own on first access. `all_fields`
     (objects with ``name`` and ``metadata``, in definition order) and `frozen`
     default to the dataclass's own (attrs classes pass theirs, ``_stdnodes.py``).
     """
     if all_fields is None:
-        all_fields = dataclasses.fields(cls)
+        all_fields = _dataclass_fields(cls)
         frozen = bool(cls.__dataclass_params__.frozen)  # type: ignore[attr-defined]
-    names = [f.name for f in all_fields if not f.metadata.get("static", False)]
-    statics = [f.name for f in all_fields if f.metadata.get("static", False)]
+    names = [f.name for f in all_fields if not _static(f)]
+    statics = [f.name for f in all_fields if _static(f)]
     field_names = {f.name for f in all_fields}
+    # a cached_property's value, stored in __dict__ under its name, was computed from the old fields:
+    # carried over it would be stale (a rebuilt model's cached matrix of the old weights); left out
+    not_extra = field_names | _cached_properties(cls)
     # a field read through a descriptor (a property) may hand out a fresh object
     # each time: then the walk keeps the values list alive itself
     # so may a class that overrides attribute access
     plain: bool = getattr(cls, "__getattribute__", None) is object.__getattribute__
     owns = plain and not hasattr(cls, "__getattr__")
+    traced = tracing()  # (a class's __dict__ is a mapping proxy Dynamo cannot read: getattr instead)
     for n in names:
-        attr = cls.__dict__.get(n)
+        attr = getattr(cls, n, None) if traced else cls.__dict__.get(n)
         if hasattr(type(attr), "__get__") and not isinstance(attr, types.MemberDescriptorType):
             owns = False
 
@@ -145,7 +184,7 @@ def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None
         values = [getattr(x, n) for n in names]
         extra = getattr(x, "__dict__", None)
         if extra is not None:
-            extra = [(k, v) for k, v in extra.items() if k not in field_names]
+            extra = [(k, v) for k, v in extra.items() if k not in not_extra]
         aux = ([(n, getattr(x, n)) for n in statics], extra)
         return names, values, aux, True
 
@@ -162,7 +201,77 @@ def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None
                 setattr_(obj, n, v)
         return obj
 
-    return NodeDef(cls, flatten, unflatten, owns=owns, mutable=not frozen)
+    def aux_ok(aux: Any) -> bool:
+        if type(aux) is not tuple or len(aux) != 2:
+            return False
+        static, extra = aux
+        if type(static) not in (list, tuple) or [_pair_name(p) for p in static] != statics:
+            return False
+        return extra is None or (
+            type(extra) in (list, tuple)
+            and all(type(k := _pair_name(p)) is str and k not in not_extra and not k.startswith("__") for p in extra)
+        )
+
+    return NodeDef(cls, flatten, unflatten, owns=owns, mutable=not frozen, check=fields_check(names, aux_ok))
+
+
+def _cached_properties(cls: type) -> set[str]:
+    """The names of the ``functools.cached_property`` attributes of `cls` (its MRO). Empty while a
+    tracer runs (Dynamo cannot iterate an MRO: a class first met inside ``torch.compile`` carries
+    such values over, as before)."""
+    if tracing():
+        return set()
+    return {name for c in cls.__mro__ for name, v in vars(c).items() if isinstance(v, functools.cached_property)}
+
+
+def _static(field: Any) -> bool:
+    """Whether a dataclass or attrs field is marked ``metadata={"static": True}``. (An empty
+    metadata mapping is not read: Dynamo cannot read a non-empty mapping proxy, so a class with
+    field metadata first met inside ``torch.compile`` still breaks the graph; one without, not.)"""
+    meta = field.metadata
+    return bool(len(meta)) and bool(meta.get("static", False))
+
+
+def _pair_name(p: Any) -> Any:
+    """The name of a ``(name, value)`` pair of a dataclass's aux data, or None for anything else."""
+    return p[0] if type(p) in (tuple, list) and len(p) == 2 else None
+
+
+def _is_none(aux: Any) -> bool:
+    return aux is None
+
+
+def _user_check(keys: Any, n: int, aux: Any, named: bool) -> str | None:
+    """`NodeDef.check` of a class registered with `register`: the form its entries have (`rebuild`
+    itself is the user's: what keys it accepts is not known here)."""
+    if type(aux) is not tuple or len(aux) != 2 or aux[1] not in (None, True, False) or (aux[1] is None) != named:
+        return (
+            "expected the static data of a registered class: (aux, None) for mapping children, "
+            "(aux, True/False) for a tuple or list"
+        )
+    return (mapping_check(lambda a: True) if named else sequence_check(lambda a, n: True))(keys, n, aux, named)
+
+
+def set_check(cls: type, check: Any) -> None:
+    """Give the registered node `cls` an exact `NodeDef.check` (the structured wrappers: their keys)."""
+    entry = TABLES[0][_ENTRIES].get(cls)
+    if isinstance(entry, NodeDef):
+        entry.check = check
+
+
+#: the marker of a real field in a dataclass's ``__dataclass_fields__`` (what ``dataclasses.fields`` keeps)
+_DC_FIELD: Final = getattr(dataclasses, "_FIELD", None)
+
+
+def _dataclass_fields(cls: type) -> Any:
+    """``dataclasses.fields(cls)``; while a tracer runs, read from the class's own table instead
+    (torch.compile cannot trace ``dataclasses.fields`` of a class: a dataclass model first met
+    inside a compiled function broke the graph), ClassVar and InitVar pseudo-fields left out as
+    ``fields`` leaves them."""
+    if _DC_FIELD is not None and tracing():
+        table = cls.__dataclass_fields__  # type: ignore[attr-defined]
+        return [f for f in table.values() if f._field_type is _DC_FIELD]
+    return dataclasses.fields(cls)
 
 
 def _user_def(
@@ -208,6 +317,13 @@ def _user_def(
 
         def tfn(x: Any) -> frozenset[Any] | None:
             keys = t(x)
+            if isinstance(keys, (str, bytes)):  # its characters would be read as the keys
+                msg = (
+                    f"the `trainable` function registered for {qual} must return an iterable of "
+                    f"child keys, got the {type(keys).__name__} {keys!r}, whose characters would be "
+                    f"read as keys; return a list of keys, e.g. [{keys!r}]."
+                )
+                raise node_error(msg)
             try:
                 return frozenset(keys)
             except TypeError:
@@ -217,18 +333,26 @@ def _user_def(
                 )
                 raise node_error(msg) from None
 
-    return NodeDef(cls, flatten, unflatten, tfn)
+    return NodeDef(cls, flatten, unflatten, tfn, check=_user_check)
 
 
 # ---------------------------------------------------------------- the table
 
 _lock = threading.RLock()
 _BUILTIN: dict[type, Any] = {
-    dict: NodeDef(dict, _dict_flatten, _dict_unflatten, fast=DICT, owns=True),
-    list: NodeDef(list, _seq_flatten, _list_unflatten, fast=LIST, owns=True),
-    tuple: NodeDef(tuple, _seq_flatten, _tuple_unflatten, fast=TUPLE, owns=True, mutable=False),
-    OrderedDict: NodeDef(OrderedDict, _dict_flatten, _odict_unflatten, owns=True),
-    defaultdict: NodeDef(defaultdict, _ddict_flatten, _ddict_unflatten, owns=True),
+    dict: NodeDef(dict, _dict_flatten, _dict_unflatten, fast=DICT, owns=True, check=mapping_check()),
+    list: NodeDef(list, _seq_flatten, _list_unflatten, fast=LIST, owns=True, check=sequence_check()),
+    tuple: NodeDef(
+        tuple, _seq_flatten, _tuple_unflatten, fast=TUPLE, owns=True, mutable=False, check=sequence_check()
+    ),
+    OrderedDict: NodeDef(OrderedDict, _dict_flatten, _odict_unflatten, owns=True, check=mapping_check()),
+    defaultdict: NodeDef(
+        defaultdict,
+        _ddict_flatten,
+        _ddict_unflatten,
+        owns=True,
+        check=mapping_check(lambda a: a is None or callable(a)),
+    ),
     **std_nodes(NodeDef),  # deque, UserDict, UserList, SimpleNamespace, MappingProxyType (SPEC 12)
 }
 # The table is copy-on-write: one snapshot is a tuple
@@ -491,7 +615,8 @@ def register(
         `children` gave (a dict with the same keys, or a list/tuple).
     trainable
         ``trainable(obj) -> iterable of child keys`` that are trainable
-        (default: all children).
+        (default: all children). A single ``str`` is a ``TypeError`` (its
+        characters would be read as keys): return ``["w"]``, not ``"w"``.
     replace
         Replace an existing entry instead of raising ``ValueError``.
     export
@@ -549,7 +674,8 @@ def register_dataclass(cls: Any = None, /, *, replace: bool = False, export: boo
 
     Fields with ``field(metadata={"static": True})`` are static data, not
     children. The rebuilt object is made without calling ``__init__`` or
-    ``__post_init__``; non-field instance attributes are carried over.
+    ``__post_init__``; non-field instance attributes are carried over (but not
+    the values a ``functools.cached_property`` cached: they are recomputed).
     Registered classes become JAX and torch pytree nodes too, as with
     `register` (``export=False`` opts out).
 

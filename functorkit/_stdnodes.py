@@ -17,6 +17,8 @@ from collections import UserDict, UserList, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._nodedef import mapping_check, sequence_check
+
 if TYPE_CHECKING:
     from ._registry import NodeDef
 
@@ -73,15 +75,24 @@ def std_nodes(node_def: type[NodeDef]) -> dict[type, NodeDef]:
     """The table entries of the standard containers (merged into the registry's built-ins).
 
     The registry passes its `NodeDef` class in as `node_def`: this module sits below ``_registry`` and imports
-    nothing of functorkit (docs/adapters.md, "Import layering")."""
+    only the entry checks of ``_nodedef``, at the bottom (docs/adapters.md, "Import layering")."""
     return {
-        deque: node_def(deque, _deque_flatten, _deque_unflatten, owns=True),
-        UserList: node_def(UserList, _userlist_flatten, _userlist_unflatten, owns=True),
-        UserDict: node_def(UserDict, _userdict_flatten, _userdict_unflatten, owns=True),
-        types.SimpleNamespace: node_def(types.SimpleNamespace, _ns_flatten, _ns_unflatten, owns=True),
+        # a maxlen below the number of items would drop some of them on rebuild
+        deque: node_def(deque, _deque_flatten, _deque_unflatten, owns=True, check=sequence_check(_maxlen_ok)),
+        UserList: node_def(UserList, _userlist_flatten, _userlist_unflatten, owns=True, check=sequence_check()),
+        UserDict: node_def(UserDict, _userdict_flatten, _userdict_unflatten, owns=True, check=mapping_check()),
+        types.SimpleNamespace: node_def(
+            types.SimpleNamespace, _ns_flatten, _ns_unflatten, owns=True, check=mapping_check(str_keys=True)
+        ),
         # a proxy may front a mapping that makes its values on access: the walk keeps them alive
-        types.MappingProxyType: node_def(types.MappingProxyType, _mapping_flatten, _proxy_unflatten, mutable=False),
+        types.MappingProxyType: node_def(
+            types.MappingProxyType, _mapping_flatten, _proxy_unflatten, mutable=False, check=mapping_check()
+        ),
     }
+
+
+def _maxlen_ok(aux: Any, n: int) -> bool:
+    return aux is None or (type(aux) is int and aux >= n)
 
 
 def attrs_def(cls: type, dataclass_def: Callable[[type, list[Any], bool], NodeDef]) -> NodeDef | None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._registry import register
+from ._nodedef import fields_check
+from ._registry import register, set_check
 from ._xp import describe_namespace, device_of, is_array, namespace
 
 __all__ = ["Diagonal", "Transpose"]
@@ -146,6 +147,10 @@ class Diagonal:
         msg = f"fk.Diagonal is immutable; build a new one with fk.Diagonal(d) instead of setting `{name}`."
         raise AttributeError(msg)
 
+    def __delattr__(self, name: str) -> None:
+        msg = f"fk.Diagonal is immutable; `{name}` cannot be deleted (build a new one with fk.Diagonal(d))."
+        raise AttributeError(msg)
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (_make_diagonal, (self.diag,))
 
@@ -259,7 +264,7 @@ class Transpose:
     TypeError
         If `parent` is neither an array nor a structured wrapper.
     ValueError
-        If `parent` is an array with fewer than 2 dimensions.
+        If `parent` is an array or a wrapper with fewer than 2 dimensions.
 
     Examples
     --------
@@ -298,10 +303,25 @@ class Transpose:
                 f"got {type(parent).__name__}."
             )
             raise TypeError(msg)
+        else:
+            try:
+                ndim = len(tuple(parent.shape))
+            except TypeError:
+                ndim = -1
+            if ndim < 2:  # its `shape` and `dense()` would fail (a raw IndexError)
+                msg = (
+                    f"fk.Transpose expects a structured wrapper of at least 2 dimensions, got a "
+                    f"{type(parent).__name__} of shape {parent.shape!r}."
+                )
+                raise ValueError(msg)
         object.__setattr__(self, "parent", parent)
 
     def __setattr__(self, name: str, value: Any) -> None:
         msg = f"fk.Transpose is immutable; build a new one with fk.Transpose(a) instead of setting `{name}`."
+        raise AttributeError(msg)
+
+    def __delattr__(self, name: str) -> None:
+        msg = f"fk.Transpose is immutable; `{name}` cannot be deleted (build a new one with fk.Transpose(a))."
         raise AttributeError(msg)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -392,3 +412,6 @@ register(Diagonal, children=lambda x: ({"diag": x.diag}, None), rebuild=lambda a
 register(
     Transpose, children=lambda x: ({"parent": x.parent}, None), rebuild=lambda aux, ch: _make_transpose(ch["parent"])
 )
+# a TreeDef.from_json document names exactly these keys for them (their rebuild reads them)
+set_check(Diagonal, fields_check(["diag"], lambda aux: aux == (None, None)))
+set_check(Transpose, fields_check(["parent"], lambda aux: aux == (None, None)))

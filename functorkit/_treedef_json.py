@@ -268,7 +268,8 @@ def from_json(text: Any, restore: Callable[[Any], Any], *, classes: Any = None) 
                 f"fix: pass it, e.g. fk.TreeDef.from_json(text, classes=[{name.rpartition('.')[2]}]). "
                 "Classes are never imported by name."
             )
-        if not isinstance(resolve(cls), NodeDef):
+        nd = resolve(cls)
+        if not isinstance(nd, NodeDef):
             msg = (
                 f"fk.TreeDef.from_json: {where}: {cls.__qualname__} is not registered as a node in this process; "
                 "register it (fk.register) first."
@@ -284,6 +285,12 @@ def from_json(text: Any, restore: Callable[[Any], Any], *, classes: Any = None) 
                 raise _bad(f"{where}: `keys` must be null or a list of {n} keys.")
             keys = [_decode(k, f"{where}.keys") for k in keys]
         aux = _decode(e["aux"], f"{where}.aux")
+        # the entry must be one the class's own flatten makes: else the rebuild would raise a raw
+        # error later, or silently make another object (a namedtuple's fields swapped, a deque's
+        # maxlen dropping items, a dataclass given attributes that are not its fields)
+        problem = None if nd.check is None else nd.check(keys, n, aux, named)
+        if problem is not None:
+            raise _bad(f"{where}: a {name} node that this class cannot make: {problem}.")
         if leafy:
             positions += n
         else:

@@ -180,6 +180,46 @@ check("norm", lambda u: fk.norm(u), net)
 flat, re = fk.destructure(net)
 check("re", lambda p, x: re(p)(x).sum(), flat, x)
 check("flatten", lambda m, o: re.flatten(m, out=o), net, torch.empty(len(re)))
+
+# a dataclass met first inside the compiled function (dataclasses.fields of a class broke the graph)
+import dataclasses, functools
+
+@dataclasses.dataclass
+class Layer:
+    w: torch.Tensor
+    b: torch.Tensor
+    name: str = dataclasses.field(default="l", metadata={"static": True})
+
+    @functools.cached_property
+    def total(self):
+        return self.w.sum()
+
+check("dataclass fmap", lambda m: fk.fmap(lambda t: t * 2, m), {"l": Layer(torch.ones(2), torch.zeros(1))})
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    w: torch.Tensor
+
+check("frozen dataclass add", lambda u, v: fk.add(u, v), [Frozen(torch.ones(2))], [Frozen(torch.ones(2))])
+
+import collections
+import importlib.util
+
+if importlib.util.find_spec("attrs") is not None:  # attrs classes are nodes where attrs is installed
+    import attrs
+
+    @attrs.define
+    class ALayer:
+        w: torch.Tensor
+
+    check("attrs fmap", lambda m: fk.fmap(lambda t: t * 2, m), {"a": ALayer(torch.ones(2))})
+Point = collections.namedtuple("Point", "x y")
+
+class Tagged(Point):  # a namedtuple subclass with a __dict__
+    pass
+
+check("namedtuple fmap", lambda m: fk.fmap(lambda t: t * 2, m), [Point(torch.ones(1), torch.ones(1))])
+check("namedtuple subclass fmap", lambda m: fk.fmap(lambda t: t * 2, m), [Tagged(torch.ones(1), torch.ones(1))])
 print("ok")
 """
 

@@ -90,6 +90,27 @@ def test_bad_entries_are_type_errors() -> None:
         fk.KeyPath(3)
 
 
+def test_adding_a_string_to_a_path_is_a_type_error() -> None:
+    """``path + "weight"`` added one entry per character (``layers[0].w.e.i.g.h.t``), silently, as
+    KeyPath("weight") is refused; a tuple of keys (or another path) is what is added."""
+    p = fk.KeyPath(("layers", 0))
+    with pytest.raises(TypeError, match=r"path \+ \('weight',\)"):
+        p + "weight"
+    with pytest.raises(TypeError, match="cannot add the str 'x' to a KeyPath"):
+        "x" + p
+    with pytest.raises(TypeError, match="cannot add the bytes"):
+        p + b"w"
+    with pytest.raises(TypeError, match=r"cannot add a int to a KeyPath; add a tuple of keys, e.g. path \+ \(5,\)"):
+        p + 5
+    assert p + ("weight",) == fk.KeyPath(("layers", 0, "weight"))  # noqa: RUF005 -- the operator is tested
+    assert ["top"] + p == fk.KeyPath(("top", "layers", 0))  # noqa: RUF005
+    assert str(p + p) == "layers[0].layers[0]"
+    # the paths functorkit hands out are built the same way
+    tree = {"layers": [{"weight": 1.0}]}
+    (path, _), = fk.leaves_with_path(tree)
+    assert p + ("weight",) == path  # noqa: RUF005
+
+
 @pytest.mark.parametrize("name", ZOO_NAMES)
 def test_get_fetches_every_leaf_of_the_zoo(xp: Any, name: str) -> None:
     tree = zoo(xp)[name]

@@ -138,6 +138,71 @@ def test_plain_dataclasses_are_nodes_and_carry_extra_attributes(xp: Any) -> None
     np.testing.assert_array_equal(to_numpy(out.w), [2.0])
 
 
+def test_a_cached_property_value_is_not_carried_into_a_rebuilt_dataclass(xp: Any) -> None:
+    """A `functools.cached_property` caches its value in ``__dict__``: carried over like the other
+    non-field attributes, a rebuilt dataclass (fmap, re(p), fk.copy, arithmetic) answered with the
+    value computed from the *old* fields (silently), and fk.copy aliased it."""
+    import functools
+
+    import attrs
+
+    @dataclasses.dataclass
+    class Lin:
+        w: Any
+
+        @functools.cached_property
+        def total(self) -> Any:
+            return xp.sum(self.w)
+
+    @attrs.define(slots=False)
+    class ALin:
+        w: Any
+
+        @functools.cached_property
+        def total(self) -> Any:
+            return xp.sum(self.w)
+
+    for cls in (Lin, ALin):
+        m = cls(xp.asarray([1.0, 2.0]))
+        m.note = "kept"  # type: ignore[attr-defined]
+        assert float(m.total) == 3.0  # cached now
+        out = fk.fmap(lambda x: x * 2, m)
+        assert float(out.total) == 6.0
+        assert out.note == "kept"  # other non-field attributes are still carried over
+        flat, re = fk.destructure(m)
+        assert float(re(flat * 3).total) == 9.0
+        assert float(fk.scale(4.0, m).total) == 12.0
+        c = fk.copy(m)
+        assert "total" not in vars(c)
+        assert float(c.total) == 3.0
+        assert c.total is not m.total
+        fresh = cls(xp.asarray([0.0, 0.0]))
+        fresh.note = "kept"  # type: ignore[attr-defined]
+        assert fk.flatten(m)[1] == fk.flatten(fresh)[1]  # a cached value is no static data
+
+
+def test_a_namedtuple_subclass_keeps_its_instance_attributes(xp: Any) -> None:
+    """A subclass of a namedtuple without ``__slots__ = ()`` has a ``__dict__``: the rebuild
+    (``cls(*values)``) dropped its attributes silently; they are carried over now, as a
+    dataclass's non-field attributes are."""
+
+    class Point(collections.namedtuple("Point", "x y")):
+        def total(self) -> Any:
+            return self.x + self.y
+
+    p = Point(xp.asarray([1.0]), xp.asarray([2.0]))
+    p.unit = "m"  # type: ignore[attr-defined]
+    for out in (fk.fmap(lambda x: x * 2, p), fk.copy(p), fk.scale(2.0, p), fk.destructure(p)[1](fk.destructure(p)[0])):
+        assert type(out) is Point
+        assert out.unit == "m"  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(to_numpy(fk.fmap(lambda x: x * 2, p).total()), [6.0])
+    assert [str(k) for k, _ in fk.leaves_with_path(p)] == ["x", "y"]
+    plain = Point(1, 2)
+    assert vars(fk.fmap(lambda x: x, plain)) == {}
+    td = fk.flatten(p)[1]
+    assert fk.TreeDef.from_json(td.to_json(), classes=[Point]).unflatten([1, 2]).unit == "m"
+
+
 def test_register_leaf_forces_leaf_treatment_of_a_dataclass(xp: Any) -> None:
     @dataclasses.dataclass
     class Config:
@@ -165,6 +230,31 @@ def test_trainable_function_and_its_errors(xp: Any) -> None:
     fk.register(Bad, children=_box_children, rebuild=lambda aux, ch: Bad(ch["a"], ch["b"]), trainable=lambda o: 3)
     with pytest.raises(TypeError, match="`trainable` function registered for Bad must return an iterable"):
         fk.fmap(lambda x: x, [Bad(1.0, 2.0)], trainable_only=True)
+
+
+def test_a_trainable_function_returning_one_string_is_refused(xp: Any) -> None:
+    """``trainable=lambda o: "ab"`` was read as the set of its characters: with children ``a``,
+    ``b`` and ``ab``, the parameters were ``a`` and ``b`` (silently), not ``ab``."""
+
+    class Three:
+        def __init__(self, a: Any, b: Any, ab: Any) -> None:
+            self.a, self.b, self.ab = a, b, ab
+
+    fk.register(
+        Three,
+        children=lambda o: ({"a": o.a, "b": o.b, "ab": o.ab}, None),
+        rebuild=lambda aux, ch: Three(ch["a"], ch["b"], ch["ab"]),
+        trainable=lambda o: "ab",
+    )
+    tree = {"t": Three(xp.asarray([1.0]), xp.asarray([2.0]), xp.asarray([3.0]))}
+    refused = r"at t: the `trainable` function registered for .*Three .*got the str 'ab'"
+    for op in (
+        lambda: fk.destructure(tree),
+        lambda: fk.fmap(lambda x: x, tree, trainable_only=True),
+        lambda: fk.scale(2.0, tree),
+    ):
+        with pytest.raises(TypeError, match=refused):
+            op()
 
 
 def test_bad_registration_arguments_name_the_argument() -> None:

@@ -127,6 +127,39 @@ def test_wrappers_are_immutable(xp: Any) -> None:
     assert D.diag is d
 
 
+def test_wrappers_cannot_lose_their_storage(xp: Any) -> None:
+    """``del T.parent`` / ``del D.diag`` went through (only setting was refused): the wrapper was
+    left without its storage, and every walk over it then raised a raw AttributeError."""
+    d, w = f64(xp, D_VALS), f64(xp, W_VALS)
+    D, T = fk.Diagonal(d), fk.Transpose(w)
+    with pytest.raises(AttributeError, match="immutable"):
+        del D.diag
+    with pytest.raises(AttributeError, match="immutable"):
+        del T.parent
+    assert D.diag is d
+    assert T.parent is w
+    assert fk.leaves({"D": D, "T": T}) == [d, w]
+
+
+def test_transpose_of_a_wrapper_below_two_dimensions(xp: Any) -> None:
+    """A wrapper-like parent (shape and dense()) of 1 dimension made a Transpose whose `shape`
+    raised a raw IndexError; it is refused as a 1-D array is."""
+
+    class Vec:
+        def __init__(self, v: Any) -> None:
+            self.v = v
+
+        shape = property(lambda self: tuple(self.v.shape))
+        dtype = property(lambda self: self.v.dtype)
+
+        def dense(self) -> Any:
+            return self.v
+
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        fk.Transpose(Vec(f64(xp, D_VALS)))
+    assert fk.Transpose(Vec(f64(xp, W_VALS))).shape == tuple(reversed(f64(xp, W_VALS).shape))
+
+
 def test_wrappers_are_not_arrays(xp: Any) -> None:
     D = fk.Diagonal(f64(xp, D_VALS))
     assert not array_api_compat.is_array_api_obj(D)

@@ -1001,3 +1001,35 @@ def test_a_constant_sharing_memory_with_a_parameter_is_refused_by_destructure() 
     tied.extra = nn.Linear(3, 3)
     tied.extra.weight = tied.weight  # one Parameter at two places
     assert len(fk.destructure(tied)[1]) == len(fk.destructure(nn.Linear(3, 3))[1]) + 3
+
+
+def test_a_cached_property_value_is_not_carried_into_a_rebuilt_module() -> None:
+    """A `functools.cached_property` of a module caches its value in the module's ``__dict__``: the
+    clone (fmap, re(p), the arithmetic, fk.copy) carried it over, so the rebuilt module answered
+    with the value of the *old* parameters (silently), and two modules (before and after the first
+    access) were not one structure."""
+    import functools
+
+    class Gram(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(2))
+
+        @functools.cached_property
+        def total(self) -> Any:
+            return self.w.detach().sum()
+
+    net = Gram()
+    fresh = Gram()
+    assert float(net.total) == 2.0  # cached now
+    assert float(fk.fmap(lambda t: t * 2, net).total) == 4.0
+    flat, re = fk.destructure(net)
+    assert float(re(flat * 3).total) == 6.0
+    assert float(fk.scale(5.0, net).total) == 10.0
+    c = fk.copy(net)
+    assert "total" not in vars(c)
+    assert float(c.total) == 2.0
+    assert fk.flatten(net)[1] == fk.flatten(fresh)[1]
+    assert fk.stack([net, fresh]).w.shape == (2, 2)
+    assert "total" in vars(net)  # the input keeps its own cache
+    assert float(net.total) == 2.0

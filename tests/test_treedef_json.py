@@ -313,3 +313,79 @@ def test_a_mapping_proxy_node_pickles_and_round_trips_through_json(xp: Any) -> N
     back = pickle.loads(pickle.dumps(re))(flat)
     assert type(back["cfg"]) is types.MappingProxyType
     assert back["cfg"]["n"] == 3
+
+
+def _edited(tree: Any, edit: Any, **counts: int) -> str:
+    """`tree`'s document with its first program entry changed by `edit` (and the counts given)."""
+    d = json.loads(fk.flatten(tree)[1].to_json())
+    edit(d["program"][0])
+    d.update(counts)
+    return json.dumps(d)
+
+
+def _entry_cases(xp: Any) -> list[tuple[str, Any, Any, dict[str, int]]]:
+    import collections
+    import types
+
+    import attrs
+
+    @attrs.frozen
+    class A:
+        w: Any
+        tag: str = attrs.field(default="t", metadata={"static": True})
+
+    one = xp.asarray([1.0])
+    return [
+        # a namedtuple's fields swapped (its paths were swapped, its values not)
+        ("namedtuple", Point(one, one), lambda e: e.update(keys=["y", "x"]), {}),
+        ("namedtuple", Point(one, one), lambda e: e.update(keys=["a", "b"]), {}),
+        # a dataclass given an attribute that is not its field (the rebuilt object lacked the field)
+        ("dataclass", Layer(one, one), lambda e: e.update(keys=["w", "bias"]), {}),
+        ("dataclass", Layer(one, one), lambda e: e.update(keys=["__class__", "b"]), {}),
+        ("dataclass aux", Layer(one, one), lambda e: e.update(aux=5), {}),
+        (
+            "dataclass extra",
+            Layer(one, one),
+            lambda e: e.update(aux={"tuple": [[{"tuple": ["name", "d"]}], [{"tuple": ["__class__", 1]}]]}),
+            {},
+        ),
+        ("attrs", A(one), lambda e: e.update(keys=["v"]), {}),
+        # a deque whose maxlen drops items on rebuild (silently), or is no maxlen at all (raw error)
+        ("deque", collections.deque([one, one], maxlen=4), lambda e: e.update(aux=1), {}),
+        ("deque", collections.deque([one], maxlen=4), lambda e: e.update(aux="x"), {}),
+        ("deque", collections.deque([one], maxlen=4), lambda e: e.update(aux=-1), {}),
+        # a mapping without keys, a sequence with names (paths the rebuild does not have)
+        ("dict", {"a": one}, lambda e: e.update(keys=None, named=False), {}),
+        ("dict", {"a": one, "b": one}, lambda e: e.update(keys=["a", "a"]), {}),
+        ("list", [one, one], lambda e: e.update(keys=["x", "y"], named=True), {}),
+        ("tuple", (one, one), lambda e: e.update(aux=3), {}),
+        ("namespace", types.SimpleNamespace(a=one), lambda e: e.update(keys=[1]), {}),
+        ("mappingproxy", types.MappingProxyType({"a": one}), lambda e: e.update(named=False), {}),
+        ("userdict", collections.UserDict(a=one), lambda e: e.update(aux=[1]), {}),
+        ("userlist", collections.UserList([one]), lambda e: e.update(keys=["k"]), {}),
+        # the wrappers' rebuild reads their one key (a raw KeyError before)
+        ("transpose", fk.Transpose(xp.ones((2, 2))), lambda e: e.update(keys=["evil"]), {}),
+        ("diagonal", fk.Diagonal(xp.ones(2)), lambda e: e.update(keys=[], n=0), {"positions": 0, "leaves": 0}),
+        # a registered class's entry of the wrong form (mapping children recorded as a sequence)
+        ("registered", Pair(one, one, tag="t"), lambda e: e.update(named=False, keys=None), {}),
+        ("registered", Seq(one, one), lambda e: e.update(aux=None), {}),
+    ]
+
+
+def test_an_entry_its_class_cannot_make_is_refused(xp: Any) -> None:
+    """from_json checked a document's form but not each node entry against its class: a document
+    naming a namedtuple's fields in another order, a dataclass with a key that is not its field, a
+    deque whose maxlen is below its length, a list with names... was accepted, and the rebuild then
+    raised a raw error (KeyError, AttributeError, TypeError) or silently made another object."""
+    for what, tree, edit, counts in _entry_cases(xp):
+        allowed = [*_ALLOWED, type(tree)]
+        text = _edited(tree, edit, **counts)
+        refused = r"fk\.TreeDef\.from_json: program entry 0: .* node that this class cannot make"
+        with pytest.raises(ValueError, match=refused):
+            fk.TreeDef.from_json(text, classes=allowed)
+        # the unedited document still reads back, and rebuilds
+        td = fk.flatten(tree)[1]
+        back = fk.TreeDef.from_json(td.to_json(), classes=allowed)
+        assert back == td, what
+        leaves = fk.leaves(tree)
+        assert fk.flatten(back.unflatten(leaves))[1] == td, what

@@ -35,6 +35,7 @@ own parameters.
 
 from __future__ import annotations
 
+import functools
 import operator
 import sys
 import weakref
@@ -276,6 +277,31 @@ def _make_unflatten(
     return unflatten
 
 
+def _cached_properties(cls: type) -> tuple[str, ...]:
+    """The names of the ``functools.cached_property`` attributes of `cls` (its MRO): their values,
+    cached in an instance's ``__dict__``, were computed from that module's parameters."""
+    return tuple(
+        dict.fromkeys(
+            name for c in cls.__mro__ for name, v in vars(c).items() if isinstance(v, functools.cached_property)
+        )
+    )
+
+
+def _drop_cached(names: tuple[str, ...], first: Callable[[Any], None] | None) -> Callable[[Any], None]:
+    """The fixup of a clone of a class with cached properties: `first` (the class's own, if any),
+    then the cached values taken from the live module are removed (recomputed on first access from
+    the clone's own parameters, not the old ones)."""
+
+    def fixup(m: Any) -> None:
+        if first is not None:
+            first(m)
+        d = m.__dict__
+        for name in names:
+            d.pop(name, None)
+
+    return fixup
+
+
 def _refresh_rnn(m: Any) -> None:
     """Point an RNN's cached flat weight list at the rebuilt module's own weights.
 
@@ -408,6 +434,12 @@ def node_for(cls: type) -> NodeDef | None:
         kind = _kind_of(cls)
         token = None if kind is cls else _Parametrized(cls)
         drop = _RNN_CACHES if issubclass(cls, torch.nn.RNNBase) else ()
+        # (Dynamo cannot iterate a class's MRO: a class first met inside torch.compile is taken as
+        # it was before, its cached values carried over; met eagerly first, it is handled)
+        cached = () if torch.compiler.is_compiling() else _cached_properties(cls)
+        if cached:  # values computed from the old parameters: left out of the aux data and the clone
+            drop = (*drop, *cached)
+            fixup = _drop_cached(cached, fixup)
         flatten = _flatten if token is None and not drop else _flatten_as(token, drop)
         nd = _DEFS[cls] = NodeDef(
             cls,
