@@ -129,7 +129,7 @@ def _record_recursive(tree: Any, track: bool) -> tuple[list[Any], TreeDef] | Non
         tset = None
         if track and nd.trainable is not None:
             tset = nd.trainable(c)
-            if tset is not None and not tset.issubset(range(n) if ckeys is None else ckeys):
+            if tset is not None and not names_children(tset, ckeys, n):
                 raise _KeyTrail(c, tset, ckeys, n)
         if leaves_of(map(type, cvals)) or (
             not known(map(type, cvals)) and _resolve_all(cvals, disp, tables) and leaves_of(map(type, cvals))
@@ -229,9 +229,25 @@ def _trail_path(trail: list[tuple[Any, Any, Any]]) -> KeyPath:
     return make_path(tuple(keys))
 
 
+def names_children(tset: frozenset[Any], keys: Any, n: int) -> bool:
+    """Whether the trainable keys `tset` a node declared are among its children: its `keys` (None:
+    the indices ``range(n)``), each of the key's own type. Equality alone would take ``True`` for
+    the key or index ``1`` (and ``1.0`` for ``1``): such a key is no child (a child of the key ``1``
+    would be trainable, silently). String keys (module and most node names) are exact by equality."""
+    if not tset.issubset(range(n) if keys is None else keys):
+        return False
+    if all(type(k) is str for k in tset):
+        return True
+    if keys is None:
+        return all(type(k) is int for k in tset)
+    typed = {(type(k), k) for k in keys if type(k) is not str}
+    return all(type(k) is str or (type(k), k) in typed for k in tset)
+
+
 def _unknown_trainable(path: KeyPath, c: Any, tset: frozenset[Any], keys: Any, n: int) -> StructureError:
     children = list(range(n)) if keys is None else list(keys)
-    unknown = sorted((k for k in tset if k not in children), key=repr)
+    typed = {(type(k), k) for k in children}
+    unknown = sorted((k for k in tset if (type(k), k) not in typed), key=repr)
     msg = (
         f"at {path.display}: the `trainable` function registered for {type(c).__qualname__} named "
         f"{', '.join(safe_repr(k) for k in unknown)}, which {'is' if len(unknown) == 1 else 'are'} not among "
@@ -386,7 +402,7 @@ class _Recorder:
                     tset = None
                     if track and nd.trainable is not None:
                         tset = nd.trainable(c)
-                        if tset is not None and not tset.issubset(range(n) if ckeys is None else ckeys):
+                        if tset is not None and not names_children(tset, ckeys, n):
                             raise _unknown_trainable(self.path(), c, tset, ckeys, n)
                     if is_leaf is None:
                         ts = set(map(type, cvals))  # one pass over the children; the tests below are on types

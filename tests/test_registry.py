@@ -257,6 +257,42 @@ def test_a_trainable_function_returning_one_string_is_refused(xp: Any) -> None:
             op()
 
 
+@pytest.mark.parametrize("recursive", [True, False], ids=["recursive walk", "explicit walk"])
+def test_a_trainable_key_equal_to_a_child_key_of_another_type_is_refused(
+    xp: Any, recursive: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``True == 1`` (and ``1.0 == 1``): a trainable key ``True`` was taken for the index 1 of a
+    sequence of children, and ``1`` for the key ``True`` of a mapping; the second child became the
+    parameter, silently. Keys are matched with their type now."""
+    from functorkit import _record
+
+    monkeypatch.setattr(_record, "RECURSIVE", recursive)
+
+    def node(children: Any, trainable: Any) -> Any:
+        class N:
+            def __init__(self, a: Any, b: Any) -> None:
+                self.a, self.b = a, b
+
+        def rebuild(aux: Any, ch: Any) -> Any:
+            return N(*ch) if isinstance(ch, (list, tuple)) else N(*ch.values())
+
+        fk.register(N, children=children, rebuild=rebuild, trainable=trainable)
+        return N(xp.asarray([1.0, 1.0]), xp.asarray([0.0, 0.0, 0.0]))
+
+    by_index = node(lambda o: ([o.a, o.b], None), lambda o: [True])
+    with pytest.raises(fk.StructureError, match=r"at x: .* named True, which is not among its children \[0, 1\]"):
+        fk.destructure({"x": by_index})
+    by_key = node(lambda o: ({True: o.a, "b": o.b}, None), lambda o: [1])
+    with pytest.raises(fk.StructureError, match=r"at x: .* named 1, which is not among its children \[True, 'b'\]"):
+        fk.destructure({"x": by_key})
+    by_float = node(lambda o: ([o.a, o.b], None), lambda o: [1.0])
+    with pytest.raises(fk.StructureError, match=r"named 1.0"):
+        fk.destructure({"x": by_float})
+    exact = node(lambda o: ({True: o.a, "b": o.b}, None), lambda o: [True])
+    flat, _ = fk.destructure({"x": exact})
+    assert flat.shape == (2,)  # the child under the key True, only
+
+
 def test_bad_registration_arguments_name_the_argument() -> None:
     Box = _fresh_class()
     ok = {"children": _box_children, "rebuild": lambda aux, ch: None}
