@@ -15,6 +15,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any, cast
 
+from ._errors import StructureError
 from ._keypath import KeyPath
 from ._lockstep import _map_params, _model_list
 from ._pertensor import (
@@ -390,8 +391,20 @@ def _check_bool(v: Any, name: str, fname: str) -> None:
 
 
 def _bernoulli(densities: list[Schedule], seed: int, rescale: Any) -> Any:
+    drawn: dict[str, KeyPath] = {}  # dotted key -> the path whose masks it keys (one merge)
+
     def prepare(xp: Any, path: KeyPath, i: int, x: Any, o: Any) -> Any:
         dens = densities[i].get(path)
+        kp = path if isinstance(path, KeyPath) else path.path  # the walk's lazy path (_walk._PathAt)
+        prev = drawn.setdefault(kp.dotted, kp)
+        if prev != kp:  # two tensors would draw one mask (the masks are keyed by the dotted path)
+            msg = (
+                f"fk.dare: the paths {prev.display} and {kp.display} both read {kp.dotted!r} in dotted form, and "
+                "DARE's masks are keyed by that form (so that a module, its state dict and its checkpoint draw "
+                "the same masks): the two tensors would be masked alike. Expected each parameter to have its "
+                "own dotted key; fix: rename one of the keys (e.g. a dict key holding a '.' or a run of digits)."
+            )
+            raise StructureError(msg)
         if dens >= 1.0:
             return None
         keep = keep_mask(xp, x, dens, mask_keys(seed, i, path), path)  # of x: no task waits for the delta

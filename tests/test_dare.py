@@ -107,6 +107,18 @@ def test_same_masks_on_every_backend(b: Backend) -> None:
     _same(ref, _np(_dare(conv(base), [conv(m) for m in ms])))
 
 
+def test_two_tensors_of_one_dotted_key_are_refused(xp: Any) -> None:
+    """The masks are keyed by the dotted path: a key "a.b" next to a nested a -> b drew one mask
+    for both tensors (silently correlated). Refused, naming both paths, before anything is drawn."""
+    base = {"a.b": xp.zeros(64), "a": {"b": xp.zeros(64)}}
+    ms = [{"a.b": xp.ones(64), "a": {"b": xp.ones(64)}}]
+    with pytest.raises(fk.StructureError, match=r"the paths \['a.b'\] and a.b both read 'a.b'"):
+        fk.dare(base, ms, [1.0], density=0.5, seed=0)
+    fine = {"a_b": xp.zeros(64), "a": {"b": xp.zeros(64)}}
+    out = fk.dare(fine, [{"a_b": xp.ones(64), "a": {"b": xp.ones(64)}}], [1.0], density=0.5, seed=0)
+    assert not np.array_equal(to_numpy(out["a_b"]), to_numpy(out["a"]["b"]))  # masks of their own
+
+
 def test_ties_threshold_is_a_radix_selection_on_dask() -> None:
     base, ms = _models()
     lazy = lambda d: {k: da.from_array(v, chunks=4 if v.ndim else ()) for k, v in d.items()}  # noqa: E731
