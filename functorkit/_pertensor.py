@@ -55,8 +55,9 @@ def check_real(fname: str, path: KeyPath, x: Any) -> None:
     if is_complex(x):
         msg = (
             f"at {path.display}: fk.{fname}: the parameter is a {_describe(x)}; the merge methods are "
-            "defined for real floating parameters only. Fix: merge real and imaginary parts separately, "
-            "or pass trainable_only=True / a model without complex parameters."
+            "defined for real floating parameters only. Fix: merge the real and imaginary parts as two "
+            "real models (fk.fmap(lambda x: x.real, model), then .imag), or keep the complex array out of "
+            "the merge (under trainable_only=True, the default, a buffer or a frozen parameter is not merged)."
         )
         raise TypeError(msg)
 
