@@ -218,18 +218,30 @@ def _off(mod: Any, attr: str, value: Any, fn: Callable[[], Any]) -> Callable[[],
 
 def switch_calls(model: Any, backend: str) -> dict[str, Callable[[], Any]]:
     """The on/off rows of `destructure`'s fast paths on the MLP, each on and off in the same rounds:
-    the plan (``functorkit._plans.PLANS``) and torch's one ``torch.cat`` for small vectors
-    (``functorkit.adapters.torch.CAT_MAX_BYTES``)."""
+    the plan (``functorkit._plans.PLANS``), and on torch: the plan's one pass
+    (``functorkit._destructure.ONE_PASS``), the one concatenation for small vectors
+    (``functorkit.adapters._torch_flat.CAT_MAX_BYTES``) and ``re.flatten(out=)``'s one
+    ``torch.cat(..., out=)`` (``CAT_OUT_MAX_BYTES``)."""
+    from functorkit import _destructure
+
     calls: dict[str, Callable[[], Any]] = {
         "fk: destructure(model)": functools.partial(fk.destructure, model),
         "fk: destructure(model), plan off": _off(_plans, "PLANS", [False], functools.partial(fk.destructure, model)),
     }
     if backend == "torch":
-        from functorkit.adapters import torch as tad
+        from functorkit.adapters import _torch_flat as tf
 
-        calls["fk: destructure(model), torch.cat off"] = _off(
-            tad, "CAT_MAX_BYTES", 0, functools.partial(fk.destructure, model)
+        calls["fk: destructure(model), one pass off"] = _off(
+            _destructure, "ONE_PASS", [False], functools.partial(fk.destructure, model)
         )
+        calls["fk: destructure(model), torch.cat off"] = _off(
+            tf, "CAT_MAX_BYTES", 0, functools.partial(fk.destructure, model)
+        )
+        flat, re = fk.destructure(model)
+        buf = flat.clone()
+        flatten = functools.partial(re.flatten, model, out=buf)
+        calls["fk: re.flatten(model, out=buf)"] = flatten
+        calls["fk: re.flatten(model, out=buf), torch.cat off"] = _off(tf, "CAT_OUT_MAX_BYTES", 0, flatten)
     return calls
 
 

@@ -33,7 +33,7 @@ from ._registry import export_pending, export_static
 from ._treedef import TreeDef, add_note
 from ._typing import Policy, Tree
 from ._xp import device_of, inexact_flags, is_array, is_inexact_array, namespace, promote_dtypes
-from .adapters import adapter_of
+from .adapters import adapter_for, adapter_of
 
 __all__ = ["destructure"]
 
@@ -163,6 +163,13 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
     return flat, re
 
 
+#: `_Plan.run` asks the flat vector's adapter for its one pass (the alias proof and the new vector
+#: together, ``ArrayAdapter.planned_flat``; torch: bench_flat's "one pass" on/off row,
+#: tests/test_destructure_plan.py); off: the alias check and ``new_flat`` apart
+ONE_PASS = [True]
+_UNSET = object()
+
+
 class _Plan:
     """What `destructure` decided for one reused tree definition and policy: the rebuilder
     (parameter indices, shapes, kinds) and the flat layout. The plan cache (``_plans.py``) keeps
@@ -171,26 +178,37 @@ class _Plan:
     the same facts, which the full analysis would decide the same for; so only the per-call
     work is left: the alias check, the new flat vector and a new `Restructure` around the new
     constants (bench_flat ``destructure(model)`` rows; tests/test_destructure_plan.py checks that
-    this path is taken and that each fact, changed, leads back to the full analysis)."""
+    this path is taken and that each fact, changed, leads back to the full analysis). Where the
+    flat vector's adapter has one pass for the first two (`ONE_PASS`), it is tried first."""
 
-    __slots__ = ("n", "offsets", "re")
+    __slots__ = ("ad", "n", "offsets", "re", "token")
 
     def __init__(self, re: Restructure[Any], offsets: list[int], sizes: list[int]) -> None:
         self.re = re
         self.offsets = offsets
         self.n = sum(sizes)
+        self.ad = adapter_for(re._flat_kind.xp)
+        self.token: Any = _UNSET  # made at the first run (a plan is made at every full analysis)
 
     def run(self, leaves: list[Any], td: TreeDef) -> tuple[Any, Restructure[Any]]:
         old = self.re
         idx = old._param_idx
-        params = [leaves[j] for j in idx]
+        params = list(map(leaves.__getitem__, idx))
+        flat = None
+        if self.token is _UNSET:
+            kind = old._flat_kind  # (from facts the plan keys on: the same for every run)
+            self.token = self.ad.plans_flat(params, kind.dtype, kind.device)
+        if self.token is not None and ONE_PASS[0]:
+            flat = self.ad.planned_flat(params, self.token)
+        if flat is None:
 
-        def path_of(k: int) -> KeyPath:
-            return td.paths[idx[k]]
+            def path_of(k: int) -> KeyPath:
+                return td.paths[idx[k]]
 
-        check_no_aliases(_LazyPaths(path_of, params), "fk.destructure")
+            check_no_aliases(_LazyPaths(path_of, params), "fk.destructure")
         _check_apart(leaves, idx, td)
-        flat = _new_flat(old._flat_kind, self.n, params, self.offsets, old._shapes)
+        if flat is None:
+            flat = _new_flat(old._flat_kind, self.n, params, self.offsets, old._shapes)
         template = list(leaves)
         for j in idx:
             template[j] = None

@@ -167,3 +167,53 @@ def test_a_registration_makes_the_plan_stale(xp: Any, runs: list[int]) -> None:
     flat, _ = fk.destructure(_model(xp))
     assert runs == []
     assert flat.shape == (7,)
+
+
+def test_torch_plan_takes_the_one_pass(runs: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench_flat's "one pass" row: on torch the plan proves the parameters apart and makes the
+    # vector in one adapter pass (no separate alias check); ONE_PASS off must show here and agree
+    torch = pytest.importorskip("torch")
+    from functorkit.adapters import _torch_flat
+
+    def tree(scale: float) -> dict[str, Any]:
+        return {"w": torch.ones(2, 3) * scale, "b": torch.arange(3.0) * scale, "n": torch.tensor([7])}
+
+    _warm(tree(1.0))
+    checks: list[int] = []
+    passes: list[int] = []
+    real_check = _destructure.check_no_aliases
+    real_pass = _torch_flat.planned_flat
+
+    def check(*a: Any) -> Any:
+        checks.append(1)
+        return real_check(*a)
+
+    def one_pass(*a: Any) -> Any:
+        passes.append(1)
+        return real_pass(*a)
+
+    monkeypatch.setattr(_destructure, "check_no_aliases", check)
+    monkeypatch.setattr(_torch_flat, "planned_flat", one_pass)
+    runs.clear()
+    flat, re = fk.destructure(tree(2.0))
+    assert runs == [1]
+    assert passes == [1]
+    assert checks == [], "the plan's one pass was not taken"
+    assert torch.equal(flat, torch.tensor([2.0] * 6 + [0.0, 2.0, 4.0]))
+    assert re(flat)["n"] is not None
+    monkeypatch.setattr(_destructure, "ONE_PASS", [False])
+    off, _ = fk.destructure(tree(2.0))
+    assert checks == [1]
+    assert passes == [1]
+    assert torch.equal(off, flat)
+    monkeypatch.setattr(_destructure, "ONE_PASS", [True])
+    # what the one pass does not prove goes to the full check: a strided leaf (a result all the
+    # same), two views of one storage (refused, naming both paths)
+    strided = {"w": torch.ones(3, 2).t() * 2, "b": torch.arange(3.0) * 2, "n": torch.tensor([7])}
+    assert torch.equal(fk.destructure(strided)[0], flat)
+    assert checks == [1, 1]
+    base = torch.arange(12.0)
+    with pytest.raises(fk.StructureError, match="share memory") as info:
+        fk.destructure({"w": base[:6].view(2, 3), "b": base[4:7], "n": torch.tensor([7])})
+    assert "at w and b" in str(info.value)
+    assert runs == [1, 1, 1, 1]
