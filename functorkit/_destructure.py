@@ -209,11 +209,13 @@ class _Plan:
         _check_apart(leaves, idx, td)
         if flat is None:
             flat = _new_flat(old._flat_kind, self.n, params, self.offsets, old._shapes)
-        template = list(leaves)
-        for j in idx:
-            template[j] = None
-        re = old._again(template)
-        return flat, re
+        if len(idx) == len(leaves):
+            template = [None] * len(leaves)  # (every leaf a parameter: no constant)
+        else:
+            template = list(leaves)
+            for j in idx:
+                template[j] = None
+        return flat, old._again(template)
 
 
 _dtype_of = operator.attrgetter("dtype")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from typing import Any, Generic, cast
 
 from ._codegen import CODEGEN_MAX, build_source, compile_source, entry_of_error
@@ -204,7 +205,7 @@ class Restructure(Reflatten, Generic[Tree]):
         for name in _SHARED_STATE:
             setattr(new, name, getattr(self, name))
         new._template = template
-        if self._gen is not None and all(a is b for a, b in zip(template, self._template, strict=True)):
+        if self._gen is not None and all(map(operator.is_, template, self._template)):  # (same lengths)
             new._build, new._fast, new._gen = self._build, self._fast, self._gen
         else:
             new._build, new._fast, new._gen = new._build_first, new._fast_first, None
