@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._alias import layouts_overlap, memory_layout, separate_allocations
+from ._alias import _disjoint_by_adapter, layouts_overlap, memory_layout, separate_allocations
 from ._dense import check_dense
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
@@ -20,11 +20,18 @@ from ._policy import (
     flatten_error,
     same_device,
 )
+from ._plans import keep_plan, plan_for
 from ._record import all_distinct
 from ._treedef import TreeDef
 from ._typing import Policy, Tree
 from ._xp import is_array, is_inexact_array, namespace
 from .adapters import ArrayAdapter, adapter_for, adapter_of
+
+
+#: ``re.flatten`` keeps what it decided on a model's parameters in the plan cache, keyed by their
+#: facts (off: every call makes every check; bench_flat's torch "re.flatten plan" on/off row,
+#: tests/test_destructure_plan.py)
+FLATTEN_PLAN = [True]
 
 
 class Reflatten:
@@ -104,18 +111,21 @@ class Reflatten:
         kind = self._flat_kind
         if out is not None:
             self._check_out(out)
-        leaves = self._match(model)
+        leaves, known = self._match(model, pol)
         if out is not None:
             self._check_out_apart(out, leaves)
-        # policy: each parameter's kind against the flat vector, decided once per kind
+        if not known:
+            # policy: each parameter's kind against the flat vector, decided once per kind
 
-        def refuse(j: int, lk: Kind, _met: list[Kind]) -> None:
-            d = decide_flatten(pol, lk, kind)
-            if d.error is not None:
-                raise flatten_error(pol, self.paths[j], lk, kind, d.error)
+            def refuse(j: int, lk: Kind, _met: list[Kind]) -> None:
+                d = decide_flatten(pol, lk, kind)
+                if d.error is not None:
+                    raise flatten_error(pol, self.paths[j], lk, kind, d.error)
 
-        kinds, which, _ = kinds_of(leaves, refuse)
-        _check_readable(kinds, which, kind, lambda j: self.paths[j])
+            kinds, which, _ = kinds_of(leaves, refuse)
+            _check_readable(kinds, which, kind, lambda j: self.paths[j])
+            # what was decided on the parameters' facts (density, kinds, shapes) is kept with them
+            keep_plan(self._td, ("re.flatten", pol), leaves, (self._param_idx, self._shapes, kind))
         if out is None:
             return _new_flat(kind, self._n, leaves, self._offsets, self._shapes)
         self._adapter.fill(out, leaves, self._offsets, self._shapes)
@@ -165,7 +175,10 @@ class Reflatten:
         """`out` must not share memory with a parameter it is filled from (it would be read after
         being overwritten)."""
         ext = self._adapter.memory_extent(out)
-        if ext is None or separate_allocations([out, *leaves]):
+        if ext is None:
+            return
+        arrays = [out, *leaves]
+        if separate_allocations(arrays) or _disjoint_by_adapter(arrays):  # (C-level proofs: no loop)
             return
         space, lo, hi = ext
         lay = None
@@ -186,8 +199,12 @@ class Reflatten:
                 )
                 raise ValueError(msg)
 
-    def _match(self, model: Any) -> list[Any]:
-        """The parameters of `model` at the plan's positions (StructureError where it differs)."""
+    def _match(self, model: Any, pol: str) -> tuple[list[Any], bool]:
+        """The parameters of `model` at the plan's positions (StructureError where it differs), and
+        whether the plan cache (``_plans``) holds this rebuilder's decisions for parameters of
+        their facts under policy `pol` (made by an earlier call that passed every check here
+        and in `flatten`; then the checks that follow from the facts are not made again:
+        FLATTEN_PLAN, bench_flat's torch "re.flatten plan" on/off row)."""
         td = self._td
         got = td._match(model, 1, None, None, lambda path, left, right: _flatten_mismatch(path, left, right))
         if type(got) is int:
@@ -199,12 +216,15 @@ class Reflatten:
         pos_leaf = td._ties()
         first = td.leaf_positions()
         leaves = [got[first[j]] for j in self._param_idx]
-        check_dense(leaves, lambda k: self.paths[k].display, "re.flatten")  # sparse, nested: TypeError
-        for k, (x, shape) in enumerate(zip(leaves, self._shapes, strict=True)):
-            if not is_inexact_array(x) or tuple(x.shape) != shape:
-                raise _flatten_mismatch(
-                    self.paths[k], f"a floating or complex array of shape {shape}", _describe_obj(x)
-                )
+        plan = plan_for(td, ("re.flatten", pol), leaves) if FLATTEN_PLAN[0] else None
+        known = plan is not None and plan[0] is self._param_idx and plan[1] is self._shapes and plan[2] is self._flat_kind
+        if not known:
+            check_dense(leaves, lambda k: self.paths[k].display, "re.flatten")  # sparse, nested: TypeError
+            for k, (x, shape) in enumerate(zip(leaves, self._shapes, strict=True)):
+                if not is_inexact_array(x) or tuple(x.shape) != shape:
+                    raise _flatten_mismatch(
+                        self.paths[k], f"a floating or complex array of shape {shape}", _describe_obj(x)
+                    )
         if pos_leaf is not None:  # ties: every position of a tied parameter holds the same array
             params = set(self._param_idx)
             for p, j in enumerate(pos_leaf):
@@ -220,7 +240,7 @@ class Reflatten:
                     raise _flatten_mismatch(
                         self.paths[k], "a parameter distinct from the one at an earlier position", "the same array"
                     )
-        return leaves
+        return leaves, known
 
 
 def _flatten_mismatch(path: KeyPath, expected: object, found: object) -> StructureError:

@@ -514,6 +514,11 @@ def test_torch_small_flat_vectors_are_one_concatenation(monkeypatch: pytest.Monk
     assert torch.equal(tf._cat_raveled(list(model.values())), ref)  # the fallback: the same values
     monkeypatch.setattr(tf, "CAT_MAX_BYTES", 16 << 20)
     monkeypatch.setattr(tf, "CAT_OUT_MAX_BYTES", 16 << 20)
+    lone = torch.arange(4.0)
+    for _ in range(3):  # a lone tensor: still a new vector (flatten_dense_tensors would view it)
+        single, _ = fk.destructure({"x": lone})
+        assert single.data_ptr() != lone.data_ptr()
+        assert torch.equal(single, lone)
     # not taken: a dtype conversion (policy "model"), a subclass
     mixed = {"a": torch.ones(2), "b": torch.ones(2, dtype=torch.float64)}
     _, re_mixed = fk.destructure(mixed, policy="model")

@@ -217,3 +217,38 @@ def test_torch_plan_takes_the_one_pass(runs: list[int], monkeypatch: pytest.Monk
         fk.destructure({"w": base[:6].view(2, 3), "b": base[4:7], "n": torch.tensor([7])})
     assert "at w and b" in str(info.value)
     assert runs == [1, 1, 1, 1]
+
+
+def test_reflatten_keeps_its_decisions(xp: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench_flat's "re.flatten plan" row: a second re.flatten of parameters with the same facts
+    # does not decide their kinds again; FLATTEN_PLAN off must show here; a changed fact (a
+    # parameter's shape, a non-array) is checked again and refused as before
+    from functorkit import _reflatten
+
+    _plans.clear()
+    decided: list[int] = []
+    real = _reflatten.kinds_of
+
+    def kinds_of(*a: Any) -> Any:
+        decided.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(_reflatten, "kinds_of", kinds_of)
+    _warm(_model(xp))
+    flat, re = fk.destructure(_model(xp))
+    decided.clear()
+    got = [re.flatten(_model(xp, 2.0)) for _ in range(3)]
+    assert decided == [1], "re.flatten's kept decisions were not used"
+    for g in got:
+        np.testing.assert_array_equal(to_numpy(g), to_numpy(flat) * 2)
+    monkeypatch.setattr(_reflatten, "FLATTEN_PLAN", [False])
+    np.testing.assert_array_equal(to_numpy(re.flatten(_model(xp, 2.0))), to_numpy(flat) * 2)
+    assert decided == [1, 1]
+    monkeypatch.setattr(_reflatten, "FLATTEN_PLAN", [True])
+    wrong = _model(xp)
+    wrong["l1"]["b"] = xp.asarray([0.5, 0.25, 1.0])
+    with pytest.raises(fk.StructureError, match=r"l1.*b.*shape \(2,\)"):
+        re.flatten(wrong)
+    wrong["l1"]["b"] = "not an array"
+    with pytest.raises(fk.StructureError, match="floating or complex array"):
+        re.flatten(wrong)

@@ -78,12 +78,19 @@ def _needs_no_grad(tensors: list[Any]) -> bool:
     return torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, tensors))  # (one C call first)
 
 
+def _new_vector(leaves: list[Any]) -> Any:
+    if len(leaves) == 1:  # (flatten_dense_tensors returns a view of a lone contiguous tensor)
+        return torch.cat((leaves[0].reshape(-1),))
+    return flatten_dense(leaves)
+
+
 def concat(leaves: list[Any]) -> Any:
-    """`flatten_dense` of plain tensors, with no autograd history."""
+    """`flatten_dense` of plain tensors: a new vector (never a view of a leaf), with no autograd
+    history."""
     if _needs_no_grad(leaves):
         with torch.no_grad():
-            return flatten_dense(leaves)
-    return flatten_dense(leaves)
+            return _new_vector(leaves)
+    return _new_vector(leaves)
 
 
 def planned_flat(leaves: list[Any], nbytes: list[int], wrapped: Callable[[Any], bool]) -> Any:
