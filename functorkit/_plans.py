@@ -225,9 +225,15 @@ def plan_for(td: TreeDef, op: Any, leaves: list[Any]) -> Any:
     return hit[1]
 
 
-def keep_plan(td: TreeDef, op: Any, leaves: list[Any], plan: Any) -> None:
+def keep_plan(td: TreeDef, op: Any, leaves: list[Any], plan: Any, *, own: bool = False) -> None:
     """Keep `plan` for operation `op` on `td`, made from `leaves`, when `td` is a definition the
-    walk reuses (a small container tree met before); otherwise nothing."""
+    walk reuses (a small container tree met before); otherwise nothing. `own`: also for any
+    definition of at most `PLAN_NODES` entries that an operation holds and matches trees against
+    itself, without a walk (``re.flatten``: its rebuilder's definition, met again at every call)."""
     e = _entry(td)
-    if e is not None and e.match is not None:
+    if e is None and own and num_entries(td) <= PLAN_NODES and not tracing():
+        if len(_BY_TD) >= _MAX:
+            clear()
+        e = _BY_TD[id(td)] = _Entry(td, TABLES[0])
+    if e is not None and (own or e.match is not None):
         e.ops[op] = (LeafFacts(leaves), plan)

@@ -125,7 +125,7 @@ class Reflatten:
             kinds, which, _ = kinds_of(leaves, refuse)
             _check_readable(kinds, which, kind, lambda j: self.paths[j])
             # what was decided on the parameters' facts (density, kinds, shapes) is kept with them
-            keep_plan(self._td, ("re.flatten", pol), leaves, (self._param_idx, self._shapes, kind))
+            keep_plan(self._td, ("re.flatten", pol), leaves, (self._param_idx, self._shapes, kind), own=True)
         if out is None:
             return _new_flat(kind, self._n, leaves, self._offsets, self._shapes)
         self._adapter.fill(out, leaves, self._offsets, self._shapes)
