@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._alias import _disjoint_by_adapter, layouts_overlap, memory_layout, separate_allocations
+from ._alias import layouts_overlap, memory_layout, separate_allocations
 from ._dense import check_dense
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
@@ -114,7 +114,7 @@ class Reflatten:
         leaves, known = self._match(model, pol)
         if out is not None:
             self._check_out_apart(out, leaves)
-        if not known:
+        if known is None:
             # policy: each parameter's kind against the flat vector, decided once per kind
 
             def refuse(j: int, lk: Kind, _met: list[Kind]) -> None:
@@ -125,7 +125,10 @@ class Reflatten:
             kinds, which, _ = kinds_of(leaves, refuse)
             _check_readable(kinds, which, kind, lambda j: self.paths[j])
             # what was decided on the parameters' facts (density, kinds, shapes) is kept with them
-            keep_plan(self._td, ("re.flatten", pol), leaves, (self._param_idx, self._shapes, kind), own=True)
+            token = self._adapter.plans_flat(leaves, kind.dtype, kind.device)
+            keep_plan(self._td, ("re.flatten", pol), leaves, (self._param_idx, self._shapes, kind, token), own=True)
+        elif out is not None and known[3] is not None and self._adapter.planned_fill(out, leaves, known[3]):
+            return out
         if out is None:
             return _new_flat(kind, self._n, leaves, self._offsets, self._shapes)
         self._adapter.fill(out, leaves, self._offsets, self._shapes)
@@ -174,11 +177,10 @@ class Reflatten:
     def _check_out_apart(self, out: Any, leaves: list[Any]) -> None:
         """`out` must not share memory with a parameter it is filled from (it would be read after
         being overwritten)."""
-        ext = self._adapter.memory_extent(out)
-        if ext is None:
+        if self._adapter.proves_apart(out, leaves):  # (C-level passes: no loop)
             return
-        arrays = [out, *leaves]
-        if separate_allocations(arrays) or _disjoint_by_adapter(arrays):  # (C-level proofs: no loop)
+        ext = self._adapter.memory_extent(out)
+        if ext is None or separate_allocations([out, *leaves]):
             return
         space, lo, hi = ext
         lay = None
@@ -199,10 +201,10 @@ class Reflatten:
                 )
                 raise ValueError(msg)
 
-    def _match(self, model: Any, pol: str) -> tuple[list[Any], bool]:
+    def _match(self, model: Any, pol: str) -> tuple[list[Any], Any]:
         """The parameters of `model` at the plan's positions (StructureError where it differs), and
-        whether the plan cache (``_plans``) holds this rebuilder's decisions for parameters of
-        their facts under policy `pol` (made by an earlier call that passed every check here
+        the plan cache's (``_plans``) record of this rebuilder's decisions for parameters of
+        their facts under policy `pol` (None if it holds none) (made by an earlier call that passed every check here
         and in `flatten`; then the checks that follow from the facts are not made again:
         FLATTEN_PLAN, bench_flat's torch "re.flatten plan" on/off row)."""
         td = self._td
@@ -217,8 +219,10 @@ class Reflatten:
         first = td.leaf_positions()
         leaves = [got[first[j]] for j in self._param_idx]
         plan = plan_for(td, ("re.flatten", pol), leaves) if FLATTEN_PLAN[0] else None
-        known = plan is not None and plan[0] is self._param_idx and plan[1] is self._shapes and plan[2] is self._flat_kind
-        if not known:
+        known = plan
+        if plan is not None and not (plan[0] is self._param_idx and plan[1] is self._shapes and plan[2] is self._flat_kind):
+            known = None  # (another rebuilder's, of the same definition)
+        if known is None:
             check_dense(leaves, lambda k: self.paths[k].display, "re.flatten")  # sparse, nested: TypeError
             for k, (x, shape) in enumerate(zip(leaves, self._shapes, strict=True)):
                 if not is_inexact_array(x) or tuple(x.shape) != shape:

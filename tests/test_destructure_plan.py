@@ -251,3 +251,25 @@ def test_reflatten_keeps_its_decisions(xp: Any, monkeypatch: pytest.MonkeyPatch)
     wrong["l1"]["b"] = "not an array"
     with pytest.raises(fk.StructureError, match="floating or complex array"):
         re.flatten(wrong)
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_reflatten_out_sharing_memory_with_the_model_is_refused(lib: str) -> None:
+    # re.flatten(out=)'s C-level proof that `out` is apart from the model (torch) must not prove
+    # too much: an `out` over a parameter's memory, contiguous or strided (a strided `out` spans
+    # more bytes than its own), is refused on every call, the plan's included
+    if lib == "torch":
+        torch = pytest.importorskip("torch")
+        base, other = torch.zeros(10), torch.zeros(3)
+    else:
+        base, other = np.zeros(10), np.zeros(3)
+    model = {"w": other, "b": base[7:9]}
+    _, re = fk.destructure(model)
+    for out in (base[5:10], base[0:10:2]):
+        for _ in range(3):
+            with pytest.raises(ValueError, match="shares memory with this parameter"):
+                re.flatten(model, out=out)
+    apart = base[0:5]
+    for _ in range(3):
+        assert re.flatten(model, out=apart) is apart
+    np.testing.assert_array_equal(to_numpy(apart), np.zeros(5))

@@ -268,11 +268,23 @@ class ArrayAdapter(Kernels):
             return self.empty(dtype, device, n)
         return self.xp.concat([self.flat_piece(x, dtype, device) for x in leaves])
 
+    def proves_apart(self, out: Any, arrays: list[Any]) -> bool:
+        """True if it is certain, without a look at each array, that no byte of `arrays` lies in
+        the memory of `out` (a contiguous 1-D array of this library, ``re.flatten``'s checked
+        `out`); False: not known (here: always), every array is looked at."""
+        return False
+
     def plans_flat(self, leaves: list[Any], dtype: Any, device: Any) -> Any:
         """What `planned_flat` needs for arrays with the facts of `leaves` (``_plans.LeafFacts``)
         and a flat vector of `dtype` on `device`, decided once when ``destructure``'s plan is made;
         None (here: always): no such path, the plan runs the alias check and `new_flat`."""
         return None
+
+    def planned_fill(self, out: Any, leaves: list[Any], token: Any) -> bool:
+        """``re.flatten(out=)``'s kept decision (`token` from `plans_flat` for the flat vector's
+        dtype and device, which `out` has): write `leaves` into `out` in one pass and return True,
+        or False (here: always) where that is not proven here (the caller then calls `fill`)."""
+        return False
 
     def planned_flat(self, leaves: list[Any], token: Any) -> Any:
         """``destructure``'s plan in one pass (`token` from `plans_flat`): prove that `leaves`

@@ -251,12 +251,48 @@ class Adapter(ArrayAdapter):
         self.fill(out, leaves, offsets, shapes)
         return out
 
+    def proves_apart(self, out: Any, arrays: list[Any]) -> bool:
+        """Plain contiguous tensors whose ranges (``data_ptr``, ``nbytes``) all end at or below the
+        start of `out`'s or start at or above its end, in C-level passes (``re.flatten(out=)``'s
+        check of `out` against the model: bench_flat "mlp, torch" row). Tensors of another
+        device than `out` are apart whatever their pointers say (the exact check compares memory
+        spaces too)."""
+        if (
+            compiling()
+            or not out.is_contiguous()  # (a strided `out` spans more than its nbytes)
+            or not set(map(type, arrays)) <= _PLAIN_SET
+            or not all(map(torch.Tensor.is_contiguous, arrays))
+        ):
+            return False
+        try:
+            lo = out.data_ptr()
+            los = list(map(torch.Tensor.data_ptr, arrays))
+        except RuntimeError:  # no storage: a torch.func wrapper (the exact check looks at each)
+            return False
+        hi = lo + out.nbytes
+        below = map(operator.le, map(operator.add, los, map(_NBYTES, arrays)), repeat(lo))
+        return all(map(operator.or_, below, map(operator.ge, los, repeat(hi))))
+
     def plans_flat(self, leaves: list[Any], dtype: Any, device: Any) -> Any:
         """Plain tensors of `dtype` on `device` (`_torch_flat.plain_of`): their byte counts and total."""
         if not leaves or not _torch_flat.plain_of(leaves, dtype, device):
             return None
         nbytes = list(map(_NBYTES, leaves))
         return nbytes, sum(nbytes)
+
+    def planned_fill(self, out: Any, leaves: list[Any], token: Any) -> bool:
+        """One ``torch.cat(..., out=out)`` (`_torch_flat.cat_into`) under ``CAT_OUT_MAX_BYTES`` for a
+        plain `out`; not while ``torch.compile`` traces, nor for ``torch.func`` wrappers (`fill`
+        refuses those)."""
+        if (
+            token[1] >= _torch_flat.CAT_OUT_MAX_BYTES
+            or type(out) is not torch.Tensor
+            or compiling()
+            or any(map(is_functorch_wrapped, leaves))
+        ):
+            return False
+        _torch_flat.cat_into(out, leaves)
+        return True
 
     def planned_flat(self, leaves: list[Any], token: Any) -> Any:
         """`_torch_flat.planned_flat` under ``CAT_MAX_BYTES``, not while ``torch.compile`` traces."""
