@@ -172,14 +172,17 @@ class Restructure(Reflatten, Generic[Tree]):
         ftype: type,
         policy: str,
         param_types: list[type],
+        sizes: list[int] | None = None,
+        offsets: list[int] | None = None,
     ) -> Restructure[Any]:
         self = object.__new__(cls)
         self._td = td
         self._template = template
         self._param_idx = param_idx
         self._shapes = shapes
-        self._sizes = [_size(s) for s in shapes]
-        self._offsets = list(itertools.accumulate(self._sizes, initial=0))[:-1]
+        # (`destructure` hands over the sizes and offsets of `shapes` it computed)
+        self._sizes = [_size(s) for s in shapes] if sizes is None else sizes
+        self._offsets = list(itertools.accumulate(self._sizes, initial=0))[:-1] if offsets is None else offsets
         self._n = sum(self._sizes)
         self._kinds = kinds
         self._param_kind = param_kind
