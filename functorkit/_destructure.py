@@ -132,7 +132,7 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
             param_kind = [0] * len(params)
             param_types = param_types[:1]
         ad = adapter_for(xp)
-        token = ad.plans_flat(params, dtype, flat_kind.device)
+        token = ad.plans_flat(params, dtype, flat_kind.device, one is not None and kinds[0].dtype == dtype)
         if token is not None and ONE_PASS[0]:  # the alias proof and the new vector in one pass
             flat = ad.planned_flat(params, token)
         if flat is None:
@@ -213,6 +213,8 @@ class _Plan:
         _check_apart(leaves, idx, td)
         if flat is None:
             flat = _new_flat(old._flat_kind, self.n, params, self.offsets, old._shapes)
+        if len(idx) == len(leaves):
+            return flat, old  # every leaf a parameter: no constant, so the same rebuilder in every state
         return flat, old._again(_template(leaves, idx))
 
 

@@ -274,9 +274,10 @@ class ArrayAdapter(Kernels):
         `out`); False: not known (here: always), every array is looked at."""
         return False
 
-    def plans_flat(self, leaves: list[Any], dtype: Any, device: Any) -> Any:
+    def plans_flat(self, leaves: list[Any], dtype: Any, device: Any, uniform: bool = False) -> Any:
         """What `planned_flat` needs for arrays with the facts of `leaves` (``_plans.LeafFacts``)
-        and a flat vector of `dtype` on `device`, decided once when ``destructure``'s plan is made;
+        and a flat vector of `dtype` on `device`, decided once when ``destructure``'s plan is made
+        (`uniform`: the caller knows that every leaf is of one type, of `dtype`, on `device`);
         None (here: always): no such path, the plan runs the alias check and `new_flat`."""
         return None
 

@@ -273,9 +273,12 @@ class Adapter(ArrayAdapter):
         below = map(operator.le, map(operator.add, los, map(_NBYTES, arrays)), repeat(lo))
         return all(map(operator.or_, below, map(operator.ge, los, repeat(hi))))
 
-    def plans_flat(self, leaves: list[Any], dtype: Any, device: Any) -> Any:
-        """Plain tensors of `dtype` on `device` (`_torch_flat.plain_of`): their byte counts and total."""
-        if not leaves or not _torch_flat.plain_of(leaves, dtype, device):
+    def plans_flat(self, leaves: list[Any], dtype: Any, device: Any, uniform: bool = False) -> Any:
+        """Plain tensors of `dtype` on `device` (`_torch_flat.plain_of`; `uniform`: only the one type
+        is looked at): their byte counts and total."""
+        if not leaves:
+            return None
+        if not (type(leaves[0]) in _PLAIN if uniform else _torch_flat.plain_of(leaves, dtype, device)):
             return None
         nbytes = list(map(_NBYTES, leaves))
         return nbytes, sum(nbytes)
