@@ -10,6 +10,7 @@ from ._alias import layouts_overlap, memory_layout, separate_allocations
 from ._dense import check_dense
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
+from ._plans import keep_plan, plan_for
 from ._policy import (
     Kind,
     check_policy,
@@ -20,13 +21,11 @@ from ._policy import (
     flatten_error,
     same_device,
 )
-from ._plans import keep_plan, plan_for
 from ._record import all_distinct
 from ._treedef import TreeDef
 from ._typing import Policy, Tree
 from ._xp import is_array, is_inexact_array, namespace
-from .adapters import ArrayAdapter, adapter_for, adapter_of
-
+from .adapters import ArrayAdapter, adapter_for, adapter_of, tracing
 
 #: ``re.flatten`` keeps what it decided on a model's parameters in the plan cache, keyed by their
 #: facts (off: every call makes every check; bench_flat's torch "re.flatten plan" on/off row,
@@ -125,8 +124,9 @@ class Reflatten:
             kinds, which, _ = kinds_of(leaves, refuse)
             _check_readable(kinds, which, kind, lambda j: self.paths[j])
             # what was decided on the parameters' facts (density, kinds, shapes) is kept with them
-            token = self._adapter.plans_flat(leaves, kind.dtype, kind.device)
-            keep_plan(self._td, ("re.flatten", pol), leaves, (self._param_idx, self._shapes, kind, token), own=True)
+            if not tracing():
+                token = self._adapter.plans_flat(leaves, kind.dtype, kind.device)
+                keep_plan(self._td, ("re.flatten", pol), leaves, (self._param_idx, self._shapes, kind, token), own=True)
         elif out is not None and known[3] is not None and self._adapter.planned_fill(out, leaves, known[3]):
             return out
         if out is None:
@@ -218,9 +218,10 @@ class Reflatten:
         pos_leaf = td._ties()
         first = td.leaf_positions()
         leaves = [got[first[j]] for j in self._param_idx]
-        plan = plan_for(td, ("re.flatten", pol), leaves) if FLATTEN_PLAN[0] else None
+        # (not while torch.compile traces: the facts' C-level passes do not trace, the checks do)
+        plan = plan_for(td, ("re.flatten", pol), leaves) if FLATTEN_PLAN[0] and not tracing() else None
         known = plan
-        if plan is not None and not (plan[0] is self._param_idx and plan[1] is self._shapes and plan[2] is self._flat_kind):
+        if plan is not None and (plan[0], plan[1], plan[2]) != (self._param_idx, self._shapes, self._flat_kind):
             known = None  # (another rebuilder's, of the same definition)
         if known is None:
             check_dense(leaves, lambda k: self.paths[k].display, "re.flatten")  # sparse, nested: TypeError

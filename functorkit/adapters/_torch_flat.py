@@ -93,16 +93,22 @@ def concat(leaves: list[Any]) -> Any:
     return _new_vector(leaves)
 
 
-def planned_flat(leaves: list[Any], nbytes: list[int], wrapped: Callable[[Any], bool]) -> Any:
+def planned_flat(leaves: list[Any], nbytes: list[int], wrappers_have_no_storage: bool) -> Any:
     """`destructure`'s plan on torch (`plain_of` held when it was made, and the plan's facts hold
     now): the new vector, or None where the per-call facts are not proven here: a ``torch.func``
     wrapper among `leaves`, a non-contiguous leaf, two leaves whose byte ranges (``data_ptr``, and
     the plan's `nbytes`) meet. None sends the caller to the full alias check and `new_flat`.
     Distinct leaves whose ranges do not meet share no memory, which is the alias check's whole
-    question here. Not while ``torch.compile`` traces (the caller asks)."""
-    if any(map(wrapped, leaves)) or not all(map(torch.Tensor.is_contiguous, leaves)):
+    question here. A ``torch.func`` wrapper (``grad``, ``vmap``, ``jvp``) has no storage: its
+    ``data_ptr`` raises, which is the test for one here (no probe per tensor) when
+    `wrappers_have_no_storage` (the private probe was detected: this torch has such wrappers;
+    else None, always). Not while ``torch.compile`` traces (the caller asks)."""
+    if not wrappers_have_no_storage or not all(map(torch.Tensor.is_contiguous, leaves)):
         return None
-    los = list(map(torch.Tensor.data_ptr, leaves))
+    try:
+        los = list(map(torch.Tensor.data_ptr, leaves))
+    except RuntimeError:  # no storage: a torch.func wrapper (new_flat concatenates those themselves)
+        return None
     if not spans_disjoint(los, list(map(operator.add, los, nbytes))):
         return None
     return concat(leaves)

@@ -144,7 +144,9 @@ def _cat_ok(leaves: list[Any], dtype: Any, device: Any) -> bool:
     """Every leaf a plain tensor (no subclass, no functorch wrapper) of `dtype` on `device`, and no
     ``torch.compile`` tracing: one concatenation then makes exactly the vector `fill` would. In
     C-level passes over the leaves (no Python step per leaf)."""
-    return not compiling() and _torch_flat.plain_of(leaves, dtype, device) and not any(map(is_functorch_wrapped, leaves))
+    if compiling() or not _torch_flat.plain_of(leaves, dtype, device):
+        return False
+    return not any(map(is_functorch_wrapped, leaves))
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -302,7 +304,7 @@ class Adapter(ArrayAdapter):
         nbytes, total = token
         if total >= _torch_flat.CAT_MAX_BYTES or compiling():
             return None
-        return _torch_flat.planned_flat(leaves, nbytes, is_functorch_wrapped)
+        return _torch_flat.planned_flat(leaves, nbytes, is_functorch_wrapped is not _all_wrapped)
 
     def fill(self, out: Any, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> None:
         """One ``torch.cat(..., out=out)`` of plain tensors of `out`'s dtype and device into an `out`
