@@ -1,6 +1,7 @@
 """torch flat vectors in one C++ call: ``destructure``'s new vector and ``re.flatten(out=)``'s copy.
 
-Used by `functorkit.adapters.torch.Adapter` (``new_flat``, ``fill``, ``planned_flat``). Each path
+Used by `functorkit.adapters.torch.Adapter` (``new_flat``, ``fill``, ``plans_flat``, ``planned_flat``,
+``planned_fill``, ``proves_apart``). Each path
 is taken only for plain tensors (``torch.Tensor``, ``nn.Parameter``; no ``torch.func`` wrapper) of
 the vector's dtype and device, never while ``torch.compile`` traces (the per-leaf paths trace),
 and each has a switch (a module global; tests and bench_flat's on/off rows set it):
@@ -33,8 +34,20 @@ from typing import Any
 import torch
 
 from ._kernels import spans_disjoint
+from ._torch_probe import compiling
 
-__all__ = ["CAT_MAX_BYTES", "CAT_OUT_MAX_BYTES", "cat_into", "flatten_dense", "plain_of", "planned_flat"]
+__all__ = [
+    "CAT_MAX_BYTES",
+    "CAT_OUT_MAX_BYTES",
+    "cat_into",
+    "concat",
+    "flatten_dense",
+    "plain_of",
+    "planned_fill",
+    "planned_flat",
+    "plans_flat",
+    "proves_apart",
+]
 
 #: `new_flat` vectors under this many bytes are one `flatten_dense` (0: off)
 CAT_MAX_BYTES = 16 << 20
@@ -45,6 +58,7 @@ _PLAIN_SET = frozenset((torch.Tensor, torch.nn.Parameter))
 _DTYPE = operator.attrgetter("dtype")
 _DEVICE = operator.attrgetter("device")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
+_NBYTES = operator.attrgetter("nbytes")
 _CPU = torch.device("cpu")
 
 
@@ -93,17 +107,33 @@ def concat(leaves: list[Any]) -> Any:
     return _new_vector(leaves)
 
 
-def planned_flat(leaves: list[Any], nbytes: list[int], wrappers_have_no_storage: bool) -> Any:
-    """`destructure`'s plan on torch (`plain_of` held when it was made, and the plan's facts hold
-    now): the new vector, or None where the per-call facts are not proven here: a ``torch.func``
-    wrapper among `leaves`, a non-contiguous leaf, two leaves whose byte ranges (``data_ptr``, and
-    the plan's `nbytes`) meet. None sends the caller to the full alias check and `new_flat`.
-    Distinct leaves whose ranges do not meet share no memory, which is the alias check's whole
-    question here. A ``torch.func`` wrapper (``grad``, ``vmap``, ``jvp``) has no storage: its
-    ``data_ptr`` raises, which is the test for one here (no probe per tensor) when
-    `wrappers_have_no_storage` (the private probe was detected: this torch has such wrappers;
-    else None, always). Not while ``torch.compile`` traces (the caller asks)."""
-    if not wrappers_have_no_storage or not all(map(torch.Tensor.is_contiguous, leaves)):
+def plans_flat(leaves: list[Any], dtype: Any, device: Any, uniform: bool) -> Any:
+    """`destructure`'s plan (``ArrayAdapter.plans_flat``): for plain tensors of `dtype` on `device`
+    (`plain_of`; `uniform`: the caller knows the leaves are of one type, dtype and device, so only
+    the type is looked at), their byte counts and total; None otherwise."""
+    if not leaves:
+        return None
+    if not (type(leaves[0]) in _PLAIN_SET if uniform else plain_of(leaves, dtype, device)):
+        return None
+    nbytes = list(map(_NBYTES, leaves))
+    return nbytes, sum(nbytes)
+
+
+def planned_flat(leaves: list[Any], token: Any, wrappers_have_no_storage: bool) -> Any:
+    """`destructure`'s plan on torch (`plans_flat` gave `token` when it was made, and the plan's
+    facts hold now): the new vector, or None where the per-call facts are not proven here: a
+    ``torch.func`` wrapper among `leaves`, a non-contiguous leaf, two leaves whose byte ranges
+    (``data_ptr``, and the plan's byte counts) meet, a vector of `CAT_MAX_BYTES` or more. None
+    sends the caller to the full alias check and ``new_flat``. Distinct leaves whose ranges do
+    not meet share no memory, which is the alias check's whole question here. A ``torch.func``
+    wrapper (``grad``, ``vmap``, ``jvp``) has no storage: its ``data_ptr`` raises, which is the
+    test for one here (no probe per tensor) when `wrappers_have_no_storage` (the private probe
+    was detected: this torch has such wrappers; else None, always). Not while ``torch.compile``
+    traces."""
+    nbytes, total = token
+    if total >= CAT_MAX_BYTES or compiling() or not wrappers_have_no_storage:
+        return None
+    if not all(map(torch.Tensor.is_contiguous, leaves)):
         return None
     try:
         los = list(map(torch.Tensor.data_ptr, leaves))
@@ -112,6 +142,40 @@ def planned_flat(leaves: list[Any], nbytes: list[int], wrappers_have_no_storage:
     if not spans_disjoint(los, list(map(operator.add, los, nbytes))):
         return None
     return concat(leaves)
+
+
+def planned_fill(out: Any, leaves: list[Any], token: Any, wrapped: Callable[[Any], bool]) -> bool:
+    """``re.flatten(out=)``'s kept decision (`token` from `plans_flat` for the flat vector's dtype
+    and device, which `out` has): one `cat_into` under `CAT_OUT_MAX_BYTES` for a plain `out`, and
+    True; False while ``torch.compile`` traces or for ``torch.func`` wrappers (``fill`` refuses
+    those)."""
+    if token[1] >= CAT_OUT_MAX_BYTES or type(out) is not torch.Tensor or compiling() or any(map(wrapped, leaves)):
+        return False
+    cat_into(out, leaves)
+    return True
+
+
+def proves_apart(out: Any, arrays: list[Any]) -> bool:
+    """Plain contiguous tensors whose ranges (``data_ptr``, ``nbytes``) all end at or below the
+    start of the contiguous `out`'s or start at or above its end, in C-level passes
+    (``re.flatten(out=)``'s check of `out` against the model: bench_flat "mlp, torch" row).
+    Tensors of another device than `out` are apart whatever their pointers say (the exact check
+    compares memory spaces too). False: not proven (a strided `out` spans more bytes than its own)."""
+    if (
+        compiling()
+        or not out.is_contiguous()
+        or not set(map(type, arrays)) <= _PLAIN_SET
+        or not all(map(torch.Tensor.is_contiguous, arrays))
+    ):
+        return False
+    try:
+        lo = out.data_ptr()
+        los = list(map(torch.Tensor.data_ptr, arrays))
+    except RuntimeError:  # no storage: a torch.func wrapper (the exact check looks at each)
+        return False
+    hi = lo + out.nbytes
+    below = map(operator.le, map(operator.add, los, map(_NBYTES, arrays)), repeat(lo))
+    return all(map(operator.or_, below, map(operator.ge, los, repeat(hi))))
 
 
 def cat_into(out: Any, leaves: list[Any]) -> None:

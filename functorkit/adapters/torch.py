@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -254,57 +253,20 @@ class Adapter(ArrayAdapter):
         return out
 
     def proves_apart(self, out: Any, arrays: list[Any]) -> bool:
-        """Plain contiguous tensors whose ranges (``data_ptr``, ``nbytes``) all end at or below the
-        start of `out`'s or start at or above its end, in C-level passes (``re.flatten(out=)``'s
-        check of `out` against the model: bench_flat "mlp, torch" row). Tensors of another
-        device than `out` are apart whatever their pointers say (the exact check compares memory
-        spaces too)."""
-        if (
-            compiling()
-            or not out.is_contiguous()  # (a strided `out` spans more than its nbytes)
-            or not set(map(type, arrays)) <= _PLAIN_SET
-            or not all(map(torch.Tensor.is_contiguous, arrays))
-        ):
-            return False
-        try:
-            lo = out.data_ptr()
-            los = list(map(torch.Tensor.data_ptr, arrays))
-        except RuntimeError:  # no storage: a torch.func wrapper (the exact check looks at each)
-            return False
-        hi = lo + out.nbytes
-        below = map(operator.le, map(operator.add, los, map(_NBYTES, arrays)), repeat(lo))
-        return all(map(operator.or_, below, map(operator.ge, los, repeat(hi))))
+        """`_torch_flat.proves_apart` (``data_ptr`` ranges, C-level passes)."""
+        return _torch_flat.proves_apart(out, arrays)
 
     def plans_flat(self, leaves: list[Any], dtype: Any, device: Any, uniform: bool = False) -> Any:
-        """Plain tensors of `dtype` on `device` (`_torch_flat.plain_of`; `uniform`: only the one type
-        is looked at): their byte counts and total."""
-        if not leaves:
-            return None
-        if not (type(leaves[0]) in _PLAIN if uniform else _torch_flat.plain_of(leaves, dtype, device)):
-            return None
-        nbytes = list(map(_NBYTES, leaves))
-        return nbytes, sum(nbytes)
-
-    def planned_fill(self, out: Any, leaves: list[Any], token: Any) -> bool:
-        """One ``torch.cat(..., out=out)`` (`_torch_flat.cat_into`) under ``CAT_OUT_MAX_BYTES`` for a
-        plain `out`; not while ``torch.compile`` traces, nor for ``torch.func`` wrappers (`fill`
-        refuses those)."""
-        if (
-            token[1] >= _torch_flat.CAT_OUT_MAX_BYTES
-            or type(out) is not torch.Tensor
-            or compiling()
-            or any(map(is_functorch_wrapped, leaves))
-        ):
-            return False
-        _torch_flat.cat_into(out, leaves)
-        return True
+        """`_torch_flat.plans_flat`: plain tensors of `dtype` on `device`, their byte counts."""
+        return _torch_flat.plans_flat(leaves, dtype, device, uniform)
 
     def planned_flat(self, leaves: list[Any], token: Any) -> Any:
-        """`_torch_flat.planned_flat` under ``CAT_MAX_BYTES``, not while ``torch.compile`` traces."""
-        nbytes, total = token
-        if total >= _torch_flat.CAT_MAX_BYTES or compiling():
-            return None
-        return _torch_flat.planned_flat(leaves, nbytes, is_functorch_wrapped is not _all_wrapped)
+        """`_torch_flat.planned_flat` (one pass: alias proof and ``flatten_dense_tensors``)."""
+        return _torch_flat.planned_flat(leaves, token, is_functorch_wrapped is not _all_wrapped)
+
+    def planned_fill(self, out: Any, leaves: list[Any], token: Any) -> bool:
+        """`_torch_flat.planned_fill` (one ``torch.cat(..., out=out)``)."""
+        return _torch_flat.planned_fill(out, leaves, token, is_functorch_wrapped)
 
     def fill(self, out: Any, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> None:
         """One ``torch.cat(..., out=out)`` of plain tensors of `out`'s dtype and device into an `out`
