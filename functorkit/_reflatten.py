@@ -21,6 +21,7 @@ from ._policy import (
     flatten_error,
     same_device,
 )
+from ._program import MISS
 from ._record import all_distinct
 from ._treedef import TreeDef
 from ._typing import Policy, Tree
@@ -204,11 +205,18 @@ class Reflatten:
     def _match(self, model: Any, pol: str) -> tuple[list[Any], Any]:
         """The parameters of `model` at the plan's positions (StructureError where it differs), and
         the plan cache's (``_plans``) record of this rebuilder's decisions for parameters of
-        their facts under policy `pol` (None if it holds none) (made by an earlier call that passed every check here
-        and in `flatten`; then the checks that follow from the facts are not made again:
-        FLATTEN_PLAN, bench_flat's torch "re.flatten plan" on/off row)."""
+        their facts under policy `pol`, or None: made by an earlier call that passed every check
+        here and in `flatten`, so the checks that follow from the facts are not made again
+        (FLATTEN_PLAN, bench_flat's torch "re.flatten plan" on/off row). A definition the walk
+        has met before (a small container tree without ties) is matched by its generated
+        matcher, which also finds every position a distinct object; on a miss, the definition's
+        own match says where the model differs."""
         td = self._td
-        got = td._match(model, 1, None, None, lambda path, left, right: _flatten_mismatch(path, left, right))
+        fm = td._generated_match()
+        got: Any = fm(model, True) if fm is not None else MISS
+        distinct = got is not MISS  # (the generated match found no two positions holding one object)
+        if not distinct:
+            got = td._match(model, 1, None, None, lambda path, left, right: _flatten_mismatch(path, left, right))
         if type(got) is int:
             raise _flatten_mismatch(
                 td.entry_path(got), "the sub-tree shared with an earlier position (the same object)", "another object"
@@ -238,7 +246,7 @@ class Reflatten:
                         td.position_paths()[p], "the parameter tied to an earlier position (the same array)",
                         "another array",
                     )
-        if not all_distinct(leaves):
+        if not distinct and not all_distinct(leaves):
             owner: dict[int, int] = {}
             for k, x in enumerate(leaves):
                 if owner.setdefault(id(x), k) != k:

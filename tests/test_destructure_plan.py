@@ -273,3 +273,26 @@ def test_reflatten_out_sharing_memory_with_the_model_is_refused(lib: str) -> Non
     for _ in range(3):
         assert re.flatten(model, out=apart) is apart
     np.testing.assert_array_equal(to_numpy(apart), np.zeros(5))
+
+
+def test_reflatten_by_the_generated_match_still_refuses(xp: Any) -> None:
+    # re.flatten matches a definition the walk met before with its generated matcher; a tie the
+    # definition does not have, or another key, misses there and is refused with its path
+    _plans.clear()
+    _warm(_model(xp))
+    flat, re = fk.destructure(_model(xp))
+    assert re._td._generated_match() is not None  # (the path under test)
+    np.testing.assert_array_equal(to_numpy(re.flatten(_model(xp, 2.0))), to_numpy(flat) * 2)
+    same = _model(xp)
+    w = xp.asarray([1.0, 2.0])
+    same["l1"] = {"w": same["l1"]["w"], "b": w}
+    same["l2"] = [xp.asarray([5.0]), None]
+    np.testing.assert_array_equal(to_numpy(re.flatten(same)), [1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 5.0])
+    dup = _model(xp)
+    dup["l2"][0] = dup["l1"]["b"]
+    with pytest.raises(fk.StructureError, match=r"l2"):
+        re.flatten(dup)
+    renamed = _model(xp)
+    renamed["l3"] = renamed.pop("l2")
+    with pytest.raises(fk.StructureError, match="re.flatten expected"):
+        re.flatten(renamed)
