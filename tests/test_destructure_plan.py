@@ -294,5 +294,5 @@ def test_reflatten_by_the_generated_match_still_refuses(xp: Any) -> None:
         re.flatten(dup)
     renamed = _model(xp)
     renamed["l3"] = renamed.pop("l2")
-    with pytest.raises(fk.StructureError, match="re.flatten expected"):
+    with pytest.raises(fk.StructureError, match=r"re\.flatten expected"):
         re.flatten(renamed)
