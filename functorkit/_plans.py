@@ -197,7 +197,8 @@ class LeafFacts:
         nested tensor has no shape to read)."""
         if self.types is None or tuple(map(type, leaves)) != self.types:
             return False
-        xs = list(map(leaves.__getitem__, self.arrays))
+        # (every leaf an array, as a model's parameters: the leaves themselves)
+        xs = leaves if len(self.arrays) == len(leaves) else list(map(leaves.__getitem__, self.arrays))
         if not xs:
             return True
         if self.sparse and adapter_of(xs[0]).first_not_dense(xs) is not None:
