@@ -151,11 +151,17 @@ def restructure_calls(model: Any, backend: str) -> dict[str, Callable[[], Any]]:
         saved = list(_flat.GENERATED)
         _flat.GENERATED[:] = switch
         try:
-            _, re_off = fk.destructure(model)
+            saved_plans = list(_plans.PLANS)
+            _plans.PLANS[:] = [False]  # a new rebuilder (a kept plan may hand back one with its code made)
+            try:
+                _, re_off = fk.destructure(model)
+            finally:
+                _plans.PLANS[:] = saved_plans
             re_off(flat)  # the code is made at the first call, under the switch
         finally:
             _flat.GENERATED[:] = saved
         calls[name] = functools.partial(re_off, flat)
+    _plans.clear()  # (the plans kept above hold the rebuilders made under the switches)
     calls["limit: [p[o:e].reshape(s) for o, e, s in table]"] = lambda: [flat[o:e].reshape(s) for o, e, s in table]
     if backend == "torch":
         strided = [(s, _contiguous(s), o) for o, _, s in table]

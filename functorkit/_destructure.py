@@ -213,9 +213,11 @@ class _Plan:
         _check_apart(leaves, idx, td)
         if flat is None:
             flat = _new_flat(old._flat_kind, self.n, params, self.offsets, old._shapes)
-        # (a new rebuilder each call, as the full analysis makes: the code it generates at its first
-        # use follows the switches then, `_flat.GENERATED`; handing back the kept one saved 1 µs on the
-        # mlp but froze its code under the switches of its first use)
+        if len(idx) == len(leaves):
+            # every leaf a parameter: no constant, so nothing in a new rebuilder would differ from the
+            # kept one (its generated code included, made at its first use: a rebuilder made under
+            # other `_flat.GENERATED` switches comes from the full analysis, bench_flat's re(p) rows)
+            return flat, old
         return flat, old._again(_template(leaves, idx))
 
 
