@@ -161,7 +161,6 @@ def restructure_calls(model: Any, backend: str) -> dict[str, Callable[[], Any]]:
         finally:
             _flat.GENERATED[:] = saved
         calls[name] = functools.partial(re_off, flat)
-    _plans.clear()  # (the plans kept above hold the rebuilders made under the switches)
     calls["limit: [p[o:e].reshape(s) for o, e, s in table]"] = lambda: [flat[o:e].reshape(s) for o, e, s in table]
     if backend == "torch":
         strided = [(s, _contiguous(s), o) for o, _, s in table]
