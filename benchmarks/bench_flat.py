@@ -151,7 +151,12 @@ def restructure_calls(model: Any, backend: str) -> dict[str, Callable[[], Any]]:
         saved = list(_flat.GENERATED)
         _flat.GENERATED[:] = switch
         try:
-            _, re_off = fk.destructure(model)
+            saved_plans = list(_plans.PLANS)
+            _plans.PLANS[:] = [False]  # a new rebuilder (a kept plan may hand back one with its code made)
+            try:
+                _, re_off = fk.destructure(model)
+            finally:
+                _plans.PLANS[:] = saved_plans
             re_off(flat)  # the code is made at the first call, under the switch
         finally:
             _flat.GENERATED[:] = saved
@@ -218,18 +223,30 @@ def _off(mod: Any, attr: str, value: Any, fn: Callable[[], Any]) -> Callable[[],
 
 def switch_calls(model: Any, backend: str) -> dict[str, Callable[[], Any]]:
     """The on/off rows of `destructure`'s fast paths on the MLP, each on and off in the same rounds:
-    the plan (``functorkit._plans.PLANS``) and torch's one ``torch.cat`` for small vectors
-    (``functorkit.adapters.torch.CAT_MAX_BYTES``)."""
+    the plan (``functorkit._plans.PLANS``), and on torch: the plan's one pass
+    (``functorkit._destructure.ONE_PASS``), the one concatenation for small vectors
+    (``functorkit.adapters._torch_flat.CAT_MAX_BYTES``) and ``re.flatten(out=)``'s one
+    ``torch.cat(..., out=)`` (``CAT_OUT_MAX_BYTES``)."""
+    from functorkit import _destructure
+
     calls: dict[str, Callable[[], Any]] = {
         "fk: destructure(model)": functools.partial(fk.destructure, model),
         "fk: destructure(model), plan off": _off(_plans, "PLANS", [False], functools.partial(fk.destructure, model)),
     }
     if backend == "torch":
-        from functorkit.adapters import torch as tad
+        from functorkit.adapters import _torch_flat as tf
 
-        calls["fk: destructure(model), torch.cat off"] = _off(
-            tad, "CAT_MAX_BYTES", 0, functools.partial(fk.destructure, model)
+        calls["fk: destructure(model), one pass off"] = _off(
+            _destructure, "ONE_PASS", [False], functools.partial(fk.destructure, model)
         )
+        calls["fk: destructure(model), torch.cat off"] = _off(
+            tf, "CAT_MAX_BYTES", 0, functools.partial(fk.destructure, model)
+        )
+        flat, re = fk.destructure(model)
+        buf = flat.clone()
+        flatten = functools.partial(re.flatten, model, out=buf)
+        calls["fk: re.flatten(model, out=buf)"] = flatten
+        calls["fk: re.flatten(model, out=buf), torch.cat off"] = _off(tf, "CAT_OUT_MAX_BYTES", 0, flatten)
     return calls
 
 
@@ -412,23 +429,29 @@ def run(quick: bool) -> str:
         lines += _table("call", times, limit, refs[:2])
         lines.append("")
     lines += [
-        "### Fast paths of `destructure`, on and off (mlp)",
+        "### Fast paths of `destructure` and `re.flatten`, on and off (mlp)",
         "",
         "Each row pair in the same interleaved rounds (best of many short timings): "
         "**the plan** (`functorkit._plans.PLANS = [False]` turns it off: every call then makes the full "
         "analysis of the leaves; tests/test_destructure_plan.py fails when it is not taken); "
-        "**one `torch.cat`** for a torch vector under 1 MiB (`functorkit.adapters.torch.CAT_MAX_BYTES = 0` "
-        "turns it off: `empty` and a copy per leaf; tests/test_adapters.py counts the `torch.cat` calls). "
+        "**one pass** on torch (`functorkit._destructure.ONE_PASS = [False]`: the alias check and the new "
+        "vector apart; the one pass proves the parameters apart from their `data_ptr` ranges and makes the "
+        "vector at once; tests/test_destructure_plan.py counts the alias checks); "
+        "**one concatenation** for a torch vector under 16 MiB (`functorkit.adapters._torch_flat.CAT_MAX_BYTES "
+        "= 0` turns it off: `empty` and a copy per leaf; tests/test_adapters.py counts the "
+        "`flatten_dense_tensors` calls); **`re.flatten(out=)`'s one `torch.cat(..., out=buf)`** "
+        "(`CAT_OUT_MAX_BYTES = 0`: a NumPy copy per leaf; tests/test_adapters.py counts the `torch.cat(out=)` "
+        "calls). `re.flatten` also keeps what it decided on the parameters' facts in the plan cache "
+        "(`functorkit._reflatten.FLATTEN_PLAN`, tests/test_destructure_plan.py). "
         "Removed by issue #21's rule (under 20% gain on their own workload, measured on and off in one run "
-        "before removal): `torch.cat(..., out=buf)` in `re.flatten(model, out=buf)` on the torch mlp "
-        "(1.03-1.04x; tried again in round three's seventh session with a C-level leaf check: 1.06x), one "
-        "`torch.cat(..., out=)` into every vector, NumPy memory from 1 MiB (the 12-block `nn.Module`'s "
-        "`destructure` 1.12x, resnet50 and gpt2 equal; on the mlp 1.10x against the per-leaf copies but "
-        "slower than the small-vector `torch.cat` it would have replaced), and the alias check's Python "
+        "before removal): one `torch.cat(..., out=)` into every vector, NumPy memory from 1 MiB (the 12-block "
+        "`nn.Module`'s `destructure` 1.12x, resnet50 and gpt2 equal), and the alias check's Python "
         "sweep of clusters of up to 16 spans in place of NumPy's "
         "sort (1.16x on `destructure` of a fused attention block whose q, k, v are column slices of one "
         "(16, 48) array, the only workload here that reaches it since torch tensors and contiguous views "
-        "are proven disjoint by their adapter).",
+        "are proven disjoint by their adapter). `torch.cat(..., out=buf)` in `re.flatten(out=)`, removed "
+        "twice before at 1.03-1.06x against the NumPy copies, came back with `torch.ravel` views "
+        "(cheaper than `reshape`) and the plan's decisions (its row below).",
         "",
         "| backend | fast path | on | off | off / on |",
         "|---|---|---:|---:|---:|",
@@ -535,9 +558,12 @@ def run(quick: bool) -> str:
         "Why torch's own flatteners are slower here: `torch.empty` memory comes from torch's CPU allocator, "
         "which (unlike NumPy's) does not `madvise` transparent huge pages, so the first write into a "
         "fresh vector takes a page fault every 4 KiB; `torch.cat`, `parameters_to_vector` and optree "
-        "pay that. `fk.destructure` allocates CPU vectors of 1 MiB or more with NumPy, wraps them with "
-        "`torch.from_numpy`, and copies each leaf into its slice through NumPy views of the tensors "
-        "(single-threaded memcpy; torch's multi-threaded copy was slower on this shared 2-core machine).",
+        "pay that for vectors above glibc's largest `mmap` threshold (32 MiB; below it a freed vector's "
+        "memory is reused from the heap, as in a loop). `fk.destructure` allocates CPU vectors of 16 MiB or "
+        "more with NumPy, wraps them with `torch.from_numpy`, and copies each leaf into its slice through "
+        "NumPy views of the tensors (single-threaded memcpy; torch's multi-threaded copy was slower on this "
+        "shared 2-core machine); smaller ones are one `flatten_dense_tensors` (one C++ concatenation, "
+        "`functorkit/adapters/_torch_flat.py`).",
         "",
     ]
     return "\n".join(lines)

@@ -33,7 +33,7 @@ from ._registry import export_pending, export_static
 from ._treedef import TreeDef, add_note
 from ._typing import Policy, Tree
 from ._xp import device_of, inexact_flags, is_array, is_inexact_array, namespace, promote_dtypes
-from .adapters import adapter_of
+from .adapters import adapter_for, adapter_of
 
 __all__ = ["destructure"]
 
@@ -111,6 +111,8 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
         return leaf_paths[param_idx[k]]
 
     shapes = _shapes(params)
+    flat = None
+    token = None
     one = _one_kind(params)
     if one is not None:
         kinds, param_kind, param_types = one
@@ -129,7 +131,12 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
             kinds = [kinds[0]]
             param_kind = [0] * len(params)
             param_types = param_types[:1]
-        check_no_aliases(_LazyPaths(path_of, params), "fk.destructure")
+        ad = adapter_for(xp)
+        token = ad.plans_flat(params, dtype, flat_kind.device, one is not None and kinds[0].dtype == dtype)
+        if token is not None and ONE_PASS[0]:  # the alias proof and the new vector in one pass
+            flat = ad.planned_flat(params, token)
+        if flat is None:
+            check_no_aliases(_LazyPaths(path_of, params), "fk.destructure")
         _check_apart(leaves, param_idx, td)
         _check_readable(kinds, param_kind, flat_kind, path_of)
     elif any(is_array(x) for x in leaves):
@@ -143,10 +150,9 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
         flat_kind = Kind(npx, npx.float64, "cpu")  # type: ignore[attr-defined]
     sizes = list(map(math.prod, shapes))
     offsets = list(itertools.accumulate(sizes, initial=0))[:-1]
-    flat = _new_flat(flat_kind, sum(sizes), params, offsets, shapes)
-    template = list(leaves)
-    for j in param_idx:
-        template[j] = None  # the parameters come from p; the template keeps only the constants
+    if flat is None:
+        flat = _new_flat(flat_kind, sum(sizes), params, offsets, shapes)
+    template = _template(leaves, param_idx)  # the parameters come from p; the template keeps only the constants
     re = Restructure._make(
         td=td,
         template=template,
@@ -158,9 +164,17 @@ def destructure(model: Tree, /, *, policy: Policy = "strict") -> tuple[Any, Rest
         ftype=type(flat),
         policy=pol,
         param_types=param_types,
+        sizes=sizes,
+        offsets=offsets,
     )
-    keep_plan(td, op, leaves, _Plan(re, offsets, sizes))  # kept for a definition the walk reuses
+    keep_plan(td, op, leaves, _Plan(re, offsets, sizes, token))  # kept for a definition the walk reuses
     return flat, re
+
+
+#: `_Plan.run` asks the flat vector's adapter for its one pass (the alias proof and the new vector
+#: together, ``ArrayAdapter.planned_flat``; torch: bench_flat's "one pass" on/off row,
+#: tests/test_destructure_plan.py); off: the alias check and ``new_flat`` apart
+ONE_PASS = [True]
 
 
 class _Plan:
@@ -171,31 +185,50 @@ class _Plan:
     the same facts, which the full analysis would decide the same for; so only the per-call
     work is left: the alias check, the new flat vector and a new `Restructure` around the new
     constants (bench_flat ``destructure(model)`` rows; tests/test_destructure_plan.py checks that
-    this path is taken and that each fact, changed, leads back to the full analysis)."""
+    this path is taken and that each fact, changed, leads back to the full analysis). Where the
+    flat vector's adapter has one pass for the first two (`ONE_PASS`), it is tried first."""
 
-    __slots__ = ("n", "offsets", "re")
+    __slots__ = ("ad", "n", "offsets", "re", "token")
 
-    def __init__(self, re: Restructure[Any], offsets: list[int], sizes: list[int]) -> None:
+    def __init__(self, re: Restructure[Any], offsets: list[int], sizes: list[int], token: Any) -> None:
         self.re = re
         self.offsets = offsets
         self.n = sum(sizes)
+        self.ad = adapter_for(re._flat_kind.xp)
+        self.token = token  # (`ArrayAdapter.plans_flat` of the parameters: from facts the plan keys on)
 
     def run(self, leaves: list[Any], td: TreeDef) -> tuple[Any, Restructure[Any]]:
         old = self.re
         idx = old._param_idx
-        params = [leaves[j] for j in idx]
+        params = list(map(leaves.__getitem__, idx))
+        flat = None
+        if self.token is not None and ONE_PASS[0]:
+            flat = self.ad.planned_flat(params, self.token)
+        if flat is None:
 
-        def path_of(k: int) -> KeyPath:
-            return td.paths[idx[k]]
+            def path_of(k: int) -> KeyPath:
+                return td.paths[idx[k]]
 
-        check_no_aliases(_LazyPaths(path_of, params), "fk.destructure")
+            check_no_aliases(_LazyPaths(path_of, params), "fk.destructure")
         _check_apart(leaves, idx, td)
-        flat = _new_flat(old._flat_kind, self.n, params, self.offsets, old._shapes)
-        template = list(leaves)
-        for j in idx:
-            template[j] = None
-        re = old._again(template)
-        return flat, re
+        if flat is None:
+            flat = _new_flat(old._flat_kind, self.n, params, self.offsets, old._shapes)
+        if len(idx) == len(leaves):
+            # every leaf a parameter: no constant, so nothing in a new rebuilder would differ from the
+            # kept one (its generated code included, made at its first use: a rebuilder made under
+            # other `_flat.GENERATED` switches comes from the full analysis, bench_flat's re(p) rows)
+            return flat, old
+        return flat, old._again(_template(leaves, idx))
+
+
+def _template(leaves: list[Any], param_idx: list[int]) -> list[Any]:
+    """The leaves with None at the parameters' places (`Restructure`'s constants)."""
+    if len(param_idx) == len(leaves):
+        return [None] * len(leaves)  # (every leaf a parameter: no constant)
+    template = list(leaves)
+    for j in param_idx:
+        template[j] = None
+    return template
 
 
 _dtype_of = operator.attrgetter("dtype")
@@ -276,9 +309,10 @@ def _one_kind(params: list[Any]) -> tuple[list[Kind], list[int], list[type]] | N
         if not all(map(operator.eq, map(_device_attr, params), itertools.repeat(dev))):
             return None
     dt = x.dtype
-    for other in map(_dtype_of, params):
-        if other is not dt and other != dt:
-            return None
+    if not all(map(operator.is_, map(_dtype_of, params), itertools.repeat(dt))):  # (one C-level pass first)
+        for other in map(_dtype_of, params):
+            if other is not dt and other != dt:
+                return None
     return [Kind(ad.xp, dt, ad.device(x))], [0] * len(params), [type(x)]
 
 

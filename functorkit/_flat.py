@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from typing import Any, Generic, cast
 
 from ._codegen import CODEGEN_MAX, build_source, compile_source, entry_of_error
@@ -171,14 +172,17 @@ class Restructure(Reflatten, Generic[Tree]):
         ftype: type,
         policy: str,
         param_types: list[type],
+        sizes: list[int] | None = None,
+        offsets: list[int] | None = None,
     ) -> Restructure[Any]:
         self = object.__new__(cls)
         self._td = td
         self._template = template
         self._param_idx = param_idx
         self._shapes = shapes
-        self._sizes = [_size(s) for s in shapes]
-        self._offsets = list(itertools.accumulate(self._sizes, initial=0))[:-1]
+        # (`destructure` hands over the sizes and offsets of `shapes` it computed)
+        self._sizes = [_size(s) for s in shapes] if sizes is None else sizes
+        self._offsets = list(itertools.accumulate(self._sizes, initial=0))[:-1] if offsets is None else offsets
         self._n = sum(self._sizes)
         self._kinds = kinds
         self._param_kind = param_kind
@@ -204,7 +208,7 @@ class Restructure(Reflatten, Generic[Tree]):
         for name in _SHARED_STATE:
             setattr(new, name, getattr(self, name))
         new._template = template
-        if self._gen is not None and all(a is b for a, b in zip(template, self._template, strict=True)):
+        if self._gen is not None and all(map(operator.is_, template, self._template)):  # (same lengths)
             new._build, new._fast, new._gen = self._build, self._fast, self._gen
         else:
             new._build, new._fast, new._gen = new._build_first, new._fast_first, None

@@ -167,6 +167,7 @@ def match_of(td: TreeDef) -> Callable[..., Any] | None:
 
 _dtype_of = operator.attrgetter("dtype")
 _shape_of = operator.attrgetter("shape")
+_device_attr = operator.attrgetter("device")
 
 
 class LeafFacts:
@@ -175,28 +176,32 @@ class LeafFacts:
     dtypes and shapes, and their devices (for libraries with several). Leaves with equal facts are
     decided alike by every planned operation."""
 
-    __slots__ = ("arrays", "devices", "dtypes", "multi_device", "shapes", "sparse", "types")
+    __slots__ = ("arrays", "device_attr", "devices", "dtypes", "multi_device", "shapes", "sparse", "types")
 
     def __init__(self, leaves: list[Any]) -> None:
         self.types: tuple[type, ...] | None = tuple(map(type, leaves))
         # which leaves are arrays, and what their libraries can vary, follow from the types
         self.arrays = [j for j, x in enumerate(leaves) if is_array(x)]
         xs = list(map(leaves.__getitem__, self.arrays))
-        self.multi_device = not all(adapter_of(x).one_device for x in dict(zip(map(type, xs), xs)).values())
+        ads = [adapter_of(x) for x in dict(zip(map(type, xs), xs)).values()]
+        self.multi_device = not all(ad.one_device for ad in ads)
+        # (libraries whose `device` is the ``device`` attribute: read in one C-level pass)
+        self.device_attr = all(ad.device_attr for ad in ads)
         self.sparse = may_be_sparse(xs)  # torch: a sparse or nested tensor may come in at a later call
         if self.sparse and adapter_of(xs[0]).first_not_dense(xs) is not None:
             self.types = None  # (a constant that is not dense: such leaves are never planned for)
             return
         self.dtypes = list(map(_dtype_of, xs))
         self.shapes = list(map(_shape_of, xs))
-        self.devices = [adapter_of(x).device(x) for x in xs] if self.multi_device else None
+        self.devices = self._devices(xs) if self.multi_device else None
 
     def hold(self, leaves: list[Any]) -> bool:
         """Whether `leaves` have these facts (compared in that order, density before shapes: a
         nested tensor has no shape to read)."""
         if self.types is None or tuple(map(type, leaves)) != self.types:
             return False
-        xs = list(map(leaves.__getitem__, self.arrays))
+        # (every leaf an array, as a model's parameters: the leaves themselves)
+        xs = leaves if len(self.arrays) == len(leaves) else list(map(leaves.__getitem__, self.arrays))
         if not xs:
             return True
         if self.sparse and adapter_of(xs[0]).first_not_dense(xs) is not None:
@@ -204,8 +209,13 @@ class LeafFacts:
         return (
             list(map(_dtype_of, xs)) == self.dtypes
             and list(map(_shape_of, xs)) == self.shapes
-            and (self.devices is None or [adapter_of(x).device(x) for x in xs] == self.devices)
+            and (self.devices is None or self._devices(xs) == self.devices)
         )
+
+    def _devices(self, xs: list[Any]) -> list[Any]:
+        if self.device_attr:
+            return list(map(_device_attr, xs))
+        return [adapter_of(x).device(x) for x in xs]
 
 
 def plan_for(td: TreeDef, op: Any, leaves: list[Any]) -> Any:
@@ -219,9 +229,15 @@ def plan_for(td: TreeDef, op: Any, leaves: list[Any]) -> Any:
     return hit[1]
 
 
-def keep_plan(td: TreeDef, op: Any, leaves: list[Any], plan: Any) -> None:
+def keep_plan(td: TreeDef, op: Any, leaves: list[Any], plan: Any, *, own: bool = False) -> None:
     """Keep `plan` for operation `op` on `td`, made from `leaves`, when `td` is a definition the
-    walk reuses (a small container tree met before); otherwise nothing."""
+    walk reuses (a small container tree met before); otherwise nothing. `own`: also for any
+    definition of at most `PLAN_NODES` entries that an operation holds and matches trees against
+    itself, without a walk (``re.flatten``: its rebuilder's definition, met again at every call)."""
     e = _entry(td)
-    if e is not None and e.match is not None:
+    if e is None and own and num_entries(td) <= PLAN_NODES and not tracing():
+        if len(_BY_TD) >= _MAX:
+            clear()
+        e = _BY_TD[id(td)] = _Entry(td, TABLES[0])
+    if e is not None and (own or e.match is not None):
         e.ops[op] = (LeafFacts(leaves), plan)

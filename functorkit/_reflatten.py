@@ -10,6 +10,7 @@ from ._alias import layouts_overlap, memory_layout, separate_allocations
 from ._dense import check_dense
 from ._errors import PolicyError, StructureError
 from ._keypath import KeyPath
+from ._plans import keep_plan, plan_for
 from ._policy import (
     Kind,
     check_policy,
@@ -20,11 +21,17 @@ from ._policy import (
     flatten_error,
     same_device,
 )
+from ._program import MISS
 from ._record import all_distinct
 from ._treedef import TreeDef
 from ._typing import Policy, Tree
 from ._xp import is_array, is_inexact_array, namespace
-from .adapters import ArrayAdapter, adapter_for, adapter_of
+from .adapters import ArrayAdapter, adapter_for, adapter_of, tracing
+
+#: ``re.flatten`` keeps what it decided on a model's parameters in the plan cache, keyed by their
+#: facts (off: every call makes every check; bench_flat's torch "re.flatten plan" on/off row,
+#: tests/test_destructure_plan.py)
+FLATTEN_PLAN = [True]
 
 
 class Reflatten:
@@ -104,18 +111,25 @@ class Reflatten:
         kind = self._flat_kind
         if out is not None:
             self._check_out(out)
-        leaves = self._match(model)
+        leaves, known = self._match(model, pol)
         if out is not None:
             self._check_out_apart(out, leaves)
-        # policy: each parameter's kind against the flat vector, decided once per kind
+        if known is None:
+            # policy: each parameter's kind against the flat vector, decided once per kind
 
-        def refuse(j: int, lk: Kind, _met: list[Kind]) -> None:
-            d = decide_flatten(pol, lk, kind)
-            if d.error is not None:
-                raise flatten_error(pol, self.paths[j], lk, kind, d.error)
+            def refuse(j: int, lk: Kind, _met: list[Kind]) -> None:
+                d = decide_flatten(pol, lk, kind)
+                if d.error is not None:
+                    raise flatten_error(pol, self.paths[j], lk, kind, d.error)
 
-        kinds, which, _ = kinds_of(leaves, refuse)
-        _check_readable(kinds, which, kind, lambda j: self.paths[j])
+            kinds, which, _ = kinds_of(leaves, refuse)
+            _check_readable(kinds, which, kind, lambda j: self.paths[j])
+            # what was decided on the parameters' facts (density, kinds, shapes) is kept with them
+            if not tracing():
+                token = self._adapter.plans_flat(leaves, kind.dtype, kind.device)
+                keep_plan(self._td, ("re.flatten", pol), leaves, (self._param_idx, self._shapes, kind, token), own=True)
+        elif out is not None and known[3] is not None and self._adapter.planned_fill(out, leaves, known[3]):
+            return out
         if out is None:
             return _new_flat(kind, self._n, leaves, self._offsets, self._shapes)
         self._adapter.fill(out, leaves, self._offsets, self._shapes)
@@ -164,6 +178,8 @@ class Reflatten:
     def _check_out_apart(self, out: Any, leaves: list[Any]) -> None:
         """`out` must not share memory with a parameter it is filled from (it would be read after
         being overwritten)."""
+        if self._adapter.proves_apart(out, leaves):  # (C-level passes: no loop)
+            return
         ext = self._adapter.memory_extent(out)
         if ext is None or separate_allocations([out, *leaves]):
             return
@@ -186,10 +202,21 @@ class Reflatten:
                 )
                 raise ValueError(msg)
 
-    def _match(self, model: Any) -> list[Any]:
-        """The parameters of `model` at the plan's positions (StructureError where it differs)."""
+    def _match(self, model: Any, pol: str) -> tuple[list[Any], Any]:
+        """The parameters of `model` at the plan's positions (StructureError where it differs), and
+        the plan cache's (``_plans``) record of this rebuilder's decisions for parameters of
+        their facts under policy `pol`, or None: made by an earlier call that passed every check
+        here and in `flatten`, so the checks that follow from the facts are not made again
+        (FLATTEN_PLAN, bench_flat's torch "re.flatten plan" on/off row). A definition the walk
+        has met before (a small container tree without ties) is matched by its generated
+        matcher, which also finds every position a distinct object; on a miss, the definition's
+        own match says where the model differs."""
         td = self._td
-        got = td._match(model, 1, None, None, lambda path, left, right: _flatten_mismatch(path, left, right))
+        fm = td._generated_match()
+        got: Any = fm(model, True) if fm is not None else MISS
+        distinct = got is not MISS  # (the generated match found no two positions holding one object)
+        if not distinct:
+            got = td._match(model, 1, None, None, lambda path, left, right: _flatten_mismatch(path, left, right))
         if type(got) is int:
             raise _flatten_mismatch(
                 td.entry_path(got), "the sub-tree shared with an earlier position (the same object)", "another object"
@@ -199,12 +226,18 @@ class Reflatten:
         pos_leaf = td._ties()
         first = td.leaf_positions()
         leaves = [got[first[j]] for j in self._param_idx]
-        check_dense(leaves, lambda k: self.paths[k].display, "re.flatten")  # sparse, nested: TypeError
-        for k, (x, shape) in enumerate(zip(leaves, self._shapes, strict=True)):
-            if not is_inexact_array(x) or tuple(x.shape) != shape:
-                raise _flatten_mismatch(
-                    self.paths[k], f"a floating or complex array of shape {shape}", _describe_obj(x)
-                )
+        # (not while torch.compile traces: the facts' C-level passes do not trace, the checks do)
+        plan = plan_for(td, ("re.flatten", pol), leaves) if FLATTEN_PLAN[0] and not tracing() else None
+        known = plan
+        if plan is not None and (plan[0], plan[1], plan[2]) != (self._param_idx, self._shapes, self._flat_kind):
+            known = None  # (another rebuilder's, of the same definition)
+        if known is None:
+            check_dense(leaves, lambda k: self.paths[k].display, "re.flatten")  # sparse, nested: TypeError
+            for k, (x, shape) in enumerate(zip(leaves, self._shapes, strict=True)):
+                if not is_inexact_array(x) or tuple(x.shape) != shape:
+                    raise _flatten_mismatch(
+                        self.paths[k], f"a floating or complex array of shape {shape}", _describe_obj(x)
+                    )
         if pos_leaf is not None:  # ties: every position of a tied parameter holds the same array
             params = set(self._param_idx)
             for p, j in enumerate(pos_leaf):
@@ -213,14 +246,14 @@ class Reflatten:
                         td.position_paths()[p], "the parameter tied to an earlier position (the same array)",
                         "another array",
                     )
-        if not all_distinct(leaves):
+        if not distinct and not all_distinct(leaves):
             owner: dict[int, int] = {}
             for k, x in enumerate(leaves):
                 if owner.setdefault(id(x), k) != k:
                     raise _flatten_mismatch(
                         self.paths[k], "a parameter distinct from the one at an earlier position", "the same array"
                     )
-        return leaves
+        return leaves, known
 
 
 def _flatten_mismatch(path: KeyPath, expected: object, found: object) -> StructureError:

@@ -457,49 +457,77 @@ def test_out_problem_names_overlap() -> None:
     assert "read-only" in (adapter_of(ro).out_problem(ro) or "")
 
 
-def test_torch_small_flat_vectors_are_one_cat(monkeypatch: pytest.MonkeyPatch) -> None:
-    # bench_flat "mlp, torch" destructure(model) row: a small CPU vector of plain tensors of its
-    # dtype is one torch.cat; forcing that off (CAT_MAX_BYTES = 0) must show here and give the same
+def test_torch_small_flat_vectors_are_one_concatenation(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench_flat "mlp, torch" destructure(model) and re.flatten(model, out=buf) rows: a small vector
+    # of plain tensors of its dtype is one flatten_dense_tensors (destructure) or one
+    # torch.cat(..., out=) (re.flatten); each switched off (CAT_MAX_BYTES, CAT_OUT_MAX_BYTES = 0)
+    # must show here and give the same values
     torch = pytest.importorskip("torch")
-    from functorkit.adapters import torch as tad
+    from functorkit.adapters import _torch_flat as tf
 
+    assert tf.flatten_dense is not tf._cat_raveled  # detected on this torch
     model = {
         "w": torch.randn(3, 4, requires_grad=True),
         "b": torch.nn.Parameter(torch.randn(4)),
         "t": torch.randn(2, 3).t(),
     }
     cats: list[int] = []
-    real = torch.cat
+    real_flatten = tf.flatten_dense
+
+    def flatten(xs: Any) -> Any:
+        cats.append(len(xs))
+        return real_flatten(xs)
+
+    outs: list[bool] = []  # one entry per torch.cat(..., out=)
+    real_cat = torch.cat
 
     def cat(*a: Any, **k: Any) -> Any:
-        cats.append(1)
-        return real(*a, **k)
+        if k.get("out") is not None:
+            outs.append(True)
+        return real_cat(*a, **k)
 
+    monkeypatch.setattr(tf, "flatten_dense", flatten)
     monkeypatch.setattr(torch, "cat", cat)
     got = [fk.destructure(model)[0] for _ in range(3)]  # the first call and two through the plan
-    assert len(cats) == 3
+    assert cats == [3, 3, 3]
+    assert outs == []
     for flat in got:
         assert not flat.requires_grad
+        assert flat.grad_fn is None
         assert flat.is_contiguous()
         assert flat.data_ptr() not in {x.data_ptr() for x in model.values()}
     re = fk.destructure(model)[1]
     buf = torch.full((len(re),), -1.0)
-    assert re.flatten(model, out=buf) is buf  # re.flatten(out=) copies per leaf (one cat gained < 5%)
-    assert len(cats) == 4
-    monkeypatch.setattr(tad, "CAT_MAX_BYTES", 0)
+    assert re.flatten(model, out=buf) is buf
+    assert re.flatten(model, out=buf) is buf  # (and through re.flatten's kept decisions)
+    assert outs == [True, True]
+    assert not buf.requires_grad
+    monkeypatch.setattr(tf, "CAT_MAX_BYTES", 0)
+    monkeypatch.setattr(tf, "CAT_OUT_MAX_BYTES", 0)
     ref, _ = fk.destructure(model)
     buf2 = torch.full((len(re),), -1.0)
     re.flatten(model, out=buf2)
-    assert len(cats) == 4
+    assert cats == [3, 3, 3, 3]  # (the first call's count: the plan's destructure of `re`)
+    assert outs == [True, True]
     for flat in [*got, buf]:
         assert torch.equal(flat, ref)
     assert torch.equal(buf2, ref)
-    monkeypatch.setattr(tad, "CAT_MAX_BYTES", 1 << 20)
+    assert torch.equal(tf._cat_raveled(list(model.values())), ref)  # the fallback: the same values
+    monkeypatch.setattr(tf, "CAT_MAX_BYTES", 16 << 20)
+    monkeypatch.setattr(tf, "CAT_OUT_MAX_BYTES", 16 << 20)
+    lone = torch.arange(4.0)
+    for _ in range(3):  # a lone tensor: still a new vector (flatten_dense_tensors would view it)
+        single, _ = fk.destructure({"x": lone})
+        assert single.data_ptr() != lone.data_ptr()
+        assert torch.equal(single, lone)
     # not taken: a dtype conversion (policy "model"), a subclass
-    fk.destructure({"a": torch.ones(2), "b": torch.ones(2, dtype=torch.float64)}, policy="model")
+    mixed = {"a": torch.ones(2), "b": torch.ones(2, dtype=torch.float64)}
+    _, re_mixed = fk.destructure(mixed, policy="model")
+    re_mixed.flatten(mixed, out=torch.empty(4, dtype=torch.float64))
 
     class Sub(torch.Tensor):
         pass
 
     fk.destructure({"a": torch.ones(2).as_subclass(Sub)})
-    assert len(cats) == 4
+    assert cats == [3, 3, 3, 3]
+    assert outs == [True, True]

@@ -167,3 +167,132 @@ def test_a_registration_makes_the_plan_stale(xp: Any, runs: list[int]) -> None:
     flat, _ = fk.destructure(_model(xp))
     assert runs == []
     assert flat.shape == (7,)
+
+
+def test_torch_plan_takes_the_one_pass(runs: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench_flat's "one pass" row: on torch the plan proves the parameters apart and makes the
+    # vector in one adapter pass (no separate alias check); ONE_PASS off must show here and agree
+    torch = pytest.importorskip("torch")
+    from functorkit.adapters import _torch_flat
+
+    def tree(scale: float) -> dict[str, Any]:
+        return {"w": torch.ones(2, 3) * scale, "b": torch.arange(3.0) * scale, "n": torch.tensor([7])}
+
+    _warm(tree(1.0))
+    checks: list[int] = []
+    passes: list[int] = []
+    real_check = _destructure.check_no_aliases
+    real_pass = _torch_flat.planned_flat
+
+    def check(*a: Any) -> Any:
+        checks.append(1)
+        return real_check(*a)
+
+    def one_pass(*a: Any) -> Any:
+        passes.append(1)
+        return real_pass(*a)
+
+    monkeypatch.setattr(_destructure, "check_no_aliases", check)
+    monkeypatch.setattr(_torch_flat, "planned_flat", one_pass)
+    runs.clear()
+    flat, re = fk.destructure(tree(2.0))
+    assert runs == [1]
+    assert passes == [1]
+    assert checks == [], "the plan's one pass was not taken"
+    assert torch.equal(flat, torch.tensor([2.0] * 6 + [0.0, 2.0, 4.0]))
+    assert re(flat)["n"] is not None
+    monkeypatch.setattr(_destructure, "ONE_PASS", [False])
+    off, _ = fk.destructure(tree(2.0))
+    assert checks == [1]
+    assert passes == [1]
+    assert torch.equal(off, flat)
+    monkeypatch.setattr(_destructure, "ONE_PASS", [True])
+    # what the one pass does not prove goes to the full check: a strided leaf (a result all the
+    # same), two views of one storage (refused, naming both paths)
+    strided = {"w": torch.ones(3, 2).t() * 2, "b": torch.arange(3.0) * 2, "n": torch.tensor([7])}
+    assert torch.equal(fk.destructure(strided)[0], flat)
+    assert checks == [1, 1]
+    base = torch.arange(12.0)
+    with pytest.raises(fk.StructureError, match="share memory") as info:
+        fk.destructure({"w": base[:6].view(2, 3), "b": base[4:7], "n": torch.tensor([7])})
+    assert "at w and b" in str(info.value)
+    assert runs == [1, 1, 1, 1]
+
+
+def test_reflatten_keeps_its_decisions(xp: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench_flat's "re.flatten plan" row: a second re.flatten of parameters with the same facts
+    # does not decide their kinds again; FLATTEN_PLAN off must show here; a changed fact (a
+    # parameter's shape, a non-array) is checked again and refused as before
+    from functorkit import _reflatten
+
+    _plans.clear()
+    decided: list[int] = []
+    real = _reflatten.kinds_of
+
+    def kinds_of(*a: Any) -> Any:
+        decided.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(_reflatten, "kinds_of", kinds_of)
+    flat, re = fk.destructure(_model(xp))  # once: a loop of re.flatten on a rebuilder made once
+    decided.clear()
+    got = [re.flatten(_model(xp, 2.0)) for _ in range(3)]
+    assert decided == [1], "re.flatten's kept decisions were not used"
+    for g in got:
+        np.testing.assert_array_equal(to_numpy(g), to_numpy(flat) * 2)
+    monkeypatch.setattr(_reflatten, "FLATTEN_PLAN", [False])
+    np.testing.assert_array_equal(to_numpy(re.flatten(_model(xp, 2.0))), to_numpy(flat) * 2)
+    assert decided == [1, 1]
+    monkeypatch.setattr(_reflatten, "FLATTEN_PLAN", [True])
+    wrong = _model(xp)
+    wrong["l1"]["b"] = xp.asarray([0.5, 0.25, 1.0])
+    with pytest.raises(fk.StructureError, match=r"l1.*b.*shape \(2,\)"):
+        re.flatten(wrong)
+    wrong["l1"]["b"] = "not an array"
+    with pytest.raises(fk.StructureError, match="floating or complex array"):
+        re.flatten(wrong)
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_reflatten_out_sharing_memory_with_the_model_is_refused(lib: str) -> None:
+    # re.flatten(out=)'s C-level proof that `out` is apart from the model (torch) must not prove
+    # too much: an `out` over a parameter's memory, contiguous or strided (a strided `out` spans
+    # more bytes than its own), is refused on every call, the plan's included
+    if lib == "torch":
+        torch = pytest.importorskip("torch")
+        base, other = torch.zeros(10), torch.zeros(3)
+    else:
+        base, other = np.zeros(10), np.zeros(3)
+    model = {"w": other, "b": base[7:9]}
+    _, re = fk.destructure(model)
+    for out in (base[5:10], base[0:10:2]):
+        for _ in range(3):
+            with pytest.raises(ValueError, match="shares memory with this parameter"):
+                re.flatten(model, out=out)
+    apart = base[0:5]
+    for _ in range(3):
+        assert re.flatten(model, out=apart) is apart
+    np.testing.assert_array_equal(to_numpy(apart), np.zeros(5))
+
+
+def test_reflatten_by_the_generated_match_still_refuses(xp: Any) -> None:
+    # re.flatten matches a definition the walk met before with its generated matcher; a tie the
+    # definition does not have, or another key, misses there and is refused with its path
+    _plans.clear()
+    _warm(_model(xp))
+    flat, re = fk.destructure(_model(xp))
+    assert re._td._generated_match() is not None  # (the path under test)
+    np.testing.assert_array_equal(to_numpy(re.flatten(_model(xp, 2.0))), to_numpy(flat) * 2)
+    same = _model(xp)
+    w = xp.asarray([1.0, 2.0])
+    same["l1"] = {"w": same["l1"]["w"], "b": w}
+    same["l2"] = [xp.asarray([5.0]), None]
+    np.testing.assert_array_equal(to_numpy(re.flatten(same)), [1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 5.0])
+    dup = _model(xp)
+    dup["l2"][0] = dup["l1"]["b"]
+    with pytest.raises(fk.StructureError, match=r"l2"):
+        re.flatten(dup)
+    renamed = _model(xp)
+    renamed["l3"] = renamed.pop("l2")
+    with pytest.raises(fk.StructureError, match=r"re\.flatten expected"):
+        re.flatten(renamed)

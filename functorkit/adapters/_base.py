@@ -268,6 +268,31 @@ class ArrayAdapter(Kernels):
             return self.empty(dtype, device, n)
         return self.xp.concat([self.flat_piece(x, dtype, device) for x in leaves])
 
+    def proves_apart(self, out: Any, arrays: list[Any]) -> bool:
+        """True if it is certain, without a look at each array, that no byte of `arrays` lies in
+        the memory of `out` (a contiguous 1-D array of this library, ``re.flatten``'s checked
+        `out`); False: not known (here: always), every array is looked at."""
+        return False
+
+    def plans_flat(self, leaves: list[Any], dtype: Any, device: Any, uniform: bool = False) -> Any:
+        """What `planned_flat` needs for arrays with the facts of `leaves` (``_plans.LeafFacts``)
+        and a flat vector of `dtype` on `device`, decided once when ``destructure``'s plan is made
+        (`uniform`: the caller knows that every leaf is of one type, of `dtype`, on `device`);
+        None (here: always): no such path, the plan runs the alias check and `new_flat`."""
+        return None
+
+    def planned_fill(self, out: Any, leaves: list[Any], token: Any) -> bool:
+        """``re.flatten(out=)``'s kept decision (`token` from `plans_flat` for the flat vector's
+        dtype and device, which `out` has): write `leaves` into `out` in one pass and return True,
+        or False (here: always) where that is not proven here (the caller then calls `fill`)."""
+        return False
+
+    def planned_flat(self, leaves: list[Any], token: Any) -> Any:
+        """``destructure``'s plan in one pass (`token` from `plans_flat`): prove that `leaves`
+        (distinct, with the plan's facts) share no memory and return their new flat vector, or
+        None where that is not proven here (the caller then runs the alias check and `new_flat`)."""
+        return None
+
     def fill(self, out: Any, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> None:
         """Copy each leaf into its slice of the mutable 1-D `out`, cast to ``out.dtype``."""
         dtype, device = out.dtype, self.device(out)

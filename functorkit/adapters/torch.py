@@ -39,13 +39,12 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from itertools import repeat
 from typing import Any
 
 import numpy as np
 import torch
 
-from . import _dtensor
+from . import _dtensor, _torch_flat
 from ._base import _HOST, TRACING_PROBES, ArrayAdapter, Layout, _size, adapter_of, extent, normalise_layout
 from ._kernels import spans_disjoint
 from ._torch_module import _Uninitialized, claims, node_for
@@ -91,7 +90,6 @@ _PLAIN_SET = frozenset(_PLAIN)
 _NBYTES = operator.attrgetter("nbytes")
 _DTYPE = operator.attrgetter("dtype")
 _DEVICE = operator.attrgetter("device")
-_FLAT_VIEW = operator.methodcaller("reshape", -1)
 #: ``torch.func`` wrapper test (private API; fallback: every tensor counts as wrapped)
 is_functorch_wrapped: Callable[[Any], bool] = _detect_functorch()
 #: Python-dispatch (wrapper subclass) test (private API; fallback: every subclass counts)
@@ -141,24 +139,13 @@ def _wrapped_or_compiling(t: Any) -> bool:
 _NUMPY_ALLOC_MIN = 1 << 20
 
 
-#: `Adapter.new_flat` concatenates leaves into vectors smaller than this (tests and bench_flat's
-#: on/off row set it to 0)
-CAT_MAX_BYTES = _NUMPY_ALLOC_MIN
-
-
 def _cat_ok(leaves: list[Any], dtype: Any, device: Any) -> bool:
     """Every leaf a plain tensor (no subclass, no functorch wrapper) of `dtype` on `device`, and no
-    ``torch.compile`` tracing: ``torch.cat`` then makes exactly the vector `fill` would. In C-level
-    passes over the leaves (no Python step per leaf)."""
-    if compiling():
+    ``torch.compile`` tracing: one concatenation then makes exactly the vector `fill` would. In
+    C-level passes over the leaves (no Python step per leaf)."""
+    if compiling() or not _torch_flat.plain_of(leaves, dtype, device):
         return False
-    dev = torch.device("cpu") if device is None else device
-    return (
-        set(map(type, leaves)) <= _PLAIN_SET
-        and all(map(operator.is_, map(_DTYPE, leaves), repeat(dtype)))
-        and all(map(operator.eq, map(_DEVICE, leaves), repeat(dev)))
-        and not any(map(is_functorch_wrapped, leaves))
-    )
+    return not any(map(is_functorch_wrapped, leaves))
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -250,12 +237,12 @@ class Adapter(ArrayAdapter):
     ) -> Any:
         """`empty` + `fill` (no autograd history: filled under ``no_grad``).
 
-        A vector under 1 MiB whose leaves are plain tensors of its dtype and device is one
-        ``torch.cat`` instead (one allocation and one kernel, where `fill` makes two NumPy views
-        per leaf: bench_flat "mlp, torch" ``destructure(model)`` row)."""
-        if leaves and n * dtype.itemsize < CAT_MAX_BYTES and _cat_ok(leaves, dtype, device):
-            with torch.no_grad():
-                return torch.cat(list(map(_FLAT_VIEW, leaves)))
+        A vector under ``_torch_flat.CAT_MAX_BYTES`` (16 MiB) whose leaves are plain tensors of its
+        dtype and device is one ``flatten_dense_tensors`` instead (one allocation and one C++
+        concatenation, where `fill` makes two NumPy views per leaf: bench_flat "mlp, torch"
+        ``destructure(model)`` row, bench_walk's module ``fk.destructure`` row; `_torch_flat`)."""
+        if leaves and n * dtype.itemsize < _torch_flat.CAT_MAX_BYTES and _cat_ok(leaves, dtype, device):
+            return _torch_flat.concat(leaves)
         if leaves and not compiling() and any(map(is_functorch_wrapped, leaves)):
             # inside a torch.func transform (grad, jvp, vmap): the wrapped tensors themselves,
             # concatenated, so the transform differentiates and batches through the vector (as JAX
@@ -265,12 +252,27 @@ class Adapter(ArrayAdapter):
         self.fill(out, leaves, offsets, shapes)
         return out
 
+    def proves_apart(self, out: Any, arrays: list[Any]) -> bool:
+        """`_torch_flat.proves_apart` (``data_ptr`` ranges, C-level passes)."""
+        return _torch_flat.proves_apart(out, arrays)
+
+    def plans_flat(self, leaves: list[Any], dtype: Any, device: Any, uniform: bool = False) -> Any:
+        """`_torch_flat.plans_flat`: plain tensors of `dtype` on `device`, their byte counts."""
+        return _torch_flat.plans_flat(leaves, dtype, device, uniform)
+
+    def planned_flat(self, leaves: list[Any], token: Any) -> Any:
+        """`_torch_flat.planned_flat` (one pass: alias proof and ``flatten_dense_tensors``)."""
+        return _torch_flat.planned_flat(leaves, token, is_functorch_wrapped is not _all_wrapped)
+
+    def planned_fill(self, out: Any, leaves: list[Any], token: Any) -> bool:
+        """`_torch_flat.planned_fill` (one ``torch.cat(..., out=out)``)."""
+        return _torch_flat.planned_fill(out, leaves, token, is_functorch_wrapped)
+
     def fill(self, out: Any, leaves: list[Any], offsets: list[int], shapes: list[tuple[int, ...]]) -> None:
-        """``np.copyto`` between NumPy views of plain CPU tensors (faster than ``copy_`` for small
-        tensors: bench_flat torch ``re.flatten`` rows), else ``copy_`` under ``no_grad``. (One
-        ``torch.cat(..., out=out)`` for a small `out` gained 1.03-1.06x on bench_flat's "mlp, torch"
-        ``re.flatten(model, out=buf)`` row, issue #21: removed twice; one cat into vectors of 1 MiB
-        or more gained 1.10-1.12x on destructure: not kept.)"""
+        """One ``torch.cat(..., out=out)`` of plain tensors of `out`'s dtype and device into an `out`
+        under ``_torch_flat.CAT_OUT_MAX_BYTES`` (16 MiB; bench_flat's "re.flatten cat" on/off row);
+        else ``np.copyto`` between NumPy views of plain CPU tensors (faster than ``copy_`` for
+        small tensors: bench_flat torch ``re.flatten`` rows), else ``copy_`` under ``no_grad``."""
         if not compiling() and any(map(is_functorch_wrapped, leaves)):
             msg = (
                 "re.flatten(out=...) writes the parameters into `out` outside autograd, but the model's "
@@ -279,6 +281,15 @@ class Adapter(ArrayAdapter):
                 "call re.flatten(model) without out= inside a transform (a new vector the transform sees)."
             )
             raise TypeError(msg)
+        if (
+            leaves
+            and out.numel() * out.dtype.itemsize < _torch_flat.CAT_OUT_MAX_BYTES
+            and type(out) is torch.Tensor
+            and not compiling()
+            and _torch_flat.plain_of(leaves, out.dtype, out.device)
+        ):
+            _torch_flat.cat_into(out, leaves)  # one torch.cat(..., out=out) (bench_flat re.flatten rows)
+            return
         out_np = None if compiling() else _numpy_view(out.detach())
         with torch.no_grad():
             for x, o, s in zip(leaves, offsets, shapes, strict=True):
