@@ -9,6 +9,7 @@ fast-path codes (docs/adapters.md, "Import layering").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ __all__ = [
     "TUPLE",
     "NodeDef",
     "aux_equal",
+    "cached_properties",
     "fields_check",
     "mapping_check",
     "sequence_check",
@@ -186,3 +188,12 @@ def fields_check(names: list[Any], aux_ok: Callable[[Any], bool]) -> Callable[..
         return None
 
     return check
+
+
+def cached_properties(cls: type) -> tuple[str, ...]:
+    """The names of the ``functools.cached_property`` attributes of `cls` (its MRO, each once): the
+    values they cache in an instance's ``__dict__`` were computed from that instance's children, so
+    a rebuilt node must not carry them over (dataclasses, attrs classes, namedtuple subclasses,
+    torch modules). Not callable while Dynamo traces (it cannot iterate an MRO): callers skip it then."""
+    cached = functools.cached_property
+    return tuple(dict.fromkeys(name for c in cls.__mro__ for name, v in vars(c).items() if isinstance(v, cached)))

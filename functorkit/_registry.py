@@ -14,7 +14,6 @@ registered here are exported to JAX and torch ``_pytree`` in turn (see
 from __future__ import annotations
 
 import dataclasses
-import functools
 import sys
 import threading
 import types
@@ -27,7 +26,7 @@ from ._nodedef import GENERIC as GENERIC
 from ._nodedef import LIST as LIST
 from ._nodedef import TUPLE as TUPLE
 from ._nodedef import NodeDef as NodeDef
-from ._nodedef import fields_check, mapping_check, sequence_check
+from ._nodedef import cached_properties, fields_check, mapping_check, sequence_check
 from ._stdnodes import attrs_def, std_nodes
 from .adapters import load_family, tracing
 from .adapters._families import NODE_FAMILIES
@@ -216,12 +215,9 @@ def _dataclass_def(cls: type, all_fields: Any = None, frozen: bool | None = None
 
 
 def _cached_properties(cls: type) -> set[str]:
-    """The names of the ``functools.cached_property`` attributes of `cls` (its MRO). Empty while a
-    tracer runs (Dynamo cannot iterate an MRO: a class first met inside ``torch.compile`` carries
-    such values over, as before)."""
-    if tracing():
-        return set()
-    return {name for c in cls.__mro__ for name, v in vars(c).items() if isinstance(v, functools.cached_property)}
+    """`cached_properties` of `cls` as a set; empty while a tracer runs (a class first met inside
+    ``torch.compile`` carries such values over, as before)."""
+    return set() if tracing() else set(cached_properties(cls))
 
 
 def _static(field: Any) -> bool:

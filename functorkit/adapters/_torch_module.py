@@ -35,7 +35,6 @@ own parameters.
 
 from __future__ import annotations
 
-import functools
 import operator
 import sys
 import weakref
@@ -46,7 +45,7 @@ from typing import Any
 
 import torch
 
-from .._nodedef import NodeDef
+from .._nodedef import NodeDef, cached_properties
 
 __all__ = ["claims", "node_for"]
 
@@ -277,16 +276,6 @@ def _make_unflatten(
     return unflatten
 
 
-def _cached_properties(cls: type) -> tuple[str, ...]:
-    """The names of the ``functools.cached_property`` attributes of `cls` (its MRO): their values,
-    cached in an instance's ``__dict__``, were computed from that module's parameters."""
-    return tuple(
-        dict.fromkeys(
-            name for c in cls.__mro__ for name, v in vars(c).items() if isinstance(v, functools.cached_property)
-        )
-    )
-
-
 def _drop_cached(names: tuple[str, ...], first: Callable[[Any], None] | None) -> Callable[[Any], None]:
     """The fixup of a clone of a class with cached properties: `first` (the class's own, if any),
     then the cached values taken from the live module are removed (recomputed on first access from
@@ -436,7 +425,7 @@ def node_for(cls: type) -> NodeDef | None:
         drop = _RNN_CACHES if issubclass(cls, torch.nn.RNNBase) else ()
         # (Dynamo cannot iterate a class's MRO: a class first met inside torch.compile is taken as
         # it was before, its cached values carried over; met eagerly first, it is handled)
-        cached = () if torch.compiler.is_compiling() else _cached_properties(cls)
+        cached = () if torch.compiler.is_compiling() else cached_properties(cls)
         if cached:  # values computed from the old parameters: left out of the aux data and the clone
             drop = (*drop, *cached)
             fixup = _drop_cached(cached, fixup)
