@@ -166,11 +166,14 @@ class _Weak:
     """One coefficient as each parameter gets it: checked (`_check_coefficient`) and cast by the
     adapter's ``weak`` (SPEC 12), once per parameter type, dtype and (for 0-d arrays) device."""
 
-    __slots__ = ("array", "c", "fname", "known", "what")
+    __slots__ = ("array", "c", "fname", "known", "real", "what")
 
     def __init__(self, c: Any, what: str, fname: str) -> None:
         self.c, self.what, self.fname = c, what, fname
         self.array = is_array(c)
+        #: a real Python number: weak for every parameter, so checking it can find nothing (the
+        #: check before the first write is skipped; `get` still gives it to each parameter)
+        self.real = type(c) is float or type(c) is int
         self.known: dict[Any, Any] = {}
 
     def get(self, path: KeyPath, x: Any) -> Any:
@@ -305,7 +308,9 @@ def scale(c: Any, a: T, /, *, trainable_only: bool = True, out: T | None = None)
     def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
         return adapter_of(x).op_scale(x, get(path, x), o)
 
-    return _map_params("scale", ("a",), (a,), fn, trainable_only, check=get, out=out)
+    return _map_params(
+        "scale", ("a",), (a,), fn, trainable_only, check=None if w.real else get, out=out, check_devices=w.array
+    )
 
 
 def lincomb(
@@ -371,7 +376,17 @@ def lincomb(
     def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
         return adapter_of(x).op_lincomb((x, *others), [w.get(path, x) for w in ws], o)
 
-    return _map_params("lincomb", names, mods, fn, trainable_only, check=check, out=out, late=1)
+    return _map_params(
+        "lincomb",
+        names,
+        mods,
+        fn,
+        trainable_only,
+        check=None if all(w.real for w in ws) else check,
+        out=out,
+        late=1,
+        check_devices=any(w.array for w in ws),
+    )
 
 
 def mean(models: Sequence[T], /, *, trainable_only: bool = True, out: T | None = None) -> T:
@@ -445,11 +460,23 @@ def lerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True, out: T | None = 
         """In-place rows (each of `outs` is `a`'s array there) of one array type with a Python `t`:
         one ``lerp_many_`` (True), else nothing written (False). `checked`: `out_fast` passed."""
         tt = w.c
-        if (type(tt) is not float and type(tt) is not int) or len(outs) < 2 or len(set(map(type, outs))) != 1:
+        if (type(tt) is not float and type(tt) is not int) or len(outs) < 2:
+            return False
+        if not checked and len(set(map(type, outs))) != 1:  # (`out_fast` passed: one type)
             return False
         return bool(adapter_of(outs[0]).lerp_many_(outs, cols[1], tt, checked))
 
-    return _map_params("lerp", ("a", "b"), (a, b), fn, trainable_only, check=get, out=out, batch=batch)
+    return _map_params(
+        "lerp",
+        ("a", "b"),
+        (a, b),
+        fn,
+        trainable_only,
+        check=None if w.real else get,
+        out=out,
+        batch=batch,
+        check_devices=w.array,
+    )
 
 
 # --------------------------------------------------------------------------- copy

@@ -11,6 +11,7 @@ it (callers add the path).
 from __future__ import annotations
 
 import operator
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import array_api_compat
@@ -20,6 +21,7 @@ __all__ = [
     "MATRIX_MESSAGE",
     "Kind",
     "inexact_flags",
+    "inexact_one_type",
     "is_array",
     "is_complex",
     "is_inexact_array",
@@ -116,6 +118,31 @@ def inexact_flags(leaves: list[Any]) -> list[bool]:
     keys = list(zip(types, dtypes))
     by_key = {key: is_inexact_array(x) for key, x in dict(zip(keys, leaves)).items()}
     return list(map(by_key.__getitem__, keys))
+
+
+def inexact_one_type(leaves: list[Any]) -> tuple[list[bool], list[Any]] | None:
+    """``(is_inexact_array of each leaf, each leaf's dtype)`` when `leaves` are arrays of one type
+    (the common model): one C-level pass over the types, one over the dtypes, and one cached
+    lookup per dtype. None for no leaves, several types, or leaves that are not arrays (then
+    `inexact_flags`)."""
+    if not leaves:
+        return None
+    t0 = type(leaves[0])
+    if not all(map(operator.is_, map(type, leaves), repeat(t0))):
+        return None
+    if t0 not in _IS_ARRAY:
+        is_array(leaves[0])  # classifies the type (and refuses np.matrix)
+    if not _IS_ARRAY[t0]:
+        return None
+    dtypes = list(map(_DTYPE_OF, leaves))
+    known = _INEXACT.setdefault(t0, {})
+    try:
+        return list(map(known.__getitem__, dtypes)), dtypes
+    except KeyError:  # a dtype met for the first time: classified once, into `known`
+        for dt, x in dict(zip(dtypes, leaves)).items():
+            if dt not in known:
+                is_inexact_array(x)
+    return list(map(known.__getitem__, dtypes)), dtypes
 
 
 def _is_kind(xp: Any, dtype: Any, kind: Any) -> bool:

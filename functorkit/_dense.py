@@ -59,6 +59,15 @@ def check_dense(arrays: Sequence[Any], where: Callable[[int], str], what: str) -
             raise dense_error(where(i), why, what)
 
 
+def check_dense_of(ad: Any, arrays: Sequence[Any], where: Callable[[int], str], what: str) -> None:
+    """`check_dense` for `arrays` all of one type, whose adapter `ad` may have arrays that are not
+    dense (``ad.may_be_sparse``): one adapter call (the lock-step engine's column path)."""
+    j = ad.first_not_dense(arrays)
+    if j is not None:
+        why = ad.dense_problem(arrays[j]) or "it is not a dense array"
+        raise dense_error(where(j), why, what)
+
+
 def check_whole(arrays: Sequence[Any], firsts: dict[type, Any], where: Callable[[int], str], what: str) -> None:
     """A `TypeError` naming the first of `arrays` that is sharded: asked once per array type of an
     adapter that has sharded arrays (torch, JAX: ``adapters._sharding.first_sharded``), the arrays

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from itertools import chain, compress
+from itertools import chain, compress, repeat
 from typing import Any, cast
 
 from ._alias import _clusters, layouts_overlap, memory_layout, separate_allocations
@@ -165,21 +165,24 @@ def _fast_plan(
     check: Callable[[KeyPath, Any], None] | None,
     late: int | None,
     columns: Callable[..., Any],
+    check_devices: bool = True,
 ) -> tuple[list[list[Any]], list[Any], Any, list[int]] | None:
     """``(columns, outs, treedef, indices)``: the models' arrays at each parameter (one list per
     model), `out`'s arrays there, the first model's definition and the leaf index of each row, with
     every check of the per-leaf path made (see the module's docstring); None where the per-leaf
-    path must run (it makes every check again and names the one that fails)."""
+    path must run (it makes every check again and names the one that fails). Operands of a dtype
+    their adapter's operators cannot take (``operator_less``: torch float8) go the per-leaf path."""
     if not FAST[0]:
         return None
     k = next((i for i, m in enumerate(models) if m is out), None)
     trees = tuple(models) if k is not None else (*models, out)
-    cols_ = columns(trees, names if k is not None else (*names, "out"), every, fname)
+    cols_ = columns(trees, names if k is not None else (*names, "out"), every, fname, True)
     if cols_ is None:
         return None
-    td, leaves, idx, others = cols_
+    td, leaves, idx, others, dts = cols_
     xs = leaves if len(idx) == len(leaves) else list(map(leaves.__getitem__, idx))
     cols = [xs, *others[: len(models) - 1]]
+    apart = False
     if k is None:
         outs = others[-1]
         if not all_distinct(outs):  # `out` tied where the first model is not
@@ -188,13 +191,15 @@ def _fast_plan(
         if not all(map(oids.isdisjoint, (map(id, c) for c in cols))):  # `out` holds an input array
             return None
     else:
+        apart = True  # no out array among the other models' arrays
         outs = cols[k]
         if (late is not None and k >= late) or (k and not all_distinct(outs)):
             return None  # a term read after the first write (computed aside), or a tie: per leaf
         oids = set(map(id, outs))
         for j, c in enumerate(cols):
-            if j == k:
+            if j == k or oids.isdisjoint(map(id, c)):  # (the common case: no out array among these)
                 continue
+            apart = False
             same = sum(map(operator.is_, c, outs))  # the out array at its own row: in place
             if same and late is not None and j >= late:
                 return None
@@ -202,15 +207,20 @@ def _fast_plan(
                 return None
     if not xs:
         return cols, outs, td, idx
-    if len(set(map(type, xs))) != 1:
+    t0 = type(xs[0])
+    if not all(map(operator.is_, map(type, xs), repeat(t0))):
         return None
     ad = adapter_of(xs[0])
     arrays = list(chain(*cols)) if k is not None else list(chain(outs, *cols))
-    if not ad.out_fast(outs, list(dict(zip(map(id, arrays), arrays)).values())):
+    if not (apart and len(cols) == 2):  # an array met twice (in two models, or `out`) is one range
+        # (two models apart: only the other model's own ties repeat an array, and `out_fast` then
+        # sees two equal ranges and declines: the per-leaf path)
+        arrays = list(dict(zip(map(id, arrays), arrays)).values())
+    if not ad.out_fast(outs, arrays):
         return None
     if check is not None:  # once per kind of parameter, at its first row (where the per-leaf path raises;
         # arrays that passed ``out_fast`` have a ``device``)
-        kinds = zip(map(_DTYPE, xs)) if ad.one_device else zip(map(_DTYPE, xs), map(_DEVICE, xs))
+        kinds: Any = dts if ad.one_device or not check_devices else zip(dts, map(_DEVICE, xs))
         first = dict(zip(reversed(list(kinds)), range(len(xs) - 1, -1, -1)))
         for i in sorted(first.values()):
             check(_path_at(td, idx[i]), xs[i])
@@ -230,6 +240,7 @@ def run_out(
     *,
     check_same: CheckSame,
     columns: Callable[..., Any],
+    check_devices: bool = True,
 ) -> Any:
     """Write ``fn(path, x, others, o)`` into each parameter `o` of `out`, all checks first; return `out`.
     `late`: the first model index an accumulating kernel reads after writing into `o`.
@@ -237,8 +248,9 @@ def run_out(
     adapter call and returns True, or writes nothing and returns False; `checked`: the adapter's
     `out_fast` accepted the arrays.
     `check_same`, `columns`: the lock-step engine's operand check (`CheckSame`) and its
-    `_columns` (handed down: the lock-step engine imports this module)."""
-    fast = _fast_plan(fname, names, models, out, every, check, late, columns)
+    `_columns` (handed down: the lock-step engine imports this module). `check_devices`: `check`
+    may depend on a parameter's device, not only on its type and dtype."""
+    fast = _fast_plan(fname, names, models, out, every, check, late, columns, check_devices)
     if fast is not None:
         cols, outs, td, idx = fast
         if batch is not None and outs and outs is cols[0] and batch(outs, cols, True):

@@ -9,12 +9,14 @@ import itertools
 import numbers
 import operator
 from collections.abc import Callable, Mapping, Sequence
+from itertools import repeat
 from typing import Any, cast
 
 import numpy as np
 
-from ._dense import check_dense, check_dense_leaf, may_be_sparse
+from ._dense import check_dense, check_dense_leaf, check_dense_of
 from ._errors import PolicyError, StructureError
+from ._inplace import run_out
 from ._keypath import KeyPath
 from ._record import record_plain
 from ._registry import NodeDef, dispatch
@@ -28,6 +30,7 @@ from ._xp import (
     describe_namespace,
     device_of,
     inexact_flags,
+    inexact_one_type,
     is_array,
     is_complex,
     is_inexact_array,
@@ -213,25 +216,32 @@ def _check_trainable_only(trainable_only: Any, fname: str) -> bool:
 
 def _columns(
     models: Sequence[Any], names: Sequence[str], every: bool, fname: str = "arithmetic", operators: bool = False
-) -> tuple[Any, list[Any], list[int], list[list[Any]]] | None:
+) -> tuple[Any, list[Any], list[int], list[list[Any]], list[Any]] | None:
     """The common case of the lock-step engine in C-level passes over the leaves: the first model's
-    definition and leaves, the indices of its operands, and the other models' operands, when there
-    are no ties or shared sub-trees and every other operand has the first one's type, shape, dtype
-    and device. None otherwise: the per-leaf path then runs and names what differs
-    (bench_scale ``fk.add(d, d)`` row; tests/test_arith.py turns this path off to compare).
+    definition and leaves, the indices of its operands, the other models' operands, and the
+    operands' dtypes (of their stand-ins: a DTensor's local shard), when there are no ties or
+    shared sub-trees and every other operand has the first one's type, shape, dtype and device.
+    None otherwise: the per-leaf path then runs and names what differs (bench_scale
+    ``fk.add(d, d)`` row; tests/test_arith.py turns this path off to compare).
     `operators`: the caller applies the arrays' own operators to the columns; None also when an
     operand has a dtype its adapter lists in ``operator_less`` (torch float8: the per-leaf path
-    then calls the adapter's kernel there), found in the dtype pass the comparison makes anyway."""
+    then calls the adapter's kernel there), found in the dtype pass the comparison makes anyway.
+    Each fact of the first model's operands is read once (one pass), whatever the number of models,
+    and the other models' density is checked in one adapter call after they are matched."""
     if not COLUMNS[0] or tracing():  # under torch.compile the per-leaf path traces without breaks
         return None
     leaves, td = record_plain(models[0], track=True)
     if td._ties() is not None or td._shares():
         return None
-    td.refuse_holders(leaves)
-    try:
-        flags = inexact_flags(leaves)
-    except TypeError:  # a leaf functorkit refuses (np.matrix): the per-leaf path raises it with its path
-        return None
+    one = inexact_one_type(leaves)  # arrays of one type (they hold no arrays of their own)
+    if one is None:
+        td.refuse_holders(leaves)
+        try:
+            flags = inexact_flags(leaves)
+        except TypeError:  # a leaf functorkit refuses (np.matrix): the per-leaf path raises it with its path
+            return None
+    else:
+        flags = one[0]
     mask = td._trainable_mask()
     if not every and mask is not None:
         flags = list(map(operator.and_, flags, mask))
@@ -241,23 +251,39 @@ def _columns(
     else:
         idx = list(itertools.compress(range(len(leaves)), flags))
         xs = list(map(leaves.__getitem__, idx))
-    ads = [adapter_of(x) for x in dict(zip(map(type, xs), xs)).values()]  # one per array type
-    one_device = all(ad.one_device for ad in ads)
-    dev = _DEVICE_OF if all(ad.device_attr for ad in ads) else device_of  # (types are compared first)
-    # arrays with the operands' dtypes, devices and layouts that are cheaper to ask (torch
-    # DTensors: their local shards); shapes and types are the operands' own
-    stand = ads[0].stand_ins(xs) if len(ads) == 1 else None
-    vx = xs if stand is None else stand
-    dx: Any = None  # the operands' dtypes, when a dtype the operators cannot take is to be looked for
-    if operators and any(ad.operator_less for ad in ads):
-        dx = list(map(_DTYPE_OF, vx))
-        if not all(ad.operator_less.isdisjoint(dx) for ad in ads):
+    if one is not None and xs:  # one array type: one adapter, asked directly
+        ad0 = adapter_of(xs[0])
+        ads = [ad0]
+        types: Any = None  # every operand has the first one's type
+        one_device = ad0.one_device
+        dev = _DEVICE_OF if ad0.device_attr else device_of
+        # arrays with the operands' dtypes, devices and layouts that are cheaper to ask (torch
+        # DTensors: their local shards); shapes and types are the operands' own
+        stand = ad0.stand_ins(xs)
+        vx = xs if stand is None else stand
+        sparse = ad0.may_be_sparse
+        if sparse:  # torch: a sparse or nested operand is a TypeError naming its path
+            check_dense_of(ad0, vx, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
+        dts = one[1] if xs is leaves else list(map(one[1].__getitem__, idx))  # (read once)
+        if operators and ad0.operator_less and not ad0.operator_less.isdisjoint(dts):
             return None
-    sparse = may_be_sparse(xs)
-    if sparse:  # torch: a sparse or nested operand is a TypeError naming its path
-        check_dense(vx, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
-    cols: list[list[Any]] = []
+    else:
+        ads = [adapter_of(x) for x in dict(zip(map(type, xs), xs)).values()]  # one per array type
+        types = list(map(type, xs))
+        one_device = all(ad.one_device for ad in ads)
+        dev = _DEVICE_OF if all(ad.device_attr for ad in ads) else device_of  # (types are compared first)
+        stand = ads[0].stand_ins(xs) if len(ads) == 1 else None
+        vx = xs if stand is None else stand
+        sparse = any(ad.may_be_sparse for ad in ads)  # (every operand is an array: `flags`)
+        if sparse:
+            check_dense(vx, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
+        dts = list(map(_DTYPE_OF, vx))  # the operands' dtypes (also for an operator-less dtype)
+        if operators and not all(ad.operator_less.isdisjoint(dts) for ad in ads if ad.operator_less):
+            return None
     fm = td._generated_match()  # generated for a small container tree met before (_plans.py)
+    t0 = type(xs[0]) if xs else None
+    cols: list[list[Any]] = []
+    vcs: list[list[Any]] = []
     for j, m in enumerate(models[1:], start=1):
         o = fm(m, False) if fm is not None else _MISS
         if o is _MISS:
@@ -266,22 +292,38 @@ def _columns(
             return None
         td.refuse_holders(cast(list[Any], o), positions=True)
         col = cast(list[Any], o) if xs is leaves else list(map(cast(list[Any], o).__getitem__, idx))
-        # streamed comparisons: no list of a million shape tuples for the garbage collector to scan
-        if not all(map(operator.is_, map(type, xs), map(type, col))):
+        if types is None:
+            if not all(map(operator.is_, map(type, col), repeat(t0))):
+                return None
+        elif list(map(type, col)) != types:
             return None
         vc = col if stand is None else ads[0].stand_ins(col)
         if vc is None:
             return None
-        if sparse:
-            check_dense(vc, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
+        cols.append(col)
+        vcs.append(vc)
+    if not cols:
+        return td, leaves, idx, cols, dts
+    n = len(xs)
+    if sparse:  # every other model's operands in one call (a path: its position in the first model)
+        rest = vcs[0] if len(vcs) == 1 else [*itertools.chain(*vcs)]
+        if types is None:
+            check_dense_of(ads[0], rest, lambda i: td.paths[idx[i % n]].display, f"fk.{fname}")
+        else:
+            check_dense(rest, lambda i: td.paths[idx[i % n]].display, f"fk.{fname}")
+    # streamed comparisons: no list of a million shape tuples for the garbage collector to scan
+    shapes: Any = map(_SHAPE_OF, xs) if len(cols) == 1 else list(map(_SHAPE_OF, xs))
+    devs: Any = None
+    if not one_device:
+        devs = map(dev, vx) if len(cols) == 1 else list(map(dev, vx))
+    for col, vc in zip(cols, vcs, strict=True):
         if not (
-            all(map(operator.eq, map(_SHAPE_OF, xs), map(_SHAPE_OF, col)))
-            and all(map(operator.eq, map(_DTYPE_OF, vx) if dx is None else dx, map(_DTYPE_OF, vc)))
-            and (one_device or all(map(operator.eq, map(dev, vx), map(dev, vc))))
+            all(map(operator.eq, shapes, map(_SHAPE_OF, col)))
+            and all(map(operator.eq, dts, map(_DTYPE_OF, vc)))
+            and (devs is None or all(map(operator.eq, devs, map(dev, vc))))
         ):
             return None  # (a device that cannot be determined, None, is left to the per-leaf test too)
-        cols.append(col)
-    return td, leaves, idx, cols
+    return td, leaves, idx, cols, dts
 
 
 def _map_params(
@@ -296,27 +338,39 @@ def _map_params(
     out: Any = None,
     late: int | None = None,
     batch: Callable[[list[Any], list[list[Any]], bool], bool] | None = None,
+    check_devices: bool = True,
 ) -> T:
     """Rebuild the first model with ``fn(path, x, others, None)`` at every operand; constants copied.
     `op` (``op(x, *others)``, needing no path): the operation's one implementation when given, on
     the column path (`_columns`) and on the per-leaf pass alike; the per-leaf pass then only checks
     and names what the columns cannot take (a mismatch, ties, shared sub-trees, a dtype the arrays'
     operators cannot compute: `fn` there), and `fn` is otherwise used only to write into `out`.
-    `check(path, x)`: the checks `fn` makes besides the models' (coefficients), run first.
+    `check(path, x)`: the checks `fn` makes besides the models' (coefficients), run first;
+    `check_devices`: their outcome may depend on a parameter's device (a 0-d array coefficient), not only
+    on its type and dtype (then `out=`'s column path checks once per type and dtype).
     With `out`: ``fn(path, x, others, o)`` writes into `out`'s arrays, every check first (``_inplace``);
     `late`: the first model whose array an accumulating `fn` reads after writing into `o`;
     `batch(outs, cols, checked)`: writes every in-place row in one adapter call (True) or nothing."""
     every = not _check_trainable_only(trainable_only, fname)
     if out is not None:
-        from ._inplace import run_out
-
         done = run_out(
-            fname, names, models, fn, check, every, out, late, batch, check_same=_check_same, columns=_columns
+            fname,
+            names,
+            models,
+            fn,
+            check,
+            every,
+            out,
+            late,
+            batch,
+            check_same=_check_same,
+            columns=_columns,
+            check_devices=check_devices,
         )
         return cast(T, done)
     cols = _columns(models, names, every, fname, True) if op is not None else None
     if cols is not None and op is not None:
-        td, leaves, idx, others = cols
+        td, leaves, idx, others, _ = cols
         out = list(map(op, map(leaves.__getitem__, idx), *others))
         mask = td._trainable_mask() if every else None
         if mask is not None:  # trainable_only=False: a frozen parameter's result stays frozen (SPEC 3)
@@ -366,7 +420,7 @@ def _reduce_params(
     every = not _check_trainable_only(trainable_only, fname)
     cols = _columns(models, names, every, fname) if op is not None else None
     if cols is not None and op is not None and cols[2]:
-        _, leaves, idx, others = cols
+        _, leaves, idx, others, _ = cols
         xs = list(map(leaves.__getitem__, idx))
         if len(set(map(type, xs))) == 1:  # one namespace; then one device, or the per-leaf path names two
             devices = None if adapter_of(xs[0]).one_device else list(map(device_of, xs))

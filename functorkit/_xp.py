@@ -25,6 +25,7 @@ from ._classify import MATRIX_MESSAGE as MATRIX_MESSAGE
 from ._classify import Kind as Kind
 from ._classify import _is_kind as _is_kind
 from ._classify import inexact_flags as inexact_flags
+from ._classify import inexact_one_type as inexact_one_type
 from ._classify import is_array as is_array
 from ._classify import is_complex as is_complex
 from ._classify import is_inexact_array as is_inexact_array

@@ -450,3 +450,72 @@ def test_out_column_path_hands_what_it_cannot_decide_to_the_per_leaf_path(backen
     with pytest.raises(fk.StructureError, match=r"at y \(`out`\) and x \(`b`\)"):
         fk.add(a, b, out=a)
     np.testing.assert_array_equal(_host(a["x"]), np.ones(3))  # nothing written
+
+
+def test_torch_autograd_switch_is_taken_restored_and_its_fallback_gives_the_same_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The in-place EMA step turns autograd off with ``torch._C._set_grad_enabled`` (the torch
+    adapter's ``set_grad_enabled_``, what ``torch.no_grad`` calls): taken while autograd is on,
+    not touched when it is off already, the mode restored after the call and after a failure
+    inside it; without it (``None``) ``torch.no_grad()`` gives the same bits."""
+    torch = pytest.importorskip("torch")
+    from functorkit.adapters import torch as tad
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2))
+    ema_a, ema_b, ema_c = fk.copy(net), fk.copy(net), fk.copy(net)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.mul_(1.7)
+    want = fk.lerp(ema_a, net, 0.3)
+    real = tad.set_grad_enabled_
+    assert real is not None  # detected on this torch
+    modes: list[bool] = []
+
+    def spy(mode: bool) -> None:
+        modes.append(mode)
+        assert real is not None
+        real(mode)
+
+    monkeypatch.setattr(tad, "set_grad_enabled_", spy)
+    fk.lerp(ema_a, net, 0.3, out=ema_a)
+    assert modes == [False, True]
+    assert torch.is_grad_enabled()
+    with torch.no_grad():
+        fk.lerp(ema_c, net, 0.3, out=ema_c)
+    assert modes == [False, True]  # off already: not switched
+    monkeypatch.setattr(tad, "set_grad_enabled_", None)  # the fallback: torch.no_grad()
+    fk.lerp(ema_b, net, 0.3, out=ema_b)
+    for p, q, r, w in zip(ema_a.parameters(), ema_b.parameters(), ema_c.parameters(), want.parameters(), strict=True):
+        assert _bits_equal(p, w)
+        assert _bits_equal(q, w)
+        assert _bits_equal(r, w)
+        assert p.grad_fn is None
+        assert p.requires_grad
+    monkeypatch.setattr(tad, "set_grad_enabled_", spy)
+
+    def broken(xs: Any, ys: Any, t: float) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(tad, "foreach_lerp_", broken)
+    with pytest.raises(RuntimeError, match="injected"):
+        fk.lerp(ema_a, net, 0.3, out=ema_a)
+    assert modes[-2:] == [False, True]
+    assert torch.is_grad_enabled()
+
+
+@pytest.mark.usefixtures("path")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_tied_where_out_is_not_is_read_at_both_places(backend: str) -> None:
+    """`b` holds one array at two places where `out` (= `a`) holds two: each place of `a` gets its
+    own result, `b`'s array is read twice and left as it was."""
+    w = _arr(backend, np.array([1.0, 2.0, 3.0], np.float32))
+    a = {"x": _arr(backend, np.zeros(3, np.float32)), "y": _arr(backend, np.full(3, 4.0, np.float32))}
+    b = {"x": w, "y": w}
+    want = fk.lerp(a, b, 0.25)
+    assert fk.lerp(a, b, 0.25, out=a) is a
+    assert _bits_equal(a["x"], want["x"])
+    assert _bits_equal(a["y"], want["y"])
+    assert a["x"] is not a["y"]
+    np.testing.assert_array_equal(_host(w), np.array([1.0, 2.0, 3.0], np.float32))
