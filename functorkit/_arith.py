@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numbers
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -189,6 +189,19 @@ class _Weak:
 _NONE = object()
 
 
+def _many(kind: str, ws: Sequence[_Weak] = ()) -> Callable[[list[Any], list[list[Any]], bool], bool]:
+    """``out=``'s batch for `kind` (``adapter.arith_many_``): on the column path (`checked`), with
+    real Python coefficients, every row in one adapter call when `outs` is the first model's arrays
+    (in place) or shares none with the models (a term that is `out` itself goes row by row)."""
+
+    def batch(outs: list[Any], cols: list[list[Any]], checked: bool) -> bool:
+        if not checked or not all(w.real for w in ws) or any(outs is c for c in cols[1:]):
+            return False
+        return bool(adapter_of(outs[0]).arith_many_(kind, outs, cols, [w.c for w in ws]))
+
+    return batch
+
+
 # --------------------------------------------------------------------------- elementwise arithmetic
 
 
@@ -246,7 +259,7 @@ def add(a: T, b: T, /, *, trainable_only: bool = True, out: T | None = None) -> 
     def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
         return adapter_of(x).op_add(x, others[0], o)
 
-    return _map_params("add", ("a", "b"), (a, b), fn, trainable_only, operator.add, out=out)
+    return _map_params("add", ("a", "b"), (a, b), fn, trainable_only, operator.add, out=out, batch=_many("add"))
 
 
 def sub(a: T, b: T, /, *, trainable_only: bool = True, out: T | None = None) -> T:
@@ -265,7 +278,7 @@ def sub(a: T, b: T, /, *, trainable_only: bool = True, out: T | None = None) -> 
     def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
         return adapter_of(x).op_sub(x, others[0], o)
 
-    return _map_params("sub", ("a", "b"), (a, b), fn, trainable_only, operator.sub, out=out)
+    return _map_params("sub", ("a", "b"), (a, b), fn, trainable_only, operator.sub, out=out, batch=_many("sub"))
 
 
 def scale(c: Any, a: T, /, *, trainable_only: bool = True, out: T | None = None) -> T:
@@ -309,7 +322,15 @@ def scale(c: Any, a: T, /, *, trainable_only: bool = True, out: T | None = None)
         return adapter_of(x).op_scale(x, get(path, x), o)
 
     return _map_params(
-        "scale", ("a",), (a,), fn, trainable_only, check=None if w.real else get, out=out, check_devices=w.array
+        "scale",
+        ("a",),
+        (a,),
+        fn,
+        trainable_only,
+        check=None if w.real else get,
+        out=out,
+        batch=_many("scale", [w]),
+        check_devices=w.array,
     )
 
 
@@ -385,6 +406,7 @@ def lincomb(
         check=None if all(w.real for w in ws) else check,
         out=out,
         late=1,
+        batch=_many("lincomb", ws),
         check_devices=any(w.array for w in ws),
     )
 
@@ -414,7 +436,7 @@ def mean(models: Sequence[T], /, *, trainable_only: bool = True, out: T | None =
     def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
         return adapter_of(x).op_mean((x, *others), o)
 
-    return _map_params("mean", names, mods, fn, trainable_only, out=out, late=2)
+    return _map_params("mean", names, mods, fn, trainable_only, out=out, late=2, batch=_many("mean"))
 
 
 def lerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True, out: T | None = None) -> T:
@@ -460,8 +482,8 @@ def lerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True, out: T | None = 
         """In-place rows (each of `outs` is `a`'s array there) of one array type with a Python `t`:
         one ``lerp_many_`` (True), else nothing written (False). `checked`: `out_fast` passed."""
         tt = w.c
-        if (type(tt) is not float and type(tt) is not int) or len(outs) < 2:
-            return False
+        if (type(tt) is not float and type(tt) is not int) or len(outs) < 2 or (checked and outs is not cols[0]):
+            return False  # (the per-leaf path hands in its in-place rows only)
         if not checked and len(set(map(type, outs))) != 1:  # (`out_fast` passed: one type)
             return False
         return bool(adapter_of(outs[0]).lerp_many_(outs, cols[1], tt, checked))

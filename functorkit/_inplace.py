@@ -244,17 +244,18 @@ def run_out(
 ) -> Any:
     """Write ``fn(path, x, others, o)`` into each parameter `o` of `out`, all checks first; return `out`.
     `late`: the first model index an accumulating kernel reads after writing into `o`.
-    `batch(outs, cols, checked)`: writes every in-place row (``outs[i] is cols[0][i]``) in one
-    adapter call and returns True, or writes nothing and returns False; `checked`: the adapter's
-    `out_fast` accepted the arrays.
+    `batch(outs, cols, checked)`: writes every row in one adapter call and returns True, or writes
+    nothing and returns False; `checked`: the column path made every check (the adapter's
+    `out_fast` accepted the arrays; `outs` may then be any model's arrays or separate ones),
+    else the per-leaf path hands in its in-place rows (``outs[i] is cols[0][i]``) only.
     `check_same`, `columns`: the lock-step engine's operand check (`CheckSame`) and its
     `_columns` (handed down: the lock-step engine imports this module). `check_devices`: `check`
     may depend on a parameter's device, not only on its type and dtype."""
     fast = _fast_plan(fname, names, models, out, every, check, late, columns, check_devices)
     if fast is not None:
         cols, outs, td, idx = fast
-        if batch is not None and outs and outs is cols[0] and batch(outs, cols, True):
-            return out  # every row in place, written in one adapter call (bench_arith's EMA rows)
+        if batch is not None and outs and batch(outs, cols, True):
+            return out  # every row written in one adapter call (bench_arith's EMA and small-model rows)
         for i, o, *xs in zip(idx, outs, *cols):
             fn(_path_at(td, i), xs[0], xs[1:], o)
         return out

@@ -519,3 +519,47 @@ def test_an_input_tied_where_out_is_not_is_read_at_both_places(backend: str) -> 
     assert _bits_equal(a["y"], want["y"])
     assert a["x"] is not a["y"]
     np.testing.assert_array_equal(_host(w), np.array([1.0, 2.0, 3.0], np.float32))
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "scale", "lincomb", "mean"])
+@pytest.mark.parametrize("where", ["copy", "first"])
+def test_torch_foreach_rows_are_taken_and_their_fallback_gives_the_same_bits(
+    op: str, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``out=``'s column path writes every row of add, sub, scale, lincomb and mean on plain tensors
+    with ``torch._foreach_*`` calls (the torch adapter's ``foreach_arith_``): taken (a spy counts
+    one call per kernel over all the parameters at once), with `out` a separate model and the first
+    input; without them (None) the row kernels give the same bits, and so does the functional form."""
+    torch = pytest.importorskip("torch")
+    from functorkit.adapters import torch as tad
+
+    ms = [_model("torch", s) for s in range(N_INPUTS[op])]
+    want = OPS[op](ms)
+    real = tad.foreach_arith_
+    assert real is not None  # detected on this torch
+    calls: list[tuple[str, int]] = []
+
+    def spying(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
+        def spy(xs: Any, *args: Any, **kwargs: Any) -> Any:
+            calls.append((name, len(xs)))
+            return f(xs, *args, **kwargs)
+
+        return spy
+
+    outs = []
+    for table in ({n: spying(n, f) for n, f in real.items()}, None):
+        monkeypatch.setattr(tad, "foreach_arith_", table)
+        ins = [fk.copy(m) for m in ms]
+        out = fk.copy(ms[0]) if where == "copy" else ins[0]
+        assert OPS[op](ins, out=out) is out
+        outs.append(out)
+    n_params = 3  # a, b[0], b[1]; "steps" is an integer constant
+    assert calls, "the foreach path was not taken"
+    assert {n for _, n in calls} == {n_params}  # every call over all the parameters at once
+    assert (("copy", n_params) in calls) == (where == "copy")
+    for got in outs:
+        for x, y in zip(fk.leaves(got), fk.leaves(want), strict=True):
+            if isinstance(y, torch.Tensor) and y.is_floating_point():
+                assert _bits_equal(x, y), op
+        np.testing.assert_array_equal(_host(got["steps"]), _host(ms[0]["steps"]))  # a constant: not written
+    assert torch.is_grad_enabled()

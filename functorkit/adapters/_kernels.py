@@ -171,6 +171,15 @@ class Kernels:
         can only seem to meet, which says False."""
         return False
 
+    def arith_many_(self, kind: str, outs: list[Any], cols: list[list[Any]], cs: list[Any]) -> bool:
+        """Every row of ``out=``'s column path in one call where the library has one (the same
+        values as the row kernels, bit for bit): ``outs[i] <- kind(cols[0][i], cols[1][i], ...)``
+        for `kind` ``"add"``, ``"sub"``, ``"scale"`` (by ``cs[0]``), ``"lincomb"`` (by `cs`) or
+        ``"mean"``; `cs` Python numbers. The caller's column path checked the arrays (`out_fast`
+        passed); `outs` is ``cols[0]`` (in place) or shares no array with `cols`. False: nothing
+        written, the caller goes row by row."""
+        return False
+
     def lerp_many_(self, xs: list[Any], ys: list[Any], t: float, checked: bool = False) -> bool:
         """``x <- lerp(x, y, t)`` in place for every pair, in one call where the library has one
         (the same values as `op_lerp` with ``out=x``); False: not done, the caller goes row by row.

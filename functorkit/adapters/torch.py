@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -112,6 +112,17 @@ _F32 = torch.float32
 
 #: ``torch._foreach_lerp_`` (private API; fallback None: one ``lerp_`` per tensor)
 foreach_lerp_: Callable[..., Any] | None = _detect_foreach_lerp()
+
+
+def _detect_foreach() -> dict[str, Callable[..., Any]] | None:
+    found = {n: getattr(torch, f"_foreach_{n}_", None) for n in ("copy", "mul", "add", "sub", "div")}
+    return None if not all(map(callable, found.values())) else cast(dict[str, Callable[..., Any]], found)
+
+
+#: ``torch._foreach_copy_/mul_/add_/sub_/div_`` (private API; fallback None: one kernel per tensor):
+#: ``out=``'s column path writes every row of add, sub, scale, lincomb and mean with a few of these
+#: (`Adapter.arith_many_`; bench_arith's small-model ``lincomb, out=`` rows)
+foreach_arith_: dict[str, Callable[..., Any]] | None = _detect_foreach()
 
 
 def _detect_set_grad() -> Callable[[bool], None] | None:
@@ -716,6 +727,42 @@ class Adapter(ArrayAdapter):
         except RuntimeError:  # no storage: a torch.func wrapper (the per-leaf path looks at each)
             return False
         return spans_disjoint(los, list(map(operator.add, los, map(_NBYTES, arrays))))
+
+    def arith_many_(self, kind: str, outs: list[Any], cols: list[list[Any]], cs: list[Any]) -> bool:
+        """Plain tensors: the rows' kernels as ``torch._foreach_*`` calls (one C++ loop each, or
+        one fused kernel on GPUs), with autograd off (`without_grad`): `outs` filled from
+        ``cols[0]`` first (``_foreach_copy_``) unless it is ``cols[0]``, then ``mul_``/``add_``
+        (``alpha=``)/``sub_``/``div_`` over the lists, the same elementwise kernels as the rows'
+        ``torch.mul(out=)``, ``add_(alpha=)``, ``div_`` (bits equal: tests/test_inplace.py). DTensors
+        and a missing API (`foreach_arith_` None): False."""
+        fe = foreach_arith_
+        if fe is None or not outs or type(outs[0]) not in _PLAIN:
+            return False
+        xs, rest = cols[0], cols[1:]
+
+        def run() -> None:
+            assert fe is not None
+            if outs is not xs and kind != "scale" and kind != "lincomb":
+                fe["copy"](outs, xs)
+            if kind == "add":
+                fe["add"](outs, rest[0])
+            elif kind == "sub":
+                fe["sub"](outs, rest[0])
+            elif kind == "mean":
+                for col in rest:
+                    fe["add"](outs, col)
+                fe["div"](outs, len(cols))
+            else:  # scale, lincomb: x * c first (into `outs`), then each term
+                if outs is not xs:
+                    fe["copy"](outs, xs)
+                fe["mul"](outs, cs[0])
+                for col, c in zip(rest, cs[1:], strict=True):
+                    fe["add"](outs, col, alpha=c)
+
+        if kind == "mean" and len(cols) == 1:
+            return False  # (``x / 1``: the row kernel)
+        without_grad(run)
+        return True
 
     def lerp_many_(self, xs: list[Any], ys: list[Any], t: float, checked: bool = False) -> bool:
         """One ``torch._foreach_lerp_`` under ``no_grad`` for plain tensors (one C++ loop, or one
