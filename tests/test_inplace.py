@@ -563,3 +563,38 @@ def test_torch_foreach_rows_are_taken_and_their_fallback_gives_the_same_bits(
                 assert _bits_equal(x, y), op
         np.testing.assert_array_equal(_host(got["steps"]), _host(ms[0]["steps"]))  # a constant: not written
     assert torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("where", ["copy", "first"])
+def test_numpy_rows_in_one_adapter_call_are_taken_and_give_the_row_kernels_bits(
+    op: str, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``out=``'s column path on NumPy hands every row to the adapter at once (``_rows``: the row
+    kernels' ufuncs, one parameter after another; lerp in place only); turned off, the row-by-row
+    path gives the same bits, and both equal the functional form."""
+    from functorkit.adapters import numpy as nad
+
+    ms = [_model("numpy", s) for s in range(N_INPUTS[op])]
+    want = OPS[op](ms)
+    real = nad.Adapter._rows
+    calls: list[int] = []
+
+    def spy(self: Any, kern: Any, outs: list[Any], cols: list[list[Any]]) -> bool:
+        calls.append(len(outs))
+        return bool(real(self, kern, outs, cols))
+
+    outs = []
+    for f in (spy, lambda self, kern, outs, cols: False):
+        monkeypatch.setattr(nad.Adapter, "_rows", f)
+        ins = [fk.copy(m) for m in ms]
+        out = fk.copy(ms[0]) if where == "copy" else ins[0]
+        assert OPS[op](ins, out=out) is out
+        outs.append(out)
+    taken = not (op.startswith("lerp") and where == "copy")  # (lerp: in place only)
+    assert calls == ([3] if taken else [])  # one call for the three parameters
+    for got in outs:
+        for x, y in zip(fk.leaves(got), fk.leaves(want), strict=True):
+            if isinstance(y, np.ndarray) and y.dtype.kind == "f":
+                assert _bits_equal(x, y), op
+        np.testing.assert_array_equal(got["steps"], ms[0]["steps"])  # a constant: not written

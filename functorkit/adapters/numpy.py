@@ -65,6 +65,54 @@ def _k_sub(ins: list[Any], o: Any, tmp: Any) -> None:
     np.subtract(ins[0], ins[1], out=o)
 
 
+def _k_scale(c: Any) -> Callable[[list[Any], Any, Any], None]:
+    def kern(ins: list[Any], o: Any, tmp: Any) -> None:
+        np.multiply(ins[0], c, out=o)
+
+    return kern
+
+
+def _k_lincomb(cs: Sequence[Any]) -> Callable[[list[Any], Any, Any], None]:
+    def kern(ins: list[Any], o: Any, tmp: Any) -> None:
+        np.multiply(ins[0], cs[0], out=o)
+        for y, c in zip(ins[1:], cs[1:], strict=True):
+            np.multiply(y, c, out=tmp)
+            np.add(o, tmp, out=o)
+
+    return kern
+
+
+def _k_mean(n: int) -> Callable[[list[Any], Any, Any], None]:
+    def kern(ins: list[Any], o: Any, tmp: Any) -> None:
+        if n > 1:
+            np.add(ins[0], ins[1], out=o)
+            for y in ins[2:]:
+                np.add(o, y, out=o)
+            np.divide(o, n, out=o)
+        else:
+            np.divide(ins[0], 1, out=o)
+
+    return kern
+
+
+def _k_lerp(t: Any) -> Callable[[list[Any], Any, Any], None]:
+    """``a + t * (b - a)``, or ``b - (1 - t) * (b - a)`` for a Python number ``t >= 0.5`` (torch's
+    formula: exact at both ends)."""
+    high = (type(t) is float or type(t) is int) and t >= 0.5
+
+    def kern(ins: list[Any], o: Any, tmp: Any) -> None:
+        a, b = ins
+        np.subtract(b, a, out=tmp)
+        if high:
+            np.multiply(tmp, 1 - t, out=tmp)
+            np.subtract(b, tmp, out=o)
+        else:
+            np.multiply(tmp, t, out=tmp)
+            np.add(a, tmp, out=o)
+
+    return kern
+
+
 class Adapter(MethodSlices):
     family = "numpy"
     autodiff = False
@@ -281,10 +329,7 @@ class Adapter(MethodSlices):
         return self._kernel(_k_sub, (x, y), out, lambda: super(Adapter, self).op_sub(x, y, out))
 
     def op_scale(self, x: Any, c: Any, out: Any = None) -> Any:
-        def kern(ins: list[Any], o: Any, tmp: Any) -> None:
-            np.multiply(ins[0], c, out=o)
-
-        return self._kernel(kern, (x,), out, lambda: super(Adapter, self).op_scale(x, c, out))
+        return self._kernel(_k_scale(c), (x,), out, lambda: super(Adapter, self).op_scale(x, c, out))
 
     def op_div(self, x: Any, c: Any, out: Any = None) -> Any:
         def kern(ins: list[Any], o: Any, tmp: Any) -> None:
@@ -293,43 +338,45 @@ class Adapter(MethodSlices):
         return self._kernel(kern, (x,), out, lambda: super(Adapter, self).op_div(x, c, out))
 
     def op_lincomb(self, xs: Sequence[Any], cs: Sequence[Any], out: Any = None) -> Any:
-        def kern(ins: list[Any], o: Any, tmp: Any) -> None:
-            np.multiply(ins[0], cs[0], out=o)
-            for y, c in zip(ins[1:], cs[1:], strict=True):
-                np.multiply(y, c, out=tmp)
-                np.add(o, tmp, out=o)
-
-        return self._kernel(kern, xs, out, lambda: super(Adapter, self).op_lincomb(xs, cs, out))
+        return self._kernel(_k_lincomb(cs), xs, out, lambda: super(Adapter, self).op_lincomb(xs, cs, out))
 
     def op_mean(self, xs: Sequence[Any], out: Any = None) -> Any:
-        n = len(xs)
-
-        def kern(ins: list[Any], o: Any, tmp: Any) -> None:
-            if n > 1:
-                np.add(ins[0], ins[1], out=o)
-                for y in ins[2:]:
-                    np.add(o, y, out=o)
-                np.divide(o, n, out=o)
-            else:
-                np.divide(ins[0], 1, out=o)
-
-        return self._kernel(kern, xs, out, lambda: super(Adapter, self).op_mean(xs, out))
+        return self._kernel(_k_mean(len(xs)), xs, out, lambda: super(Adapter, self).op_mean(xs, out))
 
     def op_lerp(self, x: Any, y: Any, t: Any, out: Any = None) -> Any:
-        number = type(t) is float or type(t) is int
-        high = number and t >= 0.5
+        return self._kernel(_k_lerp(t), (x, y), out, lambda: super(Adapter, self).op_lerp(x, y, t, out))
 
-        def kern(ins: list[Any], o: Any, tmp: Any) -> None:
-            a, b = ins
-            np.subtract(b, a, out=tmp)
-            if high:
-                np.multiply(tmp, 1 - t, out=tmp)
-                np.subtract(b, tmp, out=o)
-            else:
-                np.multiply(tmp, t, out=tmp)
-                np.add(a, tmp, out=o)
+    def _rows(self, kern: Callable[..., None], outs: list[Any], cols: list[list[Any]]) -> bool:
+        """`kern` over every row (``outs[i] <- kern(cols[0][i], cols[1][i], ...)``), each row by
+        `_blocked` as the row kernels run it (the same ufuncs: the same bits), without the rows'
+        per-parameter calls; plain ndarrays only (``out=``'s column path checked them)."""
+        if type(outs[0]) is not np.ndarray:
+            return False
+        blocked = self._blocked
+        for o, *ins in zip(outs, *cols, strict=True):
+            blocked(kern, ins, o)
+        return True
 
-        return self._kernel(kern, (x, y), out, lambda: super(Adapter, self).op_lerp(x, y, t, out))
+    def arith_many_(self, kind: str, outs: list[Any], cols: list[list[Any]], cs: list[Any]) -> bool:
+        """Every row of ``out=``'s column path by `_rows` (bench_arith's small-model NumPy ``out=``
+        rows): the row kernels' ufuncs, one parameter after another, without a call per parameter."""
+        if not outs:
+            return False
+        if kind == "add":
+            kern: Callable[..., None] = _k_add
+        elif kind == "sub":
+            kern = _k_sub
+        elif kind == "scale":
+            kern = _k_scale(cs[0])
+        elif kind == "lincomb":
+            kern = _k_lincomb(cs)
+        else:
+            kern = _k_mean(len(cols))
+        return self._rows(kern, outs, cols)
+
+    def lerp_many_(self, xs: list[Any], ys: list[Any], t: float, checked: bool = False) -> bool:
+        """Every in-place row of ``out=``'s column path (`checked`) by `_rows`; False otherwise."""
+        return checked and bool(xs) and self._rows(_k_lerp(t), xs, [xs, ys])
 
     def sum_squares(self, x: Any) -> Any:
         """``vecdot`` in float32 for narrow dtypes (ml_dtypes arrays have no ``vecdot`` loop)."""
