@@ -312,13 +312,16 @@ def _columns(
         else:
             check_dense(rest, lambda i: td.paths[idx[i % n]].display, f"fk.{fname}")
     # streamed comparisons: no list of a million shape tuples for the garbage collector to scan
-    shapes: Any = map(_SHAPE_OF, xs) if len(cols) == 1 else list(map(_SHAPE_OF, xs))
+    sizes = ads[0].same_size_test(t0) if types is None and t0 is not None else None  # (one type: the adapter's own test)
+    shapes: Any = None
+    if sizes is None:
+        shapes = map(_SHAPE_OF, xs) if len(cols) == 1 else list(map(_SHAPE_OF, xs))
     devs: Any = None
     if not one_device:
         devs = map(dev, vx) if len(cols) == 1 else list(map(dev, vx))
     for col, vc in zip(cols, vcs, strict=True):
         if not (
-            all(map(operator.eq, shapes, map(_SHAPE_OF, col)))
+            (all(map(sizes, xs, col)) if sizes is not None else all(map(operator.eq, shapes, map(_SHAPE_OF, col))))
             and all(map(operator.eq, dts, map(_DTYPE_OF, vc)))
             and (devs is None or all(map(operator.eq, devs, map(dev, vc))))
         ):

@@ -369,6 +369,12 @@ class ArrayAdapter(Kernels):
         """Why `x` is not a dense array (its layout, and the fix), or None."""
         return None
 
+    def same_size_test(self, t: type) -> Callable[[Any, Any], bool] | None:
+        """A test ``f(x, y)`` that two dense arrays of type `t` have the same shape, cheaper than
+        comparing their ``shape`` tuples (torch: ``Tensor.is_same_size``, which builds no
+        ``torch.Size``), for the column checks of the arithmetic; None: compare ``shape``."""
+        return None
+
     def stand_ins(self, arrays: list[Any]) -> list[Any] | None:
         """Arrays of the same dtype, device, layout and density as each of `arrays` (all of one type
         of this library) that are cheaper to ask, for the column checks of the arithmetic; None:

@@ -88,6 +88,7 @@ def _detect_python_dispatch() -> Callable[[Any], bool]:
 _PLAIN: tuple[type, ...] = (torch.Tensor, torch.nn.Parameter)
 _PLAIN_SET = frozenset(_PLAIN)
 _NBYTES = operator.attrgetter("nbytes")
+_IS_SAME_SIZE: Callable[[Any, Any], bool] = torch.Tensor.is_same_size
 _DTYPE = operator.attrgetter("dtype")
 _DEVICE = operator.attrgetter("device")
 #: ``torch.func`` wrapper test (private API; fallback: every tensor counts as wrapped)
@@ -812,6 +813,11 @@ class Adapter(ArrayAdapter):
     ) -> Any:
         """`functorkit.adapters._dtensor.reduce`: None unless a DTensor is among `xs`."""
         return _dtensor.reduce(self, kind, xs, ys, o, then)
+
+    def same_size_test(self, t: type) -> Callable[[Any, Any], bool] | None:
+        """``Tensor.is_same_size`` for plain tensors (one C call per pair, no ``torch.Size`` built:
+        bench_arith's small-model rows); DTensors compare their global ``shape``."""
+        return _IS_SAME_SIZE if t in _PLAIN else None
 
     def stand_ins(self, arrays: list[Any]) -> list[Any] | None:
         """DTensors: their local shards (`functorkit.adapters._dtensor.stand_ins`); None otherwise."""
