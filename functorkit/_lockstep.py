@@ -311,8 +311,9 @@ def _columns(
             check_dense_of(ads[0], rest, lambda i: td.paths[idx[i % n]].display, f"fk.{fname}")
         else:
             check_dense(rest, lambda i: td.paths[idx[i % n]].display, f"fk.{fname}")
-    # streamed comparisons: no list of a million shape tuples for the garbage collector to scan
-    sizes = ads[0].same_size_test(t0) if types is None and t0 is not None else None  # (one type: the adapter's own test)
+    # streamed comparisons: no list of a million shape tuples for the garbage collector to scan (one array
+    # type: the adapter's own size test)
+    sizes = ads[0].same_size_test(t0) if types is None and t0 is not None else None
     shapes: Any = None
     if sizes is None:
         shapes = map(_SHAPE_OF, xs) if len(cols) == 1 else list(map(_SHAPE_OF, xs))
