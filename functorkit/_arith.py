@@ -321,12 +321,18 @@ def scale(c: Any, a: T, /, *, trainable_only: bool = True, out: T | None = None)
     def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
         return adapter_of(x).op_scale(x, get(path, x), o)
 
+    c_ = w.c
+
+    def op(x: Any) -> Any:  # a real Python `c` (weak for every parameter): no path needed
+        return adapter_of(x).op_scale(x, c_)
+
     return _map_params(
         "scale",
         ("a",),
         (a,),
         fn,
         trainable_only,
+        op if w.real else None,
         check=None if w.real else get,
         out=out,
         batch=_many("scale", [w]),
@@ -397,13 +403,20 @@ def lincomb(
     def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
         return adapter_of(x).op_lincomb((x, *others), [w.get(path, x) for w in ws], o)
 
+    real = all(w.real for w in ws)
+    cs = [w.c for w in ws]
+
+    def op(*xs: Any) -> Any:  # real Python coefficients (weak for every parameter): no path needed
+        return adapter_of(xs[0]).op_lincomb(xs, cs)
+
     return _map_params(
         "lincomb",
         names,
         mods,
         fn,
         trainable_only,
-        check=None if all(w.real for w in ws) else check,
+        op if real else None,
+        check=None if real else check,
         out=out,
         late=1,
         batch=_many("lincomb", ws),
@@ -436,7 +449,10 @@ def mean(models: Sequence[T], /, *, trainable_only: bool = True, out: T | None =
     def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
         return adapter_of(x).op_mean((x, *others), o)
 
-    return _map_params("mean", names, mods, fn, trainable_only, out=out, late=2, batch=_many("mean"))
+    def op(*xs: Any) -> Any:
+        return adapter_of(xs[0]).op_mean(xs)
+
+    return _map_params("mean", names, mods, fn, trainable_only, op, out=out, late=2, batch=_many("mean"))
 
 
 def lerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True, out: T | None = None) -> T:
@@ -478,6 +494,11 @@ def lerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True, out: T | None = 
     def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
         return adapter_of(x).op_lerp(x, others[0], get(path, x), o)
 
+    t_ = w.c
+
+    def op(x: Any, y: Any) -> Any:  # a real Python `t` (weak for every parameter): no path needed
+        return adapter_of(x).op_lerp(x, y, t_)
+
     def batch(outs: list[Any], cols: list[list[Any]], checked: bool) -> bool:
         """In-place rows (each of `outs` is `a`'s array there) of one array type with a Python `t`:
         one ``lerp_many_`` (True), else nothing written (False). `checked`: `out_fast` passed."""
@@ -494,6 +515,7 @@ def lerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True, out: T | None = 
         (a, b),
         fn,
         trainable_only,
+        op if w.real else None,
         check=None if w.real else get,
         out=out,
         batch=batch,

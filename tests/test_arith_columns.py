@@ -42,10 +42,20 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return calls
 
 
-@pytest.mark.parametrize("op", ["add", "sub", "norm"])
+@pytest.mark.parametrize("op", ["add", "sub", "norm", "lincomb", "lerp", "scale", "mean"])
 def test_columns_equal_the_per_leaf_path(xp: Any, op: str, taken: list[bool], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every elementwise function with Python-number coefficients (weak: nothing to check per
+    parameter) takes the column path, and gives the per-leaf path's values."""
     a, b = _model(xp, 1.0), _model(xp, 3.0)
-    run = {"add": lambda: fk.add(a, b), "sub": lambda: fk.sub(a, b), "norm": lambda: fk.norm(a)}[op]
+    run = {
+        "add": lambda: fk.add(a, b),
+        "sub": lambda: fk.sub(a, b),
+        "norm": lambda: fk.norm(a),
+        "lincomb": lambda: fk.lincomb([0.5, -2], [a, b]),
+        "lerp": lambda: fk.lerp(a, b, 0.7),
+        "scale": lambda: fk.scale(-1.5, a),
+        "mean": lambda: fk.mean([a, b, a]),
+    }[op]
     fast = run()
     assert taken == [True], "the column path was not taken"
     monkeypatch.setattr(_lockstep, "COLUMNS", [False])
@@ -89,3 +99,14 @@ def test_reductions_refuse_two_devices_on_the_column_path() -> None:
     torch = pytest.importorskip("torch")
     with pytest.raises(fk.PolicyError, match="at a and b"):
         fk.norm({"a": torch.ones(2), "b": torch.ones(2, device="meta")})
+
+
+def test_a_coefficient_to_check_per_parameter_goes_the_per_leaf_path(xp: Any, taken: list[bool]) -> None:
+    """A complex Python coefficient is checked against each parameter (refused for real ones, by
+    path) on the per-leaf path; the column path is not asked."""
+    a, b = _model(xp, 1.0), _model(xp, 2.0)
+    with pytest.raises(fk.PolicyError, match=r"at w\[0\]: fk.lincomb: `coefficients\[1\]` is complex"):
+        fk.lincomb([1.0, 1j], [a, b])
+    with pytest.raises(fk.PolicyError, match=r"at w\[0\]: fk.scale: `c` is complex"):
+        fk.scale(0.5j, a)
+    assert taken == []
