@@ -237,6 +237,20 @@ def per_leaf(f: Callable[[], Any]) -> Callable[[], Any]:
     return g
 
 
+def switched(f: Callable[[], Any], owner: Any, attr: str, value: Any) -> Callable[[], Any]:
+    """`f` with ``owner.attr`` set to `value` (a fast path switched off), restored after."""
+
+    def g() -> Any:
+        keep = getattr(owner, attr)
+        setattr(owner, attr, value)
+        try:
+            return f()
+        finally:
+            setattr(owner, attr, keep)
+
+    return g
+
+
 def no_columns(f: Callable[[], Any]) -> Callable[[], Any]:
     """`f` with the lock-step column path off (``functorkit._lockstep.COLUMNS``): the per-leaf path."""
 
@@ -251,32 +265,49 @@ def no_columns(f: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def _checked_ema(ema: list[Any], model: list[Any], t: float) -> None:
-    """What a validating in-place EMA of two lists of tensors must do at least, written by hand: the
-    same length, types, shapes, dtypes and devices, no tensor in both, dense tensors, then one
-    ``torch._foreach_lerp_`` without autograd (no paths, ties, views or trees: the floor of the
-    checks `fk.lerp(..., out=)` makes, issue #22's MLP row)."""
+    """What a validating in-place EMA of two lists of tensors must do at least, written by hand
+    with the fewest C-level passes: SPEC 14's checks on lists (no paths, trees, ties or views): the
+    same length, types, shapes, dtypes and devices, floating dtypes, dense tensors in both, no
+    inference tensor to write, contiguous tensors whose byte ranges do not meet (no overlap
+    between what is written and what is read), then one ``torch._foreach_lerp_`` with autograd
+    off (the floor of the checks `fk.lerp(..., out=)` makes, issue #22's MLP row)."""
     import torch
 
     if type(ema) is not list or type(model) is not list or len(ema) != len(model):
         raise ValueError("the models differ in structure")
     same = operator.eq
+    both = [*ema, *model]
     if not (
         all(map(operator.is_, map(type, ema), map(type, model)))
-        and all(map(same, map(_SHAPE, ema), map(_SHAPE, model)))
+        and all(map(torch.Tensor.is_same_size, ema, model))
         and all(map(same, map(_DTYPE, ema), map(_DTYPE, model)))
         and all(map(same, map(_DEVICE, ema), map(_DEVICE, model)))
     ):
         raise ValueError("the models' tensors differ")
-    if len({*map(id, ema), *map(id, model)}) != 2 * len(ema):
-        raise ValueError("a tensor is in both models")
-    if list(map(_LAYOUT, ema)).count(torch.strided) != len(ema):
+    if not all(map(torch.Tensor.is_floating_point, ema)):
+        raise TypeError("a tensor is not floating")
+    if list(map(_LAYOUT, both)).count(torch.strided) != len(both) or any(map(_NESTED, both)):
         raise TypeError("a tensor is not dense")
-    with torch.no_grad():
+    if any(map(torch.Tensor.is_inference, ema)):
+        raise TypeError("an inference tensor cannot be written")
+    if not all(map(torch.Tensor.is_contiguous, both)):
+        raise ValueError("not contiguous: byte ranges are not enough")
+    lo = list(map(torch.Tensor.data_ptr, both))
+    hi = sorted(map(operator.add, lo, map(_NBYTES, both)))
+    lo.sort()
+    if not all(map(operator.le, hi[:-1], lo[1:])):
+        raise ValueError("tensors share memory")
+    prev = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(False)
+    try:
         torch._foreach_lerp_(ema, model, t)
+    finally:
+        torch._C._set_grad_enabled(prev)
 
 
 _SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
 _DEVICE, _LAYOUT = operator.attrgetter("device"), operator.attrgetter("layout")
+_NESTED, _NBYTES = operator.attrgetter("is_nested"), operator.attrgetter("nbytes")
 
 
 def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
@@ -295,10 +326,16 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
 
         return g
 
+    from functorkit.adapters import numpy as nad
+
     npd = fk.copy(mlps[0])
     out["MLP lincomb, NumPy"] = {
         "fk": rep(lambda: fk.lincomb(COEFS, mlps)),
+        "fk (lock-step per-leaf path)": no_columns(rep(lambda: fk.lincomb(COEFS, mlps))),
         "fk, out=": rep(lambda: fk.lincomb(COEFS, mlps, out=npd)),
+        "fk, out= (one adapter call per row)": switched(
+            rep(lambda: fk.lincomb(COEFS, mlps, out=npd)), nad.Adapter, "arith_many_", lambda *a: False
+        ),
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lincomb(COEFS, mlps, out=npd))),
         "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*mlps, strict=True)]),
     }
@@ -332,6 +369,8 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
         import torch
     except ImportError:
         return out
+    from functorkit.adapters import torch as tad
+
     tm = [[torch.from_numpy(x.copy()) for x in m] for m in mlps]
     td = fk.copy(tm[0])
     tema = fk.copy(tm[0])
@@ -344,7 +383,11 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
 
     out["MLP lincomb, torch"] = {
         "fk": rep(lambda: fk.lincomb(COEFS, tm)),
+        "fk (lock-step per-leaf path)": no_columns(rep(lambda: fk.lincomb(COEFS, tm))),
         "fk, out=": rep(lambda: fk.lincomb(COEFS, tm, out=td)),
+        "fk, out= (row kernels, no _foreach)": switched(
+            rep(lambda: fk.lincomb(COEFS, tm, out=td)), tad, "foreach_arith_", None
+        ),
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lincomb(COEFS, tm, out=td))),
         "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*tm, strict=True)]),
         "torch._foreach": rep(foreach_lc),
@@ -357,11 +400,24 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
     }
     out["MLP EMA step, torch"] = {
         "fk, out=": rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema)),
-        "hand loop with checks, one _foreach_lerp_": rep(lambda: _checked_ema(tema, tm[1], T_EMA)),
+        "hand loop with every check, one _foreach_lerp_": rep(lambda: _checked_ema(tema, tm[1], T_EMA)),
+        "fk, out= (torch.no_grad, not _set_grad_enabled)": switched(
+            rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema)), tad, "set_grad_enabled_", None
+        ),
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema))),
         "walk only: fk.leaves of both": rep(lambda: (fk.leaves(tema), fk.leaves(tm[1]))),
         "hand loop": rep(lambda: [e.lerp_(m, T_EMA) for e, m in zip(tema, tm[1], strict=True)]),
         "torch._foreach": rep(lambda: torch._foreach_lerp_(tema, tm[1], T_EMA)),
+    }
+    tblocks = [fk.fmap(lambda x: torch.from_numpy(x.copy()), b) for b in blocks]
+    tbe = fk.copy(tblocks[0])
+    tlbe, tlbm = fk.leaves(tbe), fk.leaves(tblocks[1])
+    out["12-block dict EMA step, torch"] = {
+        "fk, out=": rep(lambda: fk.lerp(tbe, tblocks[1], T_EMA, out=tbe)),
+        "hand loop with every check, one _foreach_lerp_": rep(lambda: _checked_ema(tlbe, tlbm, T_EMA)),
+        "walk only: fk.leaves of both": rep(lambda: (fk.leaves(tbe), fk.leaves(tblocks[1]))),
+        "hand loop": rep(lambda: [e.lerp_(m, T_EMA) for e, m in zip(tlbe, tlbm, strict=True)]),
+        "torch._foreach": rep(lambda: torch._foreach_lerp_(tlbe, tlbm, T_EMA)),
     }
     torch.manual_seed(0)
 
@@ -393,6 +449,15 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
     }
     return out
 
+
+#: the small-model rows that switch one fast path off: row -> (the row with it on, a note)
+SWITCHED = {
+    "fk (lock-step per-leaf path)": ("fk", ""),
+    "fk, out= (one adapter call per row)": ("fk, out=", "NumPy `Adapter._rows` off"),
+    "fk, out= (row kernels, no _foreach)": ("fk, out=", "torch `foreach_arith_` off"),
+    "fk, out= (torch.no_grad, not _set_grad_enabled)": ("fk, out=", "torch `set_grad_enabled_` off"),
+    "fk, out= (per-leaf path)": ("fk, out=", "`_inplace.FAST` off"),
+}
 
 #: the copy timed with each operation's contenders (the floor of its ratios)
 FLOOR = "numpy.copyto (the floor)"
@@ -484,6 +549,8 @@ def _run(quick: bool) -> str:
                     1.0,
                 )
     small_rows = []
+    floors: list[str] = []
+    switches: list[str] = []
     gains: dict[str, tuple[float, float]] = {}
     small_rounds = 5 if quick else SMALL_ROUNDS
     for op, contenders in small_contenders().items():
@@ -494,6 +561,15 @@ def _run(quick: bool) -> str:
         fe = best.get("torch._foreach")
         if "fk, out=" in best:
             target(f"{op}, `fk, out=` per call / hand loop", best["fk, out="] / ref, 1.5)
+        checked = best.get("hand loop with every check, one _foreach_lerp_")
+        if checked is not None:
+            floors.append(
+                f"{op}: the hand loop with every check {checked / ref:.2f}x the hand loop, "
+                f"`fk, out=` {best['fk, out='] / checked:.2f}x the hand loop with every check"
+            )
+        for name, (on, off) in SWITCHED.items():
+            if name in best:
+                switches.append(f"{op}: {name} {best[name] / best[on]:.2f}x" + (f" ({off})" if off else ""))
         for name, t in best.items():
             small_rows.append(
                 f"| {op} | {'**' + name + '**' if name.startswith('fk') else name} | {t / SMALL_CALLS * 1e6:.1f} | "
@@ -561,8 +637,15 @@ squares with `vecdot` on NumPy (NumPy's `vector_norm` squares into a temporary).
 Small models, per call ({SMALL_CALLS} calls per timing, best of {small_rounds} interleaved rounds): the 6-array MLP
 (64x32, 64x64, 10x64 and biases, float32) and an EMA step of a 12-block `nn.Module` (each block
 LayerNorm(64), Linear(64, 128), GELU, Linear(128, 64): 48 parameters), a 12-block dict of the MLP's
-first four arrays (48 arrays; its hand loop runs over their lists of leaves), against the hand loop
-(`lerp_` under `no_grad` per parameter) and `torch._foreach_*`. `walk only` is `fk.leaves` of both
+first four arrays (48 arrays, NumPy and torch; its hand loop runs over their lists of leaves), against
+the hand loop (`lerp_` under `no_grad` per parameter) and `torch._foreach_*`. `hand loop with every
+check` is the floor of what `out=` promises, written by hand over the two lists of tensors in the
+fewest C-level passes (`_checked_ema`: the same types, shapes, dtypes and devices, floating and
+dense tensors, no inference tensor to write, contiguous tensors whose byte ranges do not meet, then
+one `torch._foreach_lerp_` with autograd off; no trees, paths, ties or views): each check is a pass
+over every tensor at 40-60 ns per tensor read, about 18 reads per pair of tensors. This run:
+{"; ".join(floors) or "not measured"}. Each fast path's row switched off against the row with it on:
+{"; ".join(switches) or "not measured"}. `walk only` is `fk.leaves` of both
 models: the part of a call that is recording the trees (the walk itself; `out=` also records the
 trainability of an `nn.Module`'s parameters, which `fk.leaves` does not). `fk (lock-step per-leaf
 path)` is the same `fk.add` / `fk.norm` with the lock-step column path off
