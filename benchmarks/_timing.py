@@ -49,3 +49,18 @@ def best_of(
             if settle_s:
                 time.sleep(settle_s)
     return best
+
+
+def switched_off(mod: Any, attr: str, value: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """`fn` with the fast path behind ``mod.attr`` switched off (set to `value`) for the call, then
+    restored (the benchmarks' on/off rows)."""
+
+    def g() -> Any:
+        saved = getattr(mod, attr)
+        setattr(mod, attr, value)
+        try:
+            return fn()
+        finally:
+            setattr(mod, attr, saved)
+
+    return g

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _timing import switched_off
 
 import functorkit as fk
 from functorkit import _inplace, _lockstep
@@ -237,20 +238,6 @@ def per_leaf(f: Callable[[], Any]) -> Callable[[], Any]:
     return g
 
 
-def switched(f: Callable[[], Any], owner: Any, attr: str, value: Any) -> Callable[[], Any]:
-    """`f` with ``owner.attr`` set to `value` (a fast path switched off), restored after."""
-
-    def g() -> Any:
-        keep = getattr(owner, attr)
-        setattr(owner, attr, value)
-        try:
-            return f()
-        finally:
-            setattr(owner, attr, keep)
-
-    return g
-
-
 def no_columns(f: Callable[[], Any]) -> Callable[[], Any]:
     """`f` with the lock-step column path off (``functorkit._lockstep.COLUMNS``): the per-leaf path."""
 
@@ -333,8 +320,8 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
         "fk": rep(lambda: fk.lincomb(COEFS, mlps)),
         "fk (lock-step per-leaf path)": no_columns(rep(lambda: fk.lincomb(COEFS, mlps))),
         "fk, out=": rep(lambda: fk.lincomb(COEFS, mlps, out=npd)),
-        "fk, out= (one adapter call per row)": switched(
-            rep(lambda: fk.lincomb(COEFS, mlps, out=npd)), nad.Adapter, "arith_many_", lambda *a: False
+        "fk, out= (one adapter call per row)": switched_off(
+            nad.Adapter, "arith_many_", lambda *a: False, rep(lambda: fk.lincomb(COEFS, mlps, out=npd))
         ),
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lincomb(COEFS, mlps, out=npd))),
         "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*mlps, strict=True)]),
@@ -385,8 +372,8 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
         "fk": rep(lambda: fk.lincomb(COEFS, tm)),
         "fk (lock-step per-leaf path)": no_columns(rep(lambda: fk.lincomb(COEFS, tm))),
         "fk, out=": rep(lambda: fk.lincomb(COEFS, tm, out=td)),
-        "fk, out= (row kernels, no _foreach)": switched(
-            rep(lambda: fk.lincomb(COEFS, tm, out=td)), tad, "foreach_arith_", None
+        "fk, out= (row kernels, no _foreach)": switched_off(
+            tad, "foreach_arith_", None, rep(lambda: fk.lincomb(COEFS, tm, out=td))
         ),
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lincomb(COEFS, tm, out=td))),
         "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*tm, strict=True)]),
@@ -401,8 +388,8 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
     out["MLP EMA step, torch"] = {
         "fk, out=": rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema)),
         "hand loop with every check, one _foreach_lerp_": rep(lambda: _checked_ema(tema, tm[1], T_EMA)),
-        "fk, out= (torch.no_grad, not _set_grad_enabled)": switched(
-            rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema)), tad, "set_grad_enabled_", None
+        "fk, out= (torch.no_grad, not _set_grad_enabled)": switched_off(
+            tad, "set_grad_enabled_", None, rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema))
         ),
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema))),
         "walk only: fk.leaves of both": rep(lambda: (fk.leaves(tema), fk.leaves(tm[1]))),

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _timing import best_of
+from _timing import best_of, switched_off
 
 import functorkit as fk
 from functorkit import _flat, _plans
@@ -207,20 +207,6 @@ def _contiguous(s: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _off(mod: Any, attr: str, value: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
-    """`fn` with the fast path behind ``mod.attr`` switched off (set to `value`) for the call."""
-
-    def g() -> Any:
-        saved = getattr(mod, attr)
-        setattr(mod, attr, value)
-        try:
-            return fn()
-        finally:
-            setattr(mod, attr, saved)
-
-    return g
-
-
 def switch_calls(model: Any, backend: str) -> dict[str, Callable[[], Any]]:
     """The on/off rows of `destructure`'s fast paths on the MLP, each on and off in the same rounds:
     the plan (``functorkit._plans.PLANS``), and on torch: the plan's one pass
@@ -231,22 +217,24 @@ def switch_calls(model: Any, backend: str) -> dict[str, Callable[[], Any]]:
 
     calls: dict[str, Callable[[], Any]] = {
         "fk: destructure(model)": functools.partial(fk.destructure, model),
-        "fk: destructure(model), plan off": _off(_plans, "PLANS", [False], functools.partial(fk.destructure, model)),
+        "fk: destructure(model), plan off": switched_off(
+            _plans, "PLANS", [False], functools.partial(fk.destructure, model)
+        ),
     }
     if backend == "torch":
         from functorkit.adapters import _torch_flat as tf
 
-        calls["fk: destructure(model), one pass off"] = _off(
+        calls["fk: destructure(model), one pass off"] = switched_off(
             _destructure, "ONE_PASS", [False], functools.partial(fk.destructure, model)
         )
-        calls["fk: destructure(model), torch.cat off"] = _off(
+        calls["fk: destructure(model), torch.cat off"] = switched_off(
             tf, "CAT_MAX_BYTES", 0, functools.partial(fk.destructure, model)
         )
         flat, re = fk.destructure(model)
         buf = flat.clone()
         flatten = functools.partial(re.flatten, model, out=buf)
         calls["fk: re.flatten(model, out=buf)"] = flatten
-        calls["fk: re.flatten(model, out=buf), torch.cat off"] = _off(tf, "CAT_OUT_MAX_BYTES", 0, flatten)
+        calls["fk: re.flatten(model, out=buf), torch.cat off"] = switched_off(tf, "CAT_OUT_MAX_BYTES", 0, flatten)
     return calls
 
 
