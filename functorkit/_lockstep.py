@@ -233,7 +233,10 @@ def _columns(
     leaves, td = record_plain(models[0], track=True)
     if td._ties() is not None or td._shares():
         return None
-    one = inexact_one_type(leaves)  # arrays of one type (they hold no arrays of their own)
+    try:
+        one = inexact_one_type(leaves)  # arrays of one type (they hold no arrays of their own)
+    except TypeError:  # np.matrix: the per-leaf path raises it with its path
+        return None
     if one is None:
         td.refuse_holders(leaves)
         try:
