@@ -190,7 +190,7 @@ _NONE = object()
 
 
 def _many(kind: str, ws: Sequence[_Weak] = ()) -> Callable[[list[Any], list[list[Any]], bool], bool]:
-    """``out=``'s batch for `kind` (``adapter.arith_many_``): on the column path (`checked`), with
+    """``out=``'s batch for `kind` (``adapter.arith_many_``; lerp: `t` in `ws`): on the column path (`checked`), with
     real Python coefficients, every row in one adapter call when `outs` is the first model's arrays
     (in place) or shares none with the models (a term that is `out` itself goes row by row)."""
 
@@ -499,12 +499,18 @@ def lerp(a: T, b: T, t: Any, /, *, trainable_only: bool = True, out: T | None = 
     def op(x: Any, y: Any) -> Any:  # a real Python `t` (weak for every parameter): no path needed
         return adapter_of(x).op_lerp(x, y, t_)
 
+    many = _many("lerp", [w])
+
     def batch(outs: list[Any], cols: list[list[Any]], checked: bool) -> bool:
         """In-place rows (each of `outs` is `a`'s array there) of one array type with a Python `t`:
-        one ``lerp_many_`` (True), else nothing written (False). `checked`: `out_fast` passed."""
+        one ``lerp_many_`` (True), else nothing written (False); on the column path (`checked`:
+        every check made) `out` another model's arrays: ``arith_many_`` (a line of models
+        interpolated into one buffer)."""
         tt = w.c
-        if (type(tt) is not float and type(tt) is not int) or len(outs) < 2 or (checked and outs is not cols[0]):
-            return False  # (the per-leaf path hands in its in-place rows only)
+        if (type(tt) is not float and type(tt) is not int) or len(outs) < 2:
+            return False
+        if checked and outs is not cols[0]:
+            return many(outs, cols, checked)
         if not checked and len(set(map(type, outs))) != 1:  # (`out_fast` passed: one type)
             return False
         return bool(adapter_of(outs[0]).lerp_many_(outs, cols[1], tt, checked))

@@ -521,15 +521,20 @@ def test_an_input_tied_where_out_is_not_is_read_at_both_places(backend: str) -> 
     np.testing.assert_array_equal(_host(w), np.array([1.0, 2.0, 3.0], np.float32))
 
 
-@pytest.mark.parametrize("op", ["add", "sub", "scale", "lincomb", "mean"])
-@pytest.mark.parametrize("where", ["copy", "first"])
+@pytest.mark.parametrize(
+    ("op", "where"),
+    [(op, where) for op in ("add", "sub", "scale", "lincomb", "mean") for where in ("copy", "first")]
+    + [("lerp_low", "copy"), ("lerp_high", "copy")],
+)
 def test_torch_foreach_rows_are_taken_and_their_fallback_gives_the_same_bits(
     op: str, where: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``out=``'s column path writes every row of add, sub, scale, lincomb and mean on plain tensors
-    with ``torch._foreach_*`` calls (the torch adapter's ``foreach_arith_``): taken (a spy counts
-    one call per kernel over all the parameters at once), with `out` a separate model and the first
-    input; without them (None) the row kernels give the same bits, and so does the functional form."""
+    """``out=``'s column path writes every row of add, sub, scale, lincomb, mean and lerp into
+    another model on plain tensors with ``torch._foreach_*`` calls (the torch adapter's
+    ``foreach_arith_``; an in-place lerp is one ``_foreach_lerp_``, tested above): taken (a spy
+    counts one call per kernel over all the parameters at once), with `out` a separate model and
+    the first input; without them (None) the row kernels give the same bits, and so does the
+    functional form."""
     torch = pytest.importorskip("torch")
     from functorkit.adapters import torch as tad
 
@@ -571,7 +576,7 @@ def test_numpy_rows_in_one_adapter_call_are_taken_and_give_the_row_kernels_bits(
     op: str, where: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``out=``'s column path on NumPy hands every row to the adapter at once (``_rows``: the row
-    kernels' ufuncs, one parameter after another; lerp in place only); turned off, the row-by-row
+    kernels' ufuncs, one parameter after another); turned off, the row-by-row
     path gives the same bits, and both equal the functional form."""
     from functorkit.adapters import numpy as nad
 
@@ -591,8 +596,7 @@ def test_numpy_rows_in_one_adapter_call_are_taken_and_give_the_row_kernels_bits(
         out = fk.copy(ms[0]) if where == "copy" else ins[0]
         assert OPS[op](ins, out=out) is out
         outs.append(out)
-    taken = not (op.startswith("lerp") and where == "copy")  # (lerp: in place only)
-    assert calls == ([3] if taken else [])  # one call for the three parameters
+    assert calls == [3]  # one call for the three parameters
     for got in outs:
         for x, y in zip(fk.leaves(got), fk.leaves(want), strict=True):
             if isinstance(y, np.ndarray) and y.dtype.kind == "f":

@@ -174,8 +174,9 @@ class Kernels:
     def arith_many_(self, kind: str, outs: list[Any], cols: list[list[Any]], cs: list[Any]) -> bool:
         """Every row of ``out=``'s column path in one call where the library has one (the same
         values as the row kernels, bit for bit): ``outs[i] <- kind(cols[0][i], cols[1][i], ...)``
-        for `kind` ``"add"``, ``"sub"``, ``"scale"`` (by ``cs[0]``), ``"lincomb"`` (by `cs`) or
-        ``"mean"``; `cs` Python numbers. The caller's column path checked the arrays (`out_fast`
+        for `kind` ``"add"``, ``"sub"``, ``"scale"`` (by ``cs[0]``), ``"lincomb"`` (by `cs`),
+        ``"mean"`` or ``"lerp"`` (by ``t = cs[0]``, into `outs` other than ``cols[0]``); `cs`
+        Python numbers. The caller's column path checked the arrays (`out_fast`
         passed); `outs` is ``cols[0]`` (in place) or shares no array with `cols`. False: nothing
         written, the caller goes row by row."""
         return False

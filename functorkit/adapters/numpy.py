@@ -373,6 +373,8 @@ class Adapter(MethodSlices):
             kern = _k_scale(cs[0])
         elif kind == "lincomb":
             kern = _k_lincomb(cs)
+        elif kind == "lerp":
+            kern = _k_lerp(cs[0])
         else:
             kern = _k_mean(len(cols))
         return self._rows(kern, outs, cols)

@@ -730,14 +730,16 @@ class Adapter(ArrayAdapter):
         return spans_disjoint(los, list(map(operator.add, los, map(_NBYTES, arrays))))
 
     def arith_many_(self, kind: str, outs: list[Any], cols: list[list[Any]], cs: list[Any]) -> bool:
-        """Plain tensors: the rows' kernels as ``torch._foreach_*`` calls (one C++ loop each, or
+        """Plain tensors: the rows' kernels as ``torch._foreach_*`` calls (lerp: ``_foreach_copy_``
+        then `foreach_lerp_`; one C++ loop each, or
         one fused kernel on GPUs), with autograd off (`without_grad`): `outs` filled from
         ``cols[0]`` first (``_foreach_copy_``) unless it is ``cols[0]``, then ``mul_``/``add_``
         (``alpha=``)/``sub_``/``div_`` over the lists, the same elementwise kernels as the rows'
         ``torch.mul(out=)``, ``add_(alpha=)``, ``div_`` (bits equal: tests/test_inplace.py). DTensors
         and a missing API (`foreach_arith_` None): False."""
         fe = foreach_arith_
-        if fe is None or not outs or type(outs[0]) not in _PLAIN:
+        lerp_ = foreach_lerp_
+        if fe is None or not outs or type(outs[0]) not in _PLAIN or (kind == "lerp" and lerp_ is None):
             return False
         xs, rest = cols[0], cols[1:]
 
@@ -745,7 +747,10 @@ class Adapter(ArrayAdapter):
             assert fe is not None
             if outs is not xs and kind != "scale" and kind != "lincomb":
                 fe["copy"](outs, xs)
-            if kind == "add":
+            if kind == "lerp":  # `a` copied into `outs`, then ``lerp_`` there: torch.lerp(a, b, t)'s bits
+                assert lerp_ is not None
+                lerp_(outs, rest[0], cs[0])
+            elif kind == "add":
                 fe["add"](outs, rest[0])
             elif kind == "sub":
                 fe["sub"](outs, rest[0])
