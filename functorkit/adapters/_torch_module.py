@@ -293,7 +293,8 @@ def _make_unflatten(
         new = object.__new__(cls) if bare_new else cls.__new__(cls)
         m = live()
         # the live module's current state; its parameter, buffer and submodule dicts are replaced below
-        nd = dict(rest if m is None or type(m) is not cls else m.__dict__)
+        # (a dict's own copy: dict(d) of an instance dict took 3x as long)
+        nd = (rest if m is None or type(m) is not cls else m.__dict__).copy()
         for k in copied:
             v = nd.get(k)
             if v is not None:
