@@ -367,6 +367,12 @@ SWITCHES: dict[str, tuple[tuple[str, str, Any], ...]] = {
     ),
     # off: fk.leaves of a large container tree records its structure as fk.flatten does
     "leaves walk": (("functorkit._leaves_walk", "LEAVES_WALK", False),),
+    # off: every torch module is taken apart by `_slots` (a frame more per module)
+    "module one-section inline": (("functorkit.adapters._torch_module", "INLINE_SLOTS", False),),
+    # off: fk.leaves makes each torch module's child keys, and drops them
+    "module values only": (("functorkit.adapters._torch_module", "VALUES_ONLY", False),),
+    # off: fk.leaves looks each torch module up in the node table (`other`'s frame)
+    "children-node inline": (("functorkit._leaves_walk", "CHILDREN_INLINE", False),),
 }
 
 
@@ -536,6 +542,8 @@ def time_module(rounds: int) -> tuple[int, int, dict[str, float]]:
 
     m = transformer_module()
     m_v2p = copy.deepcopy(m)  # vector_to_parameters rebinds .data: keep it off the shared module
+    m_u = copy.deepcopy(m)  # matched against m's definition (an EMA's second model)
+    _, td = fk.flatten(m)
     flat, re = fk.destructure(m)
     vec = parameters_to_vector(m.parameters())
     assert torch.equal(flat, vec)
@@ -544,6 +552,16 @@ def time_module(rounds: int) -> tuple[int, int, dict[str, float]]:
         "fk.leaves(m), leaves walk off": lambda: switched_off("leaves walk", fk.leaves)(m),
         "fk.flatten(m)": lambda: fk.flatten(m),
         "fk.flatten(m), recursive walk off": lambda: switched_off("recursive walk", fk.flatten)(m),
+        "fk.leaves(m), module values only off": lambda: switched_off("module values only", fk.leaves)(m),
+        "fk.leaves(m), children-node inline off": lambda: switched_off("children-node inline", fk.leaves)(m),
+        "fk.flatten(m), module one-section inline off": lambda: switched_off("module one-section inline", fk.flatten)(
+            m
+        ),
+        "td.flatten_up_to(u)": lambda: td.flatten_up_to(m_u),
+        "td.flatten_up_to(u), module one-section inline off": lambda: switched_off(
+            "module one-section inline", td.flatten_up_to
+        )(m_u),
+        "list(u.parameters())": lambda: list(m_u.parameters()),
         "m.state_dict()": m.state_dict,
         "list(m.named_parameters())": lambda: list(m.named_parameters()),
         "recursive Python leaves (m._parameters, m._modules)": lambda: _mod_leaves(m, []),
@@ -569,6 +587,21 @@ _MODULE_TARGETS = (  # (what, functorkit call, torch call, target fk/torch or No
     ("leaves", "fk.leaves(m)", "recursive Python leaves (m._parameters, m._modules)", None),
     ("leaves: leaves walk on / off", "fk.leaves(m)", "fk.leaves(m), leaves walk off", None),
     ("flatten: recursive walk on / off", "fk.flatten(m)", "fk.flatten(m), recursive walk off", None),
+    ("leaves: module values only on / off", "fk.leaves(m)", "fk.leaves(m), module values only off", None),
+    ("leaves: children-node inline on / off", "fk.leaves(m)", "fk.leaves(m), children-node inline off", None),
+    (
+        "flatten: module one-section inline on / off",
+        "fk.flatten(m)",
+        "fk.flatten(m), module one-section inline off",
+        None,
+    ),
+    ("match another module (u: a copy of m)", "td.flatten_up_to(u)", "list(u.parameters())", None),
+    (
+        "match: module one-section inline on / off",
+        "td.flatten_up_to(u)",
+        "td.flatten_up_to(u), module one-section inline off",
+        None,
+    ),
     ("fmap(identity)", "fk.fmap(f, m)", "m.state_dict()", None),
     ("rebuild from a vector", "re(flat)", "vector_to_parameters(flat, m.parameters())", 1.5),
     ("flatten to a vector", "fk.destructure(m)", "parameters_to_vector(m.parameters())", 1.5),
@@ -764,7 +797,12 @@ An `nn.Sequential` of 12 blocks of the shape of (c) (`nn.Linear` and `nn.LayerNo
 width 64), against torch's own utilities on the same module, interleaved in one run, best of
 {rounds} rounds, under `torch.no_grad()`. `vector_to_parameters` writes into a copy of the module
 (it rebinds each parameter's `.data`); `re(flat)` builds a new module. The plain-Python row walks
-`_parameters` and `_modules` recursively and records nothing. Targets from issue #21.
+`_parameters` and `_modules` recursively and records nothing. `td.flatten_up_to(u)` matches a copy
+of the module against `m`'s definition (what every arithmetic call does with its second model).
+The on / off rows switch one of the module walk's fast paths off for the call: `_flatten` and
+`_children` taking a module of one section without `_slots` (`_torch_module.INLINE_SLOTS`), `fk.leaves`
+listing a module's children without their keys (`VALUES_ONLY`) and walking a node kind met before
+from its parent's loop (`_leaves_walk.CHILDREN_INLINE`). Targets from issue #21.
 
 {module_table(res_mod)}
 """

@@ -35,6 +35,10 @@ __all__ = ["LEAVES_WALK", "leaves_unrecorded"]
 
 #: tests and benchmarks switch this walk off to compare it with the recording walk
 LEAVES_WALK = True
+#: a node walked by its ``children`` (a torch module) of a type met before in the walk is walked
+#: from its parent's loop (no `other` frame, no table lookup; tests and bench_walk's module
+#: ``fk.leaves(m)`` rows switch it off)
+CHILDREN_INLINE = True
 
 
 class _Elsewhere(Exception):
@@ -74,10 +78,14 @@ def leaves_unrecorded(tree: Any) -> list[Any] | None:
     flat_append = flat.append
     nodes_append = nodes.append
 
+    kids: dict[type, Any] = {}  # node type -> its ``children``, once `other` met it (this walk's snapshot)
+    kids_get = kids.get
+
     def other(v: Any, depth: int) -> None:
         """A child of a type other than the three containers and the known leaf types: a leaf type
         met for the first time (resolved into the snapshot), or a node walked by its ``children``
-        (a torch module: its parameters, buffers and submodules, no aux data made)."""
+        (a torch module: its parameters, buffers and submodules, no aux data made), met for the
+        first time in this walk (`visit` calls its ``children`` itself from then on)."""
         nd = disp.get(type(v)) or resolve(type(v), tables)
         if not isinstance(nd, NodeDef):
             flat_append(v)
@@ -85,7 +93,9 @@ def leaves_unrecorded(tree: Any) -> list[Any] | None:
             raise _Elsewhere  # a node kind whose children only its `flatten` lists
         else:
             others.append(v)
-            visit(v, nd.children(v)[1], depth)
+            if CHILDREN_INLINE:
+                kids[type(v)] = nd.children
+            visit(v, nd.children(v, False)[1], depth)
 
     # one membership test per leaf beats one C-level type pass per node on model-shaped trees
     # (two leaves a node): 0.75x the time, measured on bench_walk's 600-block tree
@@ -103,7 +113,11 @@ def leaves_unrecorded(tree: Any) -> list[Any] | None:
             elif tv is list or tv is tuple:
                 visit(v, v, depth)
             else:
-                other(v, depth)
+                ch = kids_get(tv)
+                if ch is not None:  # a node of a kind met before (a torch module): its children only
+                    visit(v, ch(v, False)[1], depth)
+                else:
+                    other(v, depth)
 
     try:
         try:
@@ -114,7 +128,7 @@ def leaves_unrecorded(tree: Any) -> list[Any] | None:
             else:
                 other(tree, 0)
         finally:
-            visit = other = None  # type: ignore[assignment]  # the closures refer to each other: break the cycle now
+            visit = other = kids_get = None  # type: ignore[assignment]  # the closures refer to each other: break the cycle now
     except (_Elsewhere, RecursionError):
         return None
     except Exception:  # noqa: BLE001  # a node's `children` failed: the recording walk meets it again and names its path

@@ -58,7 +58,8 @@ class NodeDef:
 
     ``children(obj) -> (keys, values)`` (optional) is ``flatten`` without the aux data, for the
     matchers, which compare a tree's keys and children with a recorded definition only (torch
-    modules: no copy of the module's attributes per match).
+    modules: no copy of the module's attributes per match); ``children(obj, False)`` may leave
+    the keys out, ``(None, values)``, for ``fk.leaves``, which lists the children only.
 
     ``mutable`` (default true) says whether one object of this type met at
     several positions is one shared sub-tree even when it holds only scalars
@@ -99,7 +100,7 @@ class NodeDef:
         state_skip: Callable[[Any], Any] | None = None,
         flatten_slots: Callable[[Any], tuple[list[Any], list[Any], Any, bool]] | None = None,
         mutable: bool = True,
-        children: Callable[[Any], tuple[list[Any], list[Any]]] | None = None,
+        children: Callable[..., tuple[list[Any] | None, list[Any]]] | None = None,
         check: Callable[[Any, int, Any, bool], str | None] | None = None,
     ) -> None:
         self.check = check

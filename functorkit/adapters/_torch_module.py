@@ -35,12 +35,10 @@ own parameters.
 
 from __future__ import annotations
 
-import operator
 import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from itertools import repeat
 from typing import Any
 
 import torch
@@ -70,6 +68,7 @@ def _key(name: str) -> Any:
         k = int(name) if name.isascii() and name.isdigit() and str(int(name)) == name else name
         if len(_KEYS) < 100_000:
             _KEYS[name] = k
+            _KNOWN.add(name)
             if type(k) is str:
                 _NAMES.add(name)
     return k
@@ -78,7 +77,11 @@ def _key(name: str) -> Any:
 #: child names known to be their own path key (not canonical decimals): a module whose names are
 #: all here keeps its name list as its key list (bounded with `_KEYS`)
 _NAMES: set[str] = set()
-_is_not = operator.is_not
+#: every name in `_KEYS`: a module whose names are all here maps them to keys in C (`_KEYS` lookups)
+_KNOWN: set[str] = set()
+_key_of = _KEYS.__getitem__
+#: a ``None`` slot is found by its type (one C-level pass; `is not` per child took 1.6x as long)
+_NONE = type(None)
 
 
 def _flatten(m: Any, keep_none: bool = False) -> tuple[list[Any], list[Any], Any, bool]:
@@ -86,18 +89,63 @@ def _flatten(m: Any, keep_none: bool = False) -> tuple[list[Any], list[Any], Any
 
     The layout is ``(parameters, buffers)``, the number of entries of the first two sections,
     when every slot is a child (no ``None`` left out); the names are the keys then (``str(k)``
-    of an int key). Otherwise (`_layout`) one ``(section, name, child index or -1)`` per slot."""
+    of an int key). Otherwise (`_layout`) one ``(section, name, child index or -1)`` per slot.
+
+    A module of one section (a layer's parameters, a container's submodules: most modules) is
+    taken here, without `_slots`' frame (`INLINE_SLOTS`; bench_walk's module rows)."""
     d = m.__dict__
+    p = d["_parameters"]
+    s = d["_modules"]
+    if INLINE_SLOTS and not d["_buffers"] and not (p and s):
+        vals = list(s.values()) if s else list(p.values())
+        if keep_none or _NONE not in map(type, vals):
+            names = list(s) if s else list(p)
+            if not _NAMES.issuperset(names):
+                names = list(map(_key_of if _KNOWN.issuperset(names) else _key, names))
+            rest = d.copy()  # one C-level copy, then the three sections out (a comprehension costs 4x more)
+            del rest["_parameters"], rest["_buffers"], rest["_modules"]
+            return names, vals, (type(m), rest, (len(p), 0), _Live(m)), True
     keys, vals, layout = _slots(d, keep_none)
-    rest = d.copy()  # one C-level copy, then the three sections out (a comprehension costs 4x more)
+    rest = d.copy()
     del rest["_parameters"], rest["_buffers"], rest["_modules"]
     return keys, vals, (type(m), rest, layout, _Live(m)), True
 
 
-def _children(m: Any) -> tuple[list[Any], list[Any]]:
-    """`_flatten`'s keys and children without its aux data (the matchers compare only those)."""
-    keys, vals, _ = _slots(m.__dict__, False)
-    return keys, vals
+def _children(m: Any, keys: bool = True) -> tuple[list[Any] | None, list[Any]]:
+    """`_flatten`'s keys and children without its aux data (the matchers read only those); a module
+    of one section without `_slots`' frame, as `_flatten`. ``keys=False``: ``(None, children)``,
+    no keys made (``fk.leaves``, which lists the children only: `VALUES_ONLY`)."""
+    d = m.__dict__
+    p = d["_parameters"]
+    b = d["_buffers"]
+    s = d["_modules"]
+    if not keys and VALUES_ONLY:
+        if b:
+            vals = [*p.values(), *b.values(), *s.values()]
+        elif s:
+            vals = [*p.values(), *s.values()] if p else list(s.values())
+        else:
+            vals = list(p.values())
+        if _NONE not in map(type, vals):
+            return None, vals
+        return None, [v for v in vals if v is not None]  # (the order `_layout` lists them in)
+    if INLINE_SLOTS and not b and not (p and s):
+        vals = list(s.values()) if s else list(p.values())
+        if _NONE not in map(type, vals):
+            names = list(s) if s else list(p)
+            if _NAMES.issuperset(names):
+                return names, vals
+            return list(map(_key_of if _KNOWN.issuperset(names) else _key, names)), vals
+    ks, vals, _ = _slots(d, False)
+    return ks, vals
+
+
+#: `_flatten` and `_children` take a module of one section themselves (tests and bench_walk's module
+#: rows switch it off: `_slots` then takes every module)
+INLINE_SLOTS = True
+#: ``_children(m, keys=False)`` lists the children without making their keys (tests and bench_walk's
+#: module ``fk.leaves(m)`` row switch it off: the keys are made and dropped then)
+VALUES_ONLY = True
 
 
 def _slots(d: dict[str, Any], keep_none: bool) -> tuple[list[Any], list[Any], Any]:
@@ -116,9 +164,11 @@ def _slots(d: dict[str, Any], keep_none: bool) -> tuple[list[Any], list[Any], An
     else:
         vals = list(p.values())
         names = list(p)
-    if not keep_none and not all(map(_is_not, vals, repeat(None))):
+    if not keep_none and _NONE in map(type, vals):
         return _layout(d)
-    return (names if _NAMES.issuperset(names) else list(map(_key, names))), vals, (len(p), len(b))
+    if _NAMES.issuperset(names):
+        return names, vals, (len(p), len(b))
+    return list(map(_key_of if _KNOWN.issuperset(names) else _key, names)), vals, (len(p), len(b))
 
 
 def _layout(d: dict[str, Any]) -> tuple[list[Any], list[Any], list[tuple[int, str, int]]]:
@@ -243,7 +293,8 @@ def _make_unflatten(
         new = object.__new__(cls) if bare_new else cls.__new__(cls)
         m = live()
         # the live module's current state; its parameter, buffer and submodule dicts are replaced below
-        nd = dict(rest if m is None or type(m) is not cls else m.__dict__)
+        # (a dict's own copy: dict(d) of an instance dict took 3x as long)
+        nd = (rest if m is None or type(m) is not cls else m.__dict__).copy()
         for k in copied:
             v = nd.get(k)
             if v is not None:
@@ -343,9 +394,16 @@ def _trainable(m: Any) -> frozenset[Any] | None:
     trainable pass altogether: bench_walk's module ``fk.destructure(m)`` row)."""
     d = m.__dict__
     if not d["_buffers"]:  # the common layer: plain trainable Parameters only (torch.compile traces this)
-        ps = d["_parameters"].values()
-        if _PARAMETER.issuperset(map(type, ps)) and all(p.requires_grad for p in ps):
+        params = d["_parameters"]
+        if not params:  # a container or an activation: submodules only, every one trainable
             return None
+        ps = params.values()
+        if _PARAMETER.issuperset(map(type, ps)):
+            for p in ps:  # (a loop: half the time of all() over a generator, for a layer's few)
+                if not p.requires_grad:
+                    break
+            else:
+                return None
     out = []
     every = True
     Parameter = torch.nn.Parameter
