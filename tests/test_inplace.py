@@ -602,3 +602,36 @@ def test_numpy_rows_in_one_adapter_call_are_taken_and_give_the_row_kernels_bits(
             if isinstance(y, np.ndarray) and y.dtype.kind == "f":
                 assert _bits_equal(x, y), op
         np.testing.assert_array_equal(got["steps"], ms[0]["steps"])  # a constant: not written
+
+
+def test_torch_foreach_rows_into_large_tensors_leave_them_to_the_row_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Into another model's tensors the ``_foreach`` rows start with a copy, one more pass over memory
+    than the row kernels: tensors averaging more than ``FOREACH_COPY_BYTES`` go row by row (the
+    same bits), in place they stay one call."""
+    torch = pytest.importorskip("torch")
+    from functorkit.adapters import torch as tad
+
+    ms = [_model("torch", s, n=64) for s in range(3)]  # "a": 64x3 float32, 768 bytes
+    want = fk.lincomb([0.5, -0.3, 0.9], ms)
+    real = tad.foreach_arith_
+    assert real is not None
+    calls: list[str] = []
+
+    def spying(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return f(*args, **kwargs)
+
+        return spy
+
+    monkeypatch.setattr(tad, "foreach_arith_", {n: spying(n, f) for n, f in real.items()})
+    monkeypatch.setattr(tad, "FOREACH_COPY_BYTES", 64)
+    out = fk.copy(ms[0])
+    fk.lincomb([0.5, -0.3, 0.9], ms, out=out)
+    assert calls == []  # row by row
+    for x, y in zip(fk.leaves(out), fk.leaves(want), strict=True):
+        if isinstance(y, torch.Tensor) and y.is_floating_point():
+            assert _bits_equal(x, y)
+    ins = [fk.copy(m) for m in ms]
+    fk.lincomb([0.5, -0.3, 0.9], ins, out=ins[0])  # in place: no copy, one call per kernel
+    assert calls == ["mul", "add", "add"]

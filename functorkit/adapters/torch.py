@@ -120,6 +120,11 @@ def _detect_foreach() -> dict[str, Callable[..., Any]] | None:
     return None if not all(map(callable, found.values())) else cast(dict[str, Callable[..., Any]], found)
 
 
+#: `Adapter.arith_many_` into another model's tensors starts with a ``_foreach_copy_`` (one more
+#: pass over `out` than the rows' ``torch.mul(x, c, out=o)``): taken while the tensors average at most
+#: this many bytes (cache-sized, where a Python call per tensor costs more than the copy)
+FOREACH_COPY_BYTES = 32 << 10
+
 #: ``torch._foreach_copy_/mul_/add_/sub_/div_`` (private API; fallback None: one kernel per tensor):
 #: ``out=``'s column path writes every row of add, sub, scale, lincomb and mean with a few of these
 #: (`Adapter.arith_many_`; bench_arith's small-model ``lincomb, out=`` rows)
@@ -735,13 +740,17 @@ class Adapter(ArrayAdapter):
         one fused kernel on GPUs), with autograd off (`without_grad`): `outs` filled from
         ``cols[0]`` first (``_foreach_copy_``) unless it is ``cols[0]``, then ``mul_``/``add_``
         (``alpha=``)/``sub_``/``div_`` over the lists, the same elementwise kernels as the rows'
-        ``torch.mul(out=)``, ``add_(alpha=)``, ``div_`` (bits equal: tests/test_inplace.py). DTensors
-        and a missing API (`foreach_arith_` None): False."""
+        ``torch.mul(out=)``, ``add_(alpha=)``, ``div_`` (bits equal: tests/test_inplace.py). DTensors,
+        a missing API (`foreach_arith_` None) and, into another model's tensors, tensors averaging
+        more than `FOREACH_COPY_BYTES` (the copy is then a pass over memory the rows do not make):
+        False."""
         fe = foreach_arith_
         lerp_ = foreach_lerp_
         if fe is None or not outs or type(outs[0]) not in _PLAIN or (kind == "lerp" and lerp_ is None):
             return False
         xs, rest = cols[0], cols[1:]
+        if outs is not xs and sum(map(_NBYTES, outs)) > FOREACH_COPY_BYTES * len(outs):
+            return False  # large tensors: the copy would be one more pass over memory than the rows' kernels
 
         def run() -> None:
             assert fe is not None
