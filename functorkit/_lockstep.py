@@ -293,12 +293,14 @@ def _columns(
             o = td._match(m, j, tuple(names))
         if type(o) is int:
             return None
-        td.refuse_holders(cast(list[Any], o), positions=True)
         col = cast(list[Any], o) if xs is leaves else list(map(cast(list[Any], o).__getitem__, idx))
         if types is None:
-            if not all(map(operator.is_, map(type, col), repeat(t0))):
-                return None
-        elif list(map(type, col)) != types:
+            same = all(map(operator.is_, map(type, col), repeat(t0)))
+        else:
+            same = list(map(type, col)) == types
+        if not same or xs is not leaves:  # (every position an array of the first model's types: no holder)
+            td.refuse_holders(cast(list[Any], o), positions=True)
+        if not same:
             return None
         vc = col if stand is None else ads[0].stand_ins(col)
         if vc is None:
