@@ -427,12 +427,23 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
         with torch.no_grad():
             torch._foreach_lerp_(pe, pm, T_EMA)
 
+    def hand_walking() -> None:
+        with torch.no_grad():
+            for e, m in zip(ema_net.parameters(), net.parameters(), strict=True):
+                e.lerp_(m, T_EMA)
+
+    def foreach_walking() -> None:  # what timm's ModelEmaV3 and torch's swa_utils do each step
+        with torch.no_grad():
+            torch._foreach_lerp_(list(ema_net.parameters()), list(net.parameters()), T_EMA)
+
     out["12-block nn.Module EMA step"] = {
         "fk, out=": rep(lambda: fk.lerp(ema_net, net, T_EMA, out=ema_net)),
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lerp(ema_net, net, T_EMA, out=ema_net))),
         "walk only: fk.leaves of both": rep(lambda: (fk.leaves(ema_net), fk.leaves(net))),
         "hand loop": rep(hand),
+        "hand loop over ema.parameters(), model.parameters()": rep(hand_walking),
         "torch._foreach": rep(foreach_ema),
+        "torch._foreach over list(parameters()) (timm, swa_utils)": rep(foreach_walking),
     }
     return out
 
@@ -625,7 +636,9 @@ Small models, per call ({SMALL_CALLS} calls per timing, best of {small_rounds} i
 (64x32, 64x64, 10x64 and biases, float32) and an EMA step of a 12-block `nn.Module` (each block
 LayerNorm(64), Linear(64, 128), GELU, Linear(128, 64): 48 parameters), a 12-block dict of the MLP's
 first four arrays (48 arrays, NumPy and torch; its hand loop runs over their lists of leaves), against
-the hand loop (`lerp_` under `no_grad` per parameter) and `torch._foreach_*`. `hand loop with every
+the hand loop (`lerp_` under `no_grad` per parameter, over lists of the tensors made once) and
+`torch._foreach_*`; for the module also the same two over `parameters()` walked at each call, as
+timm's `ModelEmaV3` and torch's `swa_utils` do (no check at all). `hand loop with every
 check` is the floor of what `out=` promises, written by hand over the two lists of tensors in the
 fewest C-level passes (`_checked_ema`: the same types, shapes, dtypes and devices, floating and
 dense tensors, no inference tensor to write, contiguous tensors whose byte ranges do not meet, then
