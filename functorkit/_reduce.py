@@ -95,19 +95,26 @@ def dot(a: T, b: T, /, *, trainable_only: bool = True) -> Any:
     >>> float(fk.dot(a, a))
     14.0
     """
-    ys: list[Any] = []
-
-    def leaf(xp: Any, x: Any, others: list[Any]) -> Any:
-        ys.append(others[0])
-        return x
-
-    xp, xs = _reduce_params("dot", ("a", "b"), (a, b), leaf, trainable_only)
+    # (`_pair` as the op: the column path of `_reduce_params`, C-level passes over the leaves)
+    xp, pairs = _reduce_params("dot", ("a", "b"), (a, b), None, trainable_only, _pair)
+    if tracing():  # (torch.compile cannot trace an itemgetter, and traces the comprehensions)
+        xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+    else:
+        xs, ys = list(map(_FIRST, pairs)), list(map(_SECOND, pairs))
     ad = adapter_of(xs[0])
     r = sharded_total("dot", ("a", "b"), (a, b), trainable_only, ad, xs, ys, 2.0)
     if r is None:
         parts = list(map(ad.vdot, xs, ys))
         r = parts[0] if len(parts) == 1 else xp.sum(xp.stack(parts))
     return _as_array(_narrow_back(xp, ad, r, _promoted(xp, xs)))
+
+
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
+
+
+def _pair(x: Any, y: Any) -> tuple[Any, Any]:
+    return x, y
 
 
 def sharded_total(
@@ -304,7 +311,9 @@ def _norm_acc(a: Any, o: float, fname: str, trainable_only: bool) -> tuple[Any, 
     xp, xs = _reduce_params(fname, ("a",), (a,), _first, trainable_only, _same)
     ad = adapter_of(xs[0])
     whole = _promoted(xp, xs)  # of every parameter, not the first one's (its order is no rule)
-    dt = _real_dtype(xp, whole) if any(map(is_complex, xs)) else whole  # (complex iff one of them is)
+    # (complex iff one of them is), asked of one parameter per dtype (a C-level pass) outside tracing
+    reps = xs if tracing() else dict(zip(map(_DTYPE_OF, xs), xs)).values()
+    dt = _real_dtype(xp, whole) if any(map(is_complex, reps)) else whole
     # sharded: the global sum (or max, min, count) on every rank, its root taken by the adapter on
     # the plain global value (`then`: no sharded-array operators for a 0-d result)
     then = (lambda t: _root(xp, ad, t, o)) if power or o == 2 else None

@@ -284,11 +284,15 @@ def _reduced_local(x: Any) -> Any:
 
 
 def _local_part(ad: Any, kind: str, x: Any, y: Any, o: float) -> Any:
-    lx = _reduced_local(x)
+    return local_part(ad, kind, o, _reduced_local(x), None if y is None else _reduced_local(y))
+
+
+def local_part(ad: Any, kind: str, o: float, lx: Any, ly: Any) -> Any:
+    """This rank's part of a reduction over one tensor, from its local shard `lx` (and `ly`)."""
     if kind == "all_finite":
         return torch.isfinite(lx).all().to(torch.int32)  # combined by min (an all-reduce of ints)
     if kind == "dot":
-        return ad.vdot(lx, _reduced_local(y))
+        return ad.vdot(lx, ly)
     if o == 2:
         return ad.sum_squares(lx)
     acc = ad.accumulate_dtype(lx.dtype)
@@ -317,11 +321,35 @@ def reduce(
     dt = dtensor_type()
     if dt is None or not has_dtensor(xs):
         return None
-    mesh = next(x for x in xs if isinstance(x, dt)).device_mesh
+    from . import _dtensor_reduce as at_once
+
     if kind == "all_finite":
         op = "min"
     else:
         op = "max" if o == math.inf and kind == "norm" else "min" if o == -math.inf and kind == "norm" else "sum"
+    fast = at_once.uniform(dt, xs, ys)  # every one a DTensor of one mesh, no Partial: judged in C-level passes
+    if fast is not None:
+        mesh, counted = fast
+        total = at_once.local_total(ad, kind, o, op, dt, xs, ys, counted)
+    else:
+        mesh, total = _total_per_tensor(ad, kind, xs, ys, o, op)
+    value = _plain_all_reduce(total, mesh, op)
+    if value is None:  # a mesh of part of the world: DTensor's own
+        out = all_reduce(total, mesh, op)
+        if kind != "all_finite" and then is None:
+            return out
+        value = out.to_local()  # the global value on every rank (differentiable)
+    value = (value == 1) if kind == "all_finite" else then(value) if then is not None else value
+    return at_once.replicated(dt, value, mesh)
+
+
+def _total_per_tensor(
+    ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float, op: str
+) -> tuple[Any, Any]:
+    """`reduce`'s ``(mesh, this rank's part)`` tensor by tensor: each checked (`_check`, which names
+    the one it refuses) and reduced on its own; what `_dtensor_reduce.uniform` declines comes here."""
+    dt = dtensor_type()
+    mesh = next(x for x in xs if isinstance(x, dt)).device_mesh
     parts = []
     seen: dict[tuple[Any, ...], bool] = {}  # (types, meshes, placements) met -> whether this rank counts
     for k, x in enumerate(xs):
@@ -336,20 +364,9 @@ def reduce(
         p = _local_part(ad, kind, x, y, o)
         parts.append(p if op != "sum" or counted else _uncounted(p))
     if len(parts) == 1:
-        total = parts[0]
-    else:
-        stacked = torch.stack(parts)
-        total = stacked.amax() if op == "max" else stacked.amin() if op == "min" else stacked.sum()
-    value = _plain_all_reduce(total, mesh, op)
-    if value is None:  # autograd records `total`, or a mesh of part of the world: DTensor's own
-        out = all_reduce(total, mesh, op)
-        if kind != "all_finite" and then is None:
-            return out
-        value = out.to_local()  # the global value on every rank (differentiable)
-    value = (value == 1) if kind == "all_finite" else then(value) if then is not None else value
-    from torch.distributed.tensor import Replicate
-
-    return dt.from_local(value, mesh, [Replicate()] * mesh.ndim, run_check=False)
+        return mesh, parts[0]
+    stacked = torch.stack(parts)
+    return mesh, stacked.amax() if op == "max" else stacked.amin() if op == "min" else stacked.sum()
 
 
 _OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
