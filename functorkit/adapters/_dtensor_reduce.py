@@ -30,12 +30,15 @@ import torch
 
 from ._dtensor import _locals, _uncounted, local_part
 
-__all__ = ["FAST", "FOREACH_NORM", "local_total", "replicated", "uniform"]
+__all__ = ["FAST", "FOREACH_NORM", "FOREACH_ORDS_ON_CPU", "local_total", "replicated", "uniform"]
 
 #: switches for tests: ``FAST[0] = False`` sends every reduction through the per-tensor path
 FAST = [True]
 #: ``torch._foreach_norm`` (private: feature-detected); None: one reduction per local shard instead
 FOREACH_NORM: list[Any] = [getattr(torch, "_foreach_norm", None)]
+#: ``_foreach_norm`` for the orders 1, inf, -inf and 0 on CPU tensors too (for tests: on a CPU its
+#: loop over ``linalg.vector_norm`` is slower there than the per-tensor kernels, so it is off)
+FOREACH_ORDS_ON_CPU = [False]
 
 _DTYPE = operator.attrgetter("dtype")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
@@ -126,7 +129,7 @@ def local_total(
             dots = list(map(torch.vdot, map(torch.flatten, lx), map(torch.flatten, ly)))
             return _combine(torch.stack(dots), op, counted)
         return _per_tensor(ad, kind, o, op, lx, ly, counted)
-    if o != 2.0 and (o not in _FOREACH_ORDS or lx[0].device.type == "cpu"):
+    if o != 2.0 and (o not in _FOREACH_ORDS or (lx[0].device.type == "cpu" and not FOREACH_ORDS_ON_CPU[0])):
         # (on a CPU, _foreach_norm loops over linalg.vector_norm, whose orders 1, inf and 0 are several
         # times slower than abs() with sum() or amax(): the per-tensor kernels; other p: always)
         return _per_tensor(ad, kind, o, op, lx, None, counted)
