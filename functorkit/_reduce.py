@@ -316,7 +316,7 @@ def _norm_acc(a: Any, o: float, fname: str, trainable_only: bool) -> tuple[Any, 
     dt = _real_dtype(xp, whole) if any(map(is_complex, reps)) else whole
     # sharded: the global sum (or max, min, count) on every rank, its root taken by the adapter on
     # the plain global value (`then`: no sharded-array operators for a 0-d result)
-    then = (lambda t: _root(xp, ad, t, o)) if power or o == 2 else None
+    then = _Root(xp, ad, o) if power or o == 2 else None
     total = sharded_total(fname, ("a",), (a,), trainable_only, ad, xs, None, o, then)
     if total is not None:
         return _as_array(total), (whole if o == 2 else dt)
@@ -356,6 +356,23 @@ def _leaf_norm(xp: Any, x: Any, o: float, power: bool) -> Any:
         part = xp.where(zero, xp.ones_like(a), a) ** o
         return xp.sum(xp.where(zero, xp.full_like(a, 0.0 if o > 0 else math.inf), part))
     return _vector_norm(xp, x, ord=o)
+
+
+class _Root:
+    """The root of a sharded norm's global total, applied by the adapter (`sharded_total`'s `then`):
+    called, `_root` (guarded: a finite gradient at 0); `plain`, for a total that carries no derivative
+    (a gradient's norm, ``no_grad``: one kernel, no guard needed where no gradient flows)."""
+
+    __slots__ = ("ad", "o", "xp")
+
+    def __init__(self, xp: Any, ad: Any, o: float) -> None:
+        self.xp, self.ad, self.o = xp, ad, o
+
+    def __call__(self, total: Any) -> Any:
+        return _root(self.xp, self.ad, total, self.o)
+
+    def plain(self, total: Any) -> Any:
+        return self.xp.sqrt(total) if self.o == 2 else total ** (1.0 / self.o)
 
 
 def _root(xp: Any, ad: Any, total: Any, o: float) -> Any:

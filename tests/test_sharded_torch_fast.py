@@ -59,7 +59,7 @@ def test_the_norms_operations_do_not_grow_with_the_number_of_tensors(ranks: list
         assert few["norm"] == many["norm"]
         assert many["norm"].count("_foreach_norm") == 1
         assert many["norm"].count("allreduce_") == 1
-        assert len(many["norm"]) <= 10
+        assert len(many["norm"]) <= 6  # (the root of a total no gradient flows through: one sqrt)
         assert few["norm_dtensor_ops"] == many["norm_dtensor_ops"] == 0
         assert many["dot_vdots"] == 24
         assert (many["dot"] - few["dot"]) == 3 * (24 - 6)  # per pair: two flattening views and the vdot

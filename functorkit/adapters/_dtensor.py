@@ -339,7 +339,10 @@ def reduce(
         if kind != "all_finite" and then is None:
             return out
         value = out.to_local()  # the global value on every rank (differentiable)
-    value = (value == 1) if kind == "all_finite" else then(value) if then is not None else value
+    if kind == "all_finite":
+        value = value == 1
+    elif then is not None:  # (`then.plain`, where it has one, for a value no derivative flows through)
+        value = (then if value.requires_grad else getattr(then, "plain", then))(value)
     return at_once.replicated(dt, value, mesh)
 
 
