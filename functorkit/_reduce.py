@@ -368,6 +368,14 @@ class _Root:
     def __init__(self, xp: Any, ad: Any, o: float) -> None:
         self.xp, self.ad, self.o = xp, ad, o
 
+    # equal for one namespace, adapter and order (`then` of the protocol: an adapter may compile it
+    # with the reduction, as a static argument: JAX's jitted program then compiles once)
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Root and (self.xp, self.ad, self.o) == (other.xp, other.ad, other.o)
+
+    def __hash__(self) -> int:
+        return hash((id(self.xp), id(self.ad), self.o))
+
     def __call__(self, total: Any) -> Any:
         return _root(self.xp, self.ad, total, self.o)
 
