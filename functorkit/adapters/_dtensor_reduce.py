@@ -21,16 +21,23 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import repeat
 from typing import Any, cast
 
 import torch
 
-from ._dtensor import _locals, _uncounted, local_part
-
-__all__ = ["FAST", "FOREACH_NORM", "FOREACH_ORDS_ON_CPU", "local_total", "replicated", "uniform"]
+__all__ = [
+    "FAST",
+    "FOREACH_NORM",
+    "FOREACH_ORDS_ON_CPU",
+    "local_part",
+    "local_total",
+    "replicated",
+    "uncounted",
+    "uniform",
+]
 
 #: switches for tests: ``FAST[0] = False`` sends every reduction through the per-tensor path
 FAST = [True]
@@ -48,6 +55,35 @@ _NORM_DTYPES = frozenset(
 )
 _FOREACH_ORDS = frozenset({2.0, 1.0, 0.0, math.inf, -math.inf})
 _VDOT_DTYPES = frozenset({torch.float32, torch.float64, torch.complex64, torch.complex128})
+
+
+def uncounted(p: Any) -> Any:
+    """A replica's part of a sum that another rank counts: 0, but with `p`'s gradient where autograd
+    records `p` (``p - p.detach()``). So every rank's result has a gradient (no rank leaves the
+    backward's collectives) and every replica of a replicated parameter gets the whole gradient, as
+    its ``Replicate`` placement says (a plain 0 would give the replicas none)."""
+    return p - p.detach() if p.requires_grad else torch.zeros_like(p)
+
+
+def local_part(ad: Any, kind: str, o: float, lx: Any, ly: Any) -> Any:
+    """This rank's part of a reduction over one tensor, from its local shard `lx` (and `ly`)."""
+    if kind == "all_finite":
+        return torch.isfinite(lx).all().to(torch.int32)  # combined by min (an all-reduce of ints)
+    if kind == "dot":
+        return ad.vdot(lx, ly)
+    if o == 2:
+        return ad.sum_squares(lx)
+    acc = ad.accumulate_dtype(lx.dtype)
+    a = lx.abs() if acc is None else lx.abs().to(acc)
+    if o == math.inf:
+        return a.amax() if a.numel() else a.new_zeros(())  # |x| >= 0: 0 is the identity of max
+    if o == -math.inf:
+        return a.amin() if a.numel() else a.new_full((), math.inf)
+    if o == 0:
+        return (a != 0).sum().to(a.dtype)
+    if o == 1:
+        return a.sum()
+    return (a**o).sum()
 
 
 def uniform(dt: Any, xs: Sequence[Any], ys: Sequence[Any] | None) -> tuple[Any, Any] | None:
@@ -113,15 +149,24 @@ def _fits(spec: Any, mesh: Any) -> bool:
 
 
 def local_total(
-    ad: Any, kind: str, o: float, op: str, dt: Any, xs: Sequence[Any], ys: Sequence[Any] | None, counted: Any
+    ad: Any,
+    kind: str,
+    o: float,
+    op: str,
+    dt: Any,
+    xs: Sequence[Any],
+    ys: Sequence[Any] | None,
+    counted: Any,
+    locals_of: Callable[[list[Any]], list[Any]],
 ) -> Any:
     """This rank's 0-d part of the reduction `kind` ("norm" of order `o`, "dot", "all_finite") over the
     DTensors `xs` (`ys`) that `uniform` accepted, combined over the tensors by `op` ("sum", "max",
     "min"), each tensor counted as `counted` says: computed on the plain local shards (``to_local()``,
-    differentiable, where autograd records them), in a few kernels."""
+    differentiable, where autograd records them; `locals_of`: ``_dtensor._locals``, else their
+    ``_local_tensor``), in a few kernels."""
     grad = torch.is_grad_enabled()
-    lx = _shards(dt, xs, grad)
-    ly = None if ys is None else _shards(dt, ys, grad)
+    lx = _shards(dt, xs, grad, locals_of)
+    ly = None if ys is None else _shards(dt, ys, grad, locals_of)
     if kind == "all_finite":
         return torch.stack(list(map(torch.Tensor.all, map(torch.isfinite, lx)))).all().to(torch.int32)
     if kind == "dot":
@@ -151,12 +196,12 @@ def local_total(
     return _combine(norms * norms, op, counted)
 
 
-def _shards(dt: Any, xs: Sequence[Any], grad: bool) -> list[Any]:
+def _shards(dt: Any, xs: Sequence[Any], grad: bool, locals_of: Callable[[list[Any]], list[Any]]) -> list[Any]:
     """The local shards of the DTensors `xs`: ``to_local()`` (differentiable) where autograd records
     one of them, else their ``_local_tensor`` in one C-level pass (`_dtensor._locals`)."""
     if grad and any(map(_REQUIRES_GRAD, xs)):
         return list(map(dt.to_local, xs))
-    return _locals(cast(list[Any], xs))
+    return locals_of(cast(list[Any], xs))
 
 
 def _norms(ad: Any, lx: list[Any], o: float) -> Any:
@@ -177,14 +222,14 @@ def _norms(ad: Any, lx: list[Any], o: float) -> Any:
 
 
 def _per_tensor(ad: Any, kind: str, o: float, op: str, lx: list[Any], ly: list[Any] | None, counted: Any) -> Any:
-    """`local_total` without a foreach kernel: `_dtensor.local_part` of each local shard."""
+    """`local_total` without a foreach kernel: `local_part` of each local shard."""
     parts = list(map(partial(local_part, ad, kind, o), lx, repeat(None) if ly is None else ly))
     return _combine(torch.stack(parts), op, counted)
 
 
 def _combine(parts: Any, op: str, counted: Any) -> Any:
     """The 1-D `parts` (one per tensor) reduced by `op`; for a sum, the parts that this rank does not
-    count (`counted` False, or False in its list) enter as `_dtensor._uncounted` (0, with the gradient)."""
+    count (`counted` False, or False in its list) enter as `uncounted` (0, with the gradient)."""
     if op == "max":
         return parts.amax()
     if op == "min":
@@ -192,9 +237,9 @@ def _combine(parts: Any, op: str, counted: Any) -> Any:
     if counted is True:
         return parts.sum()
     if counted is False:
-        return _uncounted(parts.sum())
+        return uncounted(parts.sum())
     mask = torch.tensor(counted, device=parts.device)
-    return parts[mask].sum() + _uncounted(parts[~mask].sum())
+    return parts[mask].sum() + uncounted(parts[~mask].sum())
 
 
 #: (id(mesh), dtype) -> (mesh, spec of a 0-d Replicate DTensor of that dtype: the entry keeps the mesh
