@@ -3,10 +3,12 @@ one all-reduce (issue #26's speed row; part of the torch adapter, used by `_dten
 
 The common case -- every parameter a ``DTensor`` of one mesh with ``Shard``/``Replicate``
 placements (an FSDP2 model, a tensor-parallel one) -- is judged in C-level passes over the lists
-(`uniform`: types, meshes by identity, the distinct placements tuples; no Python step per tensor),
-and this rank's part of the reduction is computed on the plain local shards in a few kernels
-(`local_total`: one ``torch._foreach_norm`` over them for ``ord`` 2, 1, inf, -inf and 0, stacked and
-reduced; one ``vdot`` per pair for ``fk.dot``, which has no foreach kernel), never through
+(`uniform`: types, then meshes and placements once per distinct ``DTensorSpec``; no Python step per
+tensor), and this rank's part of the reduction is computed on the plain local shards in a few
+kernels (`local_total`: one ``torch._foreach_norm`` over them, stacked and reduced, for ``ord=2``,
+and off the CPU for 1, inf, -inf and 0 too; on a CPU those orders get ``abs()`` with ``sum()`` or
+``amax()`` per shard, faster there; one ``vdot`` per pair for ``fk.dot``, which has no foreach
+kernel), never through
 DTensor's operators (tens of µs each: bench_sharded's norm rows). The result is made a 0-d
 ``Replicate`` DTensor directly from a spec made once per mesh and dtype (`replicated`;
 ``DTensor.from_local`` costs ~15 µs). Anything else (another DTensor subclass, two meshes, a
