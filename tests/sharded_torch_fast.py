@@ -132,8 +132,10 @@ def run(check: Callable[[str, Callable[[], dict[str, Any]]], None], count: Any, 
             d = {f"p{i}": distribute_tensor(torch.randn(6, 4, generator=g), mesh, [Shard(0)]) for i in range(n)}
             fk.norm(d)  # (the first call makes the cached spec of the result)
             norm, dot = ops_of(lambda d=d: fk.norm(d)), ops_of(lambda d=d: fk.dot(d, d))
+            inf = ops_of(lambda d=d: fk.norm(d, ord=math.inf))
             out[str(n)] = {
                 "norm": norm.ops,
+                "inf": inf.ops,
                 "norm_dtensor_ops": norm.dtensor,
                 "dot": len(dot.ops),
                 "dot_vdots": dot.ops.count("vdot"),

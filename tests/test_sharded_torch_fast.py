@@ -61,6 +61,10 @@ def test_the_norms_operations_do_not_grow_with_the_number_of_tensors(ranks: list
         assert many["norm"].count("allreduce_") == 1
         assert len(many["norm"]) <= 6  # (the root of a total no gradient flows through: one sqrt)
         assert few["norm_dtensor_ops"] == many["norm_dtensor_ops"] == 0
+        # ord=inf on a CPU: one aminmax per local shard (no abs() temporary), then a constant few
+        assert many["inf"].count("aminmax") == 24
+        assert "abs" not in many["inf"]
+        assert len(many["inf"]) - 24 == len(few["inf"]) - 6 <= 8
         assert many["dot_vdots"] == 24
         assert (many["dot"] - few["dot"]) == 3 * (24 - 6)  # per pair: two flattening views and the vdot
         assert few["dot_dtensor_ops"] == many["dot_dtensor_ops"] == 0

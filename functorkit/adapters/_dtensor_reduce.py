@@ -7,7 +7,8 @@ placements (an FSDP2 model, a tensor-parallel one) -- is judged in C-level passe
 tensor), and this rank's part of the reduction is computed on the plain local shards in a few
 kernels (`local_total`: one ``torch._foreach_norm`` over them, stacked and reduced, for ``ord=2``,
 and off the CPU for 1, inf, -inf and 0 too; on a CPU those orders get ``abs()`` with ``sum()`` or
-``amax()`` per shard, faster there; one ``vdot`` per pair for ``fk.dot``, which has no foreach
+``amax()`` per shard, faster there, and ``ord=inf`` without a gradient one ``aminmax`` per shard;
+one ``vdot`` per pair for ``fk.dot``, which has no foreach
 kernel), never through
 DTensor's operators (tens of µs each: bench_sharded's norm rows). The result is made a 0-d
 ``Replicate`` DTensor directly from a spec made once per mesh and dtype (`replicated`;
@@ -57,6 +58,7 @@ _NORM_DTYPES = frozenset(
 )
 _FOREACH_ORDS = frozenset({2.0, 1.0, 0.0, math.inf, -math.inf})
 _VDOT_DTYPES = frozenset({torch.float32, torch.float64, torch.complex64, torch.complex128})
+_REAL_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 
 def uncounted(p: Any) -> Any:
@@ -176,7 +178,12 @@ def local_total(
             dots = list(map(torch.vdot, map(torch.flatten, lx), map(torch.flatten, ly)))
             return _combine(torch.stack(dots), op, counted)
         return _per_tensor(ad, kind, o, op, lx, ly, counted)
-    if o != 2.0 and (o not in _FOREACH_ORDS or (lx[0].device.type == "cpu" and not FOREACH_ORDS_ON_CPU[0])):
+    cpu = lx[0].device.type == "cpu" and not FOREACH_ORDS_ON_CPU[0]
+    if o == math.inf and cpu and not (grad and any(map(_REQUIRES_GRAD, lx))):
+        top = _largest_magnitude(ad, lx)
+        if top is not None:
+            return top
+    if o != 2.0 and (o not in _FOREACH_ORDS or cpu):
         # (on a CPU, _foreach_norm loops over linalg.vector_norm, whose orders 1, inf and 0 are several
         # times slower than abs() with sum() or amax(): the per-tensor kernels; other p: always)
         return _per_tensor(ad, kind, o, op, lx, None, counted)
@@ -196,6 +203,19 @@ def local_total(
     if counted is True:
         return norms.dot(norms)  # the sum of squares: one kernel
     return _combine(norms * norms, op, counted)
+
+
+def _largest_magnitude(ad: Any, lx: list[Any]) -> Any:
+    """``max |x|`` over the real local shards `lx` (on a CPU, no gradient) from one ``aminmax`` pass over
+    each, with no ``abs()`` temporary (allocating one per shard costs more than the reduction there):
+    ``max(max x, -min x)``; None for other dtypes or when every shard is empty."""
+    full = list(filter(torch.Tensor.numel, lx))  # an empty shard holds no extreme
+    if not full or not set(map(_DTYPE, full)) <= _REAL_DTYPES:
+        return None
+    lows, highs = zip(*map(torch.aminmax, full), strict=True)
+    top = torch.maximum(torch.stack(highs).amax(), torch.stack(lows).amin().neg())
+    acc = ad.accumulate_dtype(top.dtype)
+    return top if acc is None else top.to(acc)
 
 
 def _shards(dt: Any, xs: Sequence[Any], grad: bool, locals_of: Callable[[list[Any]], list[Any]]) -> list[Any]:
