@@ -95,19 +95,26 @@ def dot(a: T, b: T, /, *, trainable_only: bool = True) -> Any:
     >>> float(fk.dot(a, a))
     14.0
     """
-    ys: list[Any] = []
-
-    def leaf(xp: Any, x: Any, others: list[Any]) -> Any:
-        ys.append(others[0])
-        return x
-
-    xp, xs = _reduce_params("dot", ("a", "b"), (a, b), leaf, trainable_only)
+    # (`_pair` as the op: the column path of `_reduce_params`, C-level passes over the leaves)
+    xp, pairs = _reduce_params("dot", ("a", "b"), (a, b), None, trainable_only, _pair)
+    if tracing():  # (torch.compile cannot trace an itemgetter, and traces the comprehensions)
+        xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+    else:
+        xs, ys = list(map(_FIRST, pairs)), list(map(_SECOND, pairs))
     ad = adapter_of(xs[0])
     r = sharded_total("dot", ("a", "b"), (a, b), trainable_only, ad, xs, ys, 2.0)
     if r is None:
         parts = list(map(ad.vdot, xs, ys))
         r = parts[0] if len(parts) == 1 else xp.sum(xp.stack(parts))
     return _as_array(_narrow_back(xp, ad, r, _promoted(xp, xs)))
+
+
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
+
+
+def _pair(x: Any, y: Any) -> tuple[Any, Any]:
+    return x, y
 
 
 def sharded_total(
@@ -304,10 +311,12 @@ def _norm_acc(a: Any, o: float, fname: str, trainable_only: bool) -> tuple[Any, 
     xp, xs = _reduce_params(fname, ("a",), (a,), _first, trainable_only, _same)
     ad = adapter_of(xs[0])
     whole = _promoted(xp, xs)  # of every parameter, not the first one's (its order is no rule)
-    dt = _real_dtype(xp, whole) if any(map(is_complex, xs)) else whole  # (complex iff one of them is)
+    # (complex iff one of them is), asked of one parameter per dtype (a C-level pass) outside tracing
+    reps = xs if tracing() else dict(zip(map(_DTYPE_OF, xs), xs)).values()
+    dt = _real_dtype(xp, whole) if any(map(is_complex, reps)) else whole
     # sharded: the global sum (or max, min, count) on every rank, its root taken by the adapter on
     # the plain global value (`then`: no sharded-array operators for a 0-d result)
-    then = (lambda t: _root(xp, ad, t, o)) if power or o == 2 else None
+    then = _Root(xp, ad, o) if power or o == 2 else None
     total = sharded_total(fname, ("a",), (a,), trainable_only, ad, xs, None, o, then)
     if total is not None:
         return _as_array(total), (whole if o == 2 else dt)
@@ -347,6 +356,31 @@ def _leaf_norm(xp: Any, x: Any, o: float, power: bool) -> Any:
         part = xp.where(zero, xp.ones_like(a), a) ** o
         return xp.sum(xp.where(zero, xp.full_like(a, 0.0 if o > 0 else math.inf), part))
     return _vector_norm(xp, x, ord=o)
+
+
+class _Root:
+    """The root of a sharded norm's global total, applied by the adapter (`sharded_total`'s `then`):
+    called, `_root` (guarded: a finite gradient at 0); `plain`, for a total that carries no derivative
+    (a gradient's norm, ``no_grad``: one kernel, no guard needed where no gradient flows)."""
+
+    __slots__ = ("ad", "o", "xp")
+
+    def __init__(self, xp: Any, ad: Any, o: float) -> None:
+        self.xp, self.ad, self.o = xp, ad, o
+
+    # equal for one namespace, adapter and order (`then` of the protocol: an adapter may compile it
+    # with the reduction, as a static argument: JAX's jitted program then compiles once)
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Root and (self.xp, self.ad, self.o) == (other.xp, other.ad, other.o)
+
+    def __hash__(self) -> int:
+        return hash((id(self.xp), id(self.ad), self.o))
+
+    def __call__(self, total: Any) -> Any:
+        return _root(self.xp, self.ad, total, self.o)
+
+    def plain(self, total: Any) -> Any:
+        return self.xp.sqrt(total) if self.o == 2 else total ** (1.0 / self.o)
 
 
 def _root(xp: Any, ad: Any, total: Any, o: float) -> Any:

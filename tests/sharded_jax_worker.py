@@ -180,6 +180,46 @@ def main() -> None:
 
         check(f"{kind}.normalize", normalize)
 
+        def eager_program(d: Any = d, e: Any = e) -> dict[str, Any]:
+            """Eager fk.norm/fk.dot of a sharded model run ONE compiled program (the per-array reductions
+            and the root traced once, on the first call): on later calls no per-array JAX operation
+            (`_part`) runs, and the value is the same as jit(fk.norm)'s."""
+            from functorkit.adapters import _jax_sharding
+
+            calls = {"program": 0, "part": 0}
+            program, part = _jax_sharding._program, _jax_sharding._part
+
+            def spy_program(*args: Any) -> Any:
+                calls["program"] += 1
+                return program(*args)
+
+            def spy_part(*args: Any) -> Any:
+                calls["part"] += 1
+                return part(*args)
+
+            out: dict[str, Any] = {}
+            for name, f in (
+                ("norm", lambda: fk.norm(d)),
+                ("norm_inf", lambda: fk.norm(d, ord=math.inf)),
+                ("dot", lambda: fk.dot(d, e)),
+            ):
+                first = float(f())  # (compiles, or finds the compilation of an earlier call)
+                _jax_sharding._program, _jax_sharding._part = spy_program, spy_part
+                try:
+                    calls.update(program=0, part=0)
+                    r = f()
+                    seen = dict(calls)
+                finally:
+                    _jax_sharding._program, _jax_sharding._part = program, part
+                out[name] = {"calls": seen, "value": float(r), "first": first, "devices": len(r.sharding.device_set)}
+            out["norm"]["jit"] = float(jax.jit(fk.norm)(d))
+            out["norm"]["ref"] = float(np.linalg.norm(flat(ref)))
+            out["norm_inf"]["ref"] = float(np.max(np.abs(flat(ref))))
+            out["dot"]["ref"] = float(flat(ref) @ flat(ref2))
+            return out
+
+        check(f"{kind}.eager_program", eager_program)
+
         check(f"{kind}.destructure", lambda d=d: (fk.destructure(d), {})[1])
         check(f"{kind}.destructure_model", lambda d=d: (fk.destructure(d, policy="model"), {})[1])
 

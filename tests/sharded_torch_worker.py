@@ -370,6 +370,10 @@ def main() -> None:
 
     sharded_torch_partial.run(check, count, mesh, os.environ.get("FK_CKPT_DIR", ""))
 
+    import sharded_torch_fast  # the reductions' fast path and its fallbacks (tests/test_sharded_torch_fast.py)
+
+    sharded_torch_fast.run(check, count, mesh)
+
     # ---- 2-D meshes (HSDP's layout): every reduction is still ONE all-reduce, each value counted once
     def mesh2d(shape: tuple[int, int]) -> dict[str, Any]:
         mesh2 = init_device_mesh("cpu", shape)

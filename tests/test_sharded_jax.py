@@ -75,6 +75,20 @@ def test_dot_of_differently_sharded_arrays_is_global(res: dict[str, Any], mesh: 
 
 
 @pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("name", ["norm", "norm_inf", "dot"])
+def test_eager_reductions_run_one_compiled_program(res: dict[str, Any], mesh: str, name: str) -> None:
+    """Eagerly, each JAX operation on a sharded array is a program with its own all-reduce: fk.norm and
+    fk.dot run one jitted program instead (no per-array operation after the first call)."""
+    r = _ok(res, f"{mesh}.eager_program")[name]
+    assert r["calls"] == {"program": 1, "part": 0}
+    assert r["value"] == r["first"]
+    assert r["value"] == pytest.approx(r["ref"], rel=1e-5)
+    assert r["devices"] == 8
+    if name == "norm":
+        assert r["value"] == pytest.approx(r["jit"], rel=1e-6)
+
+
+@pytest.mark.parametrize("mesh", MESHES)
 def test_all_finite_sees_every_shard(res: dict[str, Any], mesh: str) -> None:
     r = _ok(res, f"{mesh}.all_finite")
     assert (r["bad"], r["ok"], r["kept"]) == (False, True, True)

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from . import _dtensor_reduce as at_once
+from ._dtensor_reduce import local_part, uncounted
 from ._sharding import ShardRefusal
 
 __all__ = [
@@ -237,14 +239,6 @@ def _counted(x: Any) -> bool:
     return all(c == 0 for c, p in zip(coord, x.placements, strict=True) if p.is_replicate())
 
 
-def _uncounted(p: Any) -> Any:
-    """A replica's part of a sum that another rank counts: 0, but with `p`'s gradient where autograd
-    records `p` (``p - p.detach()``). So every rank's result has a gradient (no rank leaves the
-    backward's collectives) and every replica of a replicated parameter gets the whole gradient, as
-    its ``Replicate`` placement says (a plain 0 would give the replicas none)."""
-    return p - p.detach() if p.requires_grad else torch.zeros_like(p)
-
-
 def _check(k: int, x: Any, dt: Any, mesh: Any, y: Any) -> None:
     if not isinstance(x, dt):
         msg = (
@@ -284,24 +278,7 @@ def _reduced_local(x: Any) -> Any:
 
 
 def _local_part(ad: Any, kind: str, x: Any, y: Any, o: float) -> Any:
-    lx = _reduced_local(x)
-    if kind == "all_finite":
-        return torch.isfinite(lx).all().to(torch.int32)  # combined by min (an all-reduce of ints)
-    if kind == "dot":
-        return ad.vdot(lx, _reduced_local(y))
-    if o == 2:
-        return ad.sum_squares(lx)
-    acc = ad.accumulate_dtype(lx.dtype)
-    a = lx.abs() if acc is None else lx.abs().to(acc)
-    if o == math.inf:
-        return a.amax() if a.numel() else a.new_zeros(())  # |x| >= 0: 0 is the identity of max
-    if o == -math.inf:
-        return a.amin() if a.numel() else a.new_full((), math.inf)
-    if o == 0:
-        return (a != 0).sum().to(a.dtype)
-    if o == 1:
-        return a.sum()
-    return (a**o).sum()
+    return local_part(ad, kind, o, _reduced_local(x), None if y is None else _reduced_local(y))
 
 
 def reduce(
@@ -312,16 +289,44 @@ def reduce(
     a plain 0-d tensor: the root of a norm), as a 0-d ``Replicate`` DTensor: local shards reduced on
     each rank, then one all-reduce (`all_reduce`); `then` and the all-finite test run on the plain
     replicated value (one DTensor operation each costs tens of µs: bench_sharded's norm row).
-    The checks and whether this rank counts (`_counted`) are made once per mesh and placements.
+    The common case (every one a DTensor of one mesh, no ``Partial``) is judged and reduced at once,
+    with no Python step per tensor (`_dtensor_reduce`: its checks in C-level passes, the local sums
+    in one ``torch._foreach_norm``); anything else tensor by tensor (`_total_per_tensor`), whose
+    checks and whether this rank counts (`_counted`) are made once per mesh and placements.
     None when no DTensor is among `xs`. A problem is a `ShardRefusal`."""
     dt = dtensor_type()
     if dt is None or not has_dtensor(xs):
         return None
-    mesh = next(x for x in xs if isinstance(x, dt)).device_mesh
     if kind == "all_finite":
         op = "min"
     else:
         op = "max" if o == math.inf and kind == "norm" else "min" if o == -math.inf and kind == "norm" else "sum"
+    fast = at_once.uniform(dt, xs, ys)  # every one a DTensor of one mesh, no Partial: judged in C-level passes
+    if fast is not None:
+        mesh, counted = fast
+        total = at_once.local_total(ad, kind, o, op, dt, xs, ys, counted, _locals)
+    else:
+        mesh, total = _total_per_tensor(ad, kind, xs, ys, o, op)
+    value = _plain_all_reduce(total, mesh, op)
+    if value is None:  # a mesh of part of the world: DTensor's own
+        out = all_reduce(total, mesh, op)
+        if kind != "all_finite" and then is None:
+            return out
+        value = out.to_local()  # the global value on every rank (differentiable)
+    if kind == "all_finite":
+        value = value == 1
+    elif then is not None:  # (`then.plain`, where it has one, for a value no derivative flows through)
+        value = (then if value.requires_grad else getattr(then, "plain", then))(value)
+    return at_once.replicated(dt, value, mesh)
+
+
+def _total_per_tensor(
+    ad: Any, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float, op: str
+) -> tuple[Any, Any]:
+    """`reduce`'s ``(mesh, this rank's part)`` tensor by tensor: each checked (`_check`, which names
+    the one it refuses) and reduced on its own; what `_dtensor_reduce.uniform` declines comes here."""
+    dt = dtensor_type()
+    mesh = next(x for x in xs if isinstance(x, dt)).device_mesh
     parts = []
     seen: dict[tuple[Any, ...], bool] = {}  # (types, meshes, placements) met -> whether this rank counts
     for k, x in enumerate(xs):
@@ -334,22 +339,11 @@ def reduce(
             if key is not None:
                 seen[key] = counted
         p = _local_part(ad, kind, x, y, o)
-        parts.append(p if op != "sum" or counted else _uncounted(p))
+        parts.append(p if op != "sum" or counted else uncounted(p))
     if len(parts) == 1:
-        total = parts[0]
-    else:
-        stacked = torch.stack(parts)
-        total = stacked.amax() if op == "max" else stacked.amin() if op == "min" else stacked.sum()
-    value = _plain_all_reduce(total, mesh, op)
-    if value is None:  # autograd records `total`, or a mesh of part of the world: DTensor's own
-        out = all_reduce(total, mesh, op)
-        if kind != "all_finite" and then is None:
-            return out
-        value = out.to_local()  # the global value on every rank (differentiable)
-    value = (value == 1) if kind == "all_finite" else then(value) if then is not None else value
-    from torch.distributed.tensor import Replicate
-
-    return dt.from_local(value, mesh, [Replicate()] * mesh.ndim, run_check=False)
+        return mesh, parts[0]
+    stacked = torch.stack(parts)
+    return mesh, stacked.amax() if op == "max" else stacked.amin() if op == "min" else stacked.sum()
 
 
 _OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
@@ -797,6 +791,6 @@ def settle(r: Any) -> Any:
         coord = mesh.get_coordinate()
         counted = coord is not None and all(c == 0 for c, p in zip(coord, places, strict=True) if p.is_replicate())
         if op == "sum" and not counted:
-            part = _uncounted(part)
+            part = uncounted(part)
         return all_reduce(part, mesh, op)
     return r.redistribute(mesh, [Replicate()] * mesh.ndim)

@@ -12,7 +12,10 @@ without sharded arrays simply does not define it):
   own path runs). `then` (or None): a function of the global total as a plain array of the
   family (the root of a norm), applied by the adapter before the result takes its sharded form
   (torch: on the replicated local value, not through DTensor's operators: bench_sharded's norm
-  row).
+  row); where `then` has a ``plain`` method, the adapter may call that instead for a total that
+  carries no derivative (the root without its guard for the gradient at 0). `then` is a pure
+  function equal (``==``, with an equal hash) across calls of one reduction, so that an adapter may
+  compile it with the reduction (JAX: one jitted program, `then` a static argument).
 * ``first_sharded(arrays)``: ``(index, why)`` for the first of `arrays` (all of one type) that
   cannot be put whole into one flat vector in this process (a ``DTensor``, a JAX array split over
   several devices), `why` naming the alternative; None otherwise, decided in C-level passes

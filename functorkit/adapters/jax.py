@@ -67,9 +67,9 @@ class Adapter(ArrayAdapter):
         self, kind: str, xs: Sequence[Any], ys: Sequence[Any] | None, o: float, then: Callable[[Any], Any] | None
     ) -> Any:
         """`functorkit.adapters._jax_sharding.reduce`: None unless an array is split over devices;
-        `then` applied to the total (a JAX array whose operations are global already)."""
-        total = _jax_sharding.reduce(kind, xs, ys, o)
-        return total if total is None or then is None else then(total)
+        `then` applied to the total (a JAX array whose operations are global already) in the same
+        compiled program."""
+        return _jax_sharding.reduce(kind, xs, ys, o, then)
 
     def first_sharded(self, arrays: Sequence[Any]) -> tuple[int, str] | None:
         """`functorkit.adapters._jax_sharding.first_sharded` (a flat vector is refused for them)."""

@@ -1,0 +1,111 @@
+"""The fast path of ``fk.norm``/``fk.dot``/``fk.all_finite`` on DTensor models, on two real gloo ranks
+(issue #26's speed row; docs/sharded.md "Speed"): the checks run in tests/sharded_torch_fast.py inside
+tests/sharded_torch_worker.py (only its ``fast_`` checks here). These tests fail when the fast path
+silently stops being taken: a per-tensor check made, the norm's operations growing with the number of
+tensors, a DTensor operation, a second all-reduce, or a fallback giving another value.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from sharded_harness import gloo_available, run_torch_ranks
+
+pytestmark = pytest.mark.skipif(not gloo_available(), reason="torch.distributed with gloo is not available")
+
+ONE_ALL_REDUCE = {"all_reduce": 1}
+REDUCTIONS = ["norm_2", "norm_1", "norm_inf", "norm_-inf", "norm_0", "norm_3", "dot", "all_finite"]
+
+
+@pytest.fixture(scope="module")
+def ranks() -> list[dict[str, Any]]:
+    return run_torch_ranks("sharded_torch_worker.py", world=2, extra={"FK_ONLY": "fast_"})
+
+
+def _ok(ranks: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    out = [r[name] for r in ranks]
+    for r, res in enumerate(out):
+        assert "error" not in res, f"rank {r}: {res.get('error')}\n{res.get('trace', '')}"
+    return out
+
+
+@pytest.mark.parametrize("how", ["fast_no_grad", "fast_grad"])
+@pytest.mark.parametrize("name", REDUCTIONS)
+def test_every_reduction_takes_the_fast_path(ranks: list[dict[str, Any]], how: str, name: str) -> None:
+    """A model of Shard(0) (uneven), Shard(1) and Replicate DTensors (rank 1 does not count the
+    replicas): no per-tensor check, one all-reduce, the unsharded value, the same on every rank."""
+    res = [r[name] for r in _ok(ranks, how)]
+    for r in res:
+        assert r["checked"] == 0
+        assert r["comms"] == ONE_ALL_REDUCE
+        assert r["value"] == pytest.approx(r["ref"], rel=1e-12)
+        assert r["placements"] == "(Replicate(),)"
+        # differentiable where the parameters require grad (a count and a flag have no gradient)
+        assert r["requires_grad"] is (how == "fast_grad" and name not in ("norm_0", "all_finite"))
+    assert res[0]["value"] == res[1]["value"]
+
+
+def test_the_norms_operations_do_not_grow_with_the_number_of_tensors(ranks: list[dict[str, Any]]) -> None:
+    """fk.norm under no_grad: one _foreach_norm over the local shards, one stack, one dot, ONE
+    all-reduce and the root, for 6 tensors as for 24; fk.dot: one vdot per pair (no foreach dot
+    exists) on the local shards; neither makes a DTensor operation."""
+    for r in _ok(ranks, "fast_kernels"):
+        few, many = r["6"], r["24"]
+        assert few["norm"] == many["norm"]
+        assert many["norm"].count("_foreach_norm") == 1
+        assert many["norm"].count("allreduce_") == 1
+        assert len(many["norm"]) <= 6  # (the root of a total no gradient flows through: one sqrt)
+        assert few["norm_dtensor_ops"] == many["norm_dtensor_ops"] == 0
+        # ord=inf on a CPU: one aminmax per local shard (no abs() temporary), then a constant few
+        assert many["inf"].count("aminmax") == 24
+        assert "abs" not in many["inf"]
+        assert len(many["inf"]) - 24 == len(few["inf"]) - 6 <= 8
+        assert many["dot_vdots"] == 24
+        assert (many["dot"] - few["dot"]) == 3 * (24 - 6)  # per pair: two flattening views and the vdot
+        assert few["dot_dtensor_ops"] == many["dot_dtensor_ops"] == 0
+
+
+@pytest.mark.parametrize("how", ["no_foreach", "per_tensor", "foreach_on_cpu"])
+@pytest.mark.parametrize("name", REDUCTIONS)
+def test_the_fallbacks_give_the_same_values(ranks: list[dict[str, Any]], how: str, name: str) -> None:
+    """Without torch._foreach_norm (per-tensor kernels on the local shards, still no per-tensor check),
+    through the per-tensor path (which checks: so the spy of the test above can see it), and with
+    _foreach_norm for every order on CPU (a tensor whose shard on rank 1 is empty): the same value,
+    one all-reduce."""
+    for r in _ok(ranks, "fast_fallbacks"):
+        res = r[how][name]
+        assert res["value"] == pytest.approx(res["ref"], rel=1e-12, abs=1e-300)
+        assert res["comms"] == ONE_ALL_REDUCE
+        assert res["placements"] == "(Replicate(),)"
+        if how == "per_tensor":
+            assert res["checked"] > 0
+        else:
+            assert res["checked"] == 0
+        foreach = how == "foreach_on_cpu" and name in ("norm_2", "norm_1", "norm_inf", "norm_-inf", "norm_0")
+        assert res["foreach"] == (1 if foreach else 0)
+
+
+def test_a_foreach_inf_norm_has_the_unsharded_gradient(ranks: list[dict[str, Any]]) -> None:
+    for r in _ok(ranks, "fast_inf_grad"):
+        assert r["foreach"] == 1
+        assert r["value"] == r["ref"]
+        assert r["grad"] == r["grad_ref"]
+
+
+def test_the_fast_path_norm_has_the_unsharded_gradient(ranks: list[dict[str, Any]]) -> None:
+    for r in _ok(ranks, "fast_gradients"):
+        assert r["checked"] == 0
+        assert r["err"] <= 1e-12
+
+
+def test_the_result_made_from_a_cached_spec_is_dtensors_own(ranks: list[dict[str, Any]]) -> None:
+    for r in _ok(ranks, "fast_result"):
+        assert all(r["same"])
+        assert r["twice"] == 2 * r["value"]
+        assert r["local_is_plain"] is True
+        assert math.isfinite(r["value"])
