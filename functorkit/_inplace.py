@@ -16,8 +16,9 @@ passes; the adapter's ``out_fast`` makes the writability, self-overlap and overl
 checks over whole lists; identity tests over the columns find ties and in-place rows; a
 coefficient that needs checking (a 0-d array, a complex number) is checked once per (type, dtype,
 device), a real Python number (weak for every parameter) not at all. Every row is then written by
-one adapter call where the operation has one (`batch`: torch ``_foreach_*``, NumPy's ``_rows``). Anything it cannot decide in those passes (a tie, a
-view, a non-contiguous or read-only array, a term `out` that is read after the first write) sends
+one adapter call where the operation has one (`batch`: torch ``_foreach_*``, NumPy's ``_rows``).
+Anything it cannot decide in those passes (a tie, a view, a non-contiguous or read-only array, a
+term `out` that is read after the first write) sends
 the call down the per-leaf path above, which makes every check again and names what fails: the
 column path raises nothing of its own but the coefficient checks (the same ones, at the first
 parameter of each kind). Paths are built only for a message.

@@ -294,10 +294,7 @@ def _columns(
         if type(o) is int:
             return None
         col = cast(list[Any], o) if xs is leaves else list(map(cast(list[Any], o).__getitem__, idx))
-        if types is None:
-            same = all(map(operator.is_, map(type, col), repeat(t0)))
-        else:
-            same = list(map(type, col)) == types
+        same = all(map(operator.is_, map(type, col), repeat(t0))) if types is None else list(map(type, col)) == types
         if not same or xs is not leaves:  # (every position an array of the first model's types: no holder)
             td.refuse_holders(cast(list[Any], o), positions=True)
         if not same:
