@@ -51,12 +51,11 @@ def check_dense(arrays: Sequence[Any], where: Callable[[int], str], what: str) -
         ad = adapter_of(x)
         if not ad.may_be_sparse:
             continue
-        idx = None if len(firsts) == 1 else [i for i, y in enumerate(arrays) if type(y) is t]
-        j = ad.first_not_dense(arrays if idx is None else [arrays[i] for i in idx])
-        if j is not None:
-            i = j if idx is None else idx[j]
-            why = ad.dense_problem(arrays[i]) or "it is not a dense array"
-            raise dense_error(where(i), why, what)
+        if len(firsts) == 1:
+            check_dense_of(ad, arrays, where, what)
+        else:
+            idx = [i for i, y in enumerate(arrays) if type(y) is t]
+            check_dense_of(ad, [arrays[i] for i in idx], lambda j: where(idx[j]), what)  # noqa: B023  (called at once)
 
 
 def check_dense_of(ad: Any, arrays: Sequence[Any], where: Callable[[int], str], what: str) -> None:

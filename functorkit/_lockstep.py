@@ -5,6 +5,7 @@ the leaves for the common case (`_columns`), and the helpers the arithmetic shar
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import numbers
 import operator
@@ -254,35 +255,34 @@ def _columns(
     else:
         idx = list(itertools.compress(range(len(leaves)), flags))
         xs = list(map(leaves.__getitem__, idx))
-    if one is not None and xs:  # one array type: one adapter, asked directly
-        ad0 = adapter_of(xs[0])
-        ads = [ad0]
+    if one is not None and xs:  # one array type (they were classified in one pass)
+        ads = [adapter_of(xs[0])]
         types: Any = None  # every operand has the first one's type
-        one_device = ad0.one_device
-        dev = _DEVICE_OF if ad0.device_attr else device_of
-        # arrays with the operands' dtypes, devices and layouts that are cheaper to ask (torch
-        # DTensors: their local shards); shapes and types are the operands' own
-        stand = ad0.stand_ins(xs)
-        vx = xs if stand is None else stand
-        sparse = ad0.may_be_sparse
-        if sparse:  # torch: a sparse or nested operand is a TypeError naming its path
-            check_dense_of(ad0, vx, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
-        dts = one[1] if xs is leaves else list(map(one[1].__getitem__, idx))  # (read once)
-        if operators and ad0.operator_less and not ad0.operator_less.isdisjoint(dts):
-            return None
     else:
         ads = [adapter_of(x) for x in dict(zip(map(type, xs), xs)).values()]  # one per array type
         types = list(map(type, xs))
+    dense: Callable[..., None] = check_dense
+    if len(ads) == 1:  # one adapter, asked directly
+        ad0 = ads[0]
+        one_device, sparse, less = ad0.one_device, ad0.may_be_sparse, ad0.operator_less
+        dev = _DEVICE_OF if ad0.device_attr else device_of
+        dense = functools.partial(check_dense_of, ad0)
+        # arrays with the operands' dtypes, devices and layouts that are cheaper to ask (torch
+        # DTensors: their local shards); shapes and types are the operands' own
+        stand = ad0.stand_ins(xs)
+    else:
         one_device = all(ad.one_device for ad in ads)
-        dev = _DEVICE_OF if all(ad.device_attr for ad in ads) else device_of  # (types are compared first)
-        stand = ads[0].stand_ins(xs) if len(ads) == 1 else None
-        vx = xs if stand is None else stand
         sparse = any(ad.may_be_sparse for ad in ads)  # (every operand is an array: `flags`)
-        if sparse:
-            check_dense(vx, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
-        dts = list(map(_DTYPE_OF, vx))  # the operands' dtypes (also for an operator-less dtype)
-        if operators and not all(ad.operator_less.isdisjoint(dts) for ad in ads if ad.operator_less):
-            return None
+        less = frozenset().union(*(ad.operator_less for ad in ads))
+        dev = _DEVICE_OF if all(ad.device_attr for ad in ads) else device_of  # (types are compared first)
+        stand = None
+    vx = xs if stand is None else stand
+    if sparse:  # torch: a sparse or nested operand is a TypeError naming its path
+        dense(vx, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
+    # the operands' dtypes (also for an operator-less dtype), read once
+    dts = list(map(_DTYPE_OF, vx)) if one is None else one[1] if xs is leaves else list(map(one[1].__getitem__, idx))
+    if operators and less and not less.isdisjoint(dts):
+        return None
     fm = td._generated_match()  # generated for a small container tree met before (_plans.py)
     t0 = type(xs[0]) if xs else None
     cols: list[list[Any]] = []
@@ -309,10 +309,7 @@ def _columns(
     n = len(xs)
     if sparse:  # every other model's operands in one call (a path: its position in the first model)
         rest = vcs[0] if len(vcs) == 1 else [*itertools.chain(*vcs)]
-        if types is None:
-            check_dense_of(ads[0], rest, lambda i: td.paths[idx[i % n]].display, f"fk.{fname}")
-        else:
-            check_dense(rest, lambda i: td.paths[idx[i % n]].display, f"fk.{fname}")
+        dense(rest, lambda i: td.paths[idx[i % n]].display, f"fk.{fname}")
     # streamed comparisons: no list of a million shape tuples for the garbage collector to scan (one array
     # type: the adapter's own size test)
     sizes = ads[0].same_size_test(t0) if types is None and t0 is not None else None
