@@ -235,6 +235,122 @@ def run(check: Callable[[str, Callable[[], dict[str, Any]]], None], count: Any, 
 
     check("fast_result", result)
 
+    # ---- the in-place EMA (fk.lerp(ema, model, t, out=ema)) on FSDP2 modules: judged per spec
+    from torch.distributed.fsdp import fully_shard
+
+    from functorkit.adapters import _dtensor_columns as by_spec
+    from functorkit.adapters import torch as torch_adapter
+
+    def fsdp_stack(layers: int, seed: int) -> Any:
+        torch.manual_seed(seed)
+        m = torch.nn.Sequential(*[torch.nn.Linear(5, 5) for _ in range(layers)])  # 5 rows: uneven shards
+        for layer in m:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        return m
+
+    @contextmanager
+    def reads() -> Iterator[dict[str, int]]:
+        """Counts the reads of DTensor's ``placements`` and ``device_mesh`` properties (the per-tensor
+        judgement), the spec judgements (`_dtensor_columns.spec_fits`), the shape tests
+        (`same_global_shape`) and the foreach calls with the types of their tensors."""
+        seen: dict[str, Any] = {"placements_reads": 0, "device_mesh_reads": 0, "spec_fits": 0, "same_shape": 0}
+        seen["foreach"] = []
+        props = {n: getattr(DTensor, n) for n in ("placements", "device_mesh")}
+        fits, same, fe = by_spec.spec_fits, by_spec.same_global_shape, torch_adapter.foreach_lerp_
+        assert fe is not None
+
+        def counted(name: str, prop: Any) -> Any:
+            def get(x: Any) -> Any:
+                seen[f"{name}_reads"] += 1
+                return prop.fget(x)
+
+            return property(get)
+
+        def fits_spy(*args: Any) -> bool:
+            seen["spec_fits"] += 1
+            return fits(*args)
+
+        def same_spy(x: Any, y: Any) -> bool:
+            seen["same_shape"] += 1
+            return same(x, y)
+
+        def fe_spy(xs: Any, ys: Any, t: Any) -> None:
+            seen["foreach"].append(sorted({type(v).__name__ for v in (*xs, *ys)}))
+            fe(xs, ys, t)
+
+        for n, prop in props.items():
+            setattr(DTensor, n, counted(n, prop))
+        by_spec.spec_fits, by_spec.same_global_shape, torch_adapter.foreach_lerp_ = fits_spy, same_spy, fe_spy
+        try:
+            yield seen
+        finally:
+            for n, prop in props.items():
+                setattr(DTensor, n, prop)
+            by_spec.spec_fits, by_spec.same_global_shape, torch_adapter.foreach_lerp_ = fits, same, fe
+
+    def ema_step() -> dict[str, Any]:
+        """fk.lerp(ema, model, t, out=ema) on FSDP2 stacks of 3 and of 12 Linear layers, with the spec
+        path on and off: the values (the local lerp of every shard, bit for bit the same either way),
+        no collective, one foreach over plain local shards; with the path on, the placements and
+        meshes are never read per tensor and the specs are judged a number of times that does not
+        grow with the model (FSDP2 shares a spec per parameter shape); off, they are read per tensor
+        (so that the spies are seen to work)."""
+        out: dict[str, Any] = {}
+        for layers in (3, 12):
+            model = fsdp_stack(layers, 1)
+            res: dict[str, Any] = {}
+            for how, flag in (("on", True), ("off", False)):
+                ema = fsdp_stack(layers, 0)
+                before = [p.to_local().detach().clone() for p in ema.parameters()]
+                want = [torch.lerp(b, p.to_local().detach(), 0.25) for b, p in zip(before, model.parameters())]
+                with switched(by_spec.FAST, flag), reads() as seen, count() as c:
+                    got = fk.lerp(ema, model, 0.25, out=ema)
+                res[how] = {
+                    **seen,
+                    "comms": c,
+                    "same": got is ema,
+                    "exact": all(torch.equal(p.to_local(), w) for p, w in zip(ema.parameters(), want)),
+                    "tensors": len(want),
+                    "placements": sorted({str(tuple(p.placements)) for p in ema.parameters()}),
+                }
+            out[str(layers)] = res
+        return out
+
+    check("fast_ema", ema_step)
+
+    def ema_refusals() -> dict[str, Any]:
+        """What the column path declines is refused as before, with the same message on and off:
+        global shapes that differ while the local shards agree (5 and 6 rows over 2 ranks: 3 local
+        rows on rank 0 for both), and placements that differ; nothing is written."""
+        g = torch.Generator().manual_seed(3)
+        five, six = torch.randn(5, 4, generator=g), torch.randn(6, 4, generator=g)
+        out: dict[str, Any] = {}
+        for how, flag in (("on", True), ("off", False)):
+            for name, other, where in (
+                ("shape", six, [Shard(0)]),
+                ("placements", torch.randn(5, 4, generator=g), [Replicate()]),
+            ):
+                a = {f"p{i}": distribute_tensor(five.clone(), mesh, [Shard(0)]) for i in range(4)}
+                b = {f"p{i}": distribute_tensor(five.clone(), mesh, [Shard(0)]) for i in range(4)}
+                b["p2"] = distribute_tensor(other.clone(), mesh, where)
+                keep = {k: v.to_local().clone() for k, v in a.items()}
+                with switched(by_spec.FAST, flag), count() as c:
+                    try:
+                        fk.lerp(a, b, 0.5, out=a)
+                        msg = "no error"
+                    except Exception as e:  # noqa: BLE001 -- compared by the test
+                        msg = f"{type(e).__name__}: {e}"
+                ok = name == "placements" and msg == "no error"
+                untouched = all(torch.equal(a[k].to_local(), keep[k]) for k in a)
+                out[f"{name}_{how}"] = {"msg": msg, "untouched": untouched, "comms": c, "done": ok}
+                if ok:  # a Replicate term among Shard(0) ones: the per-leaf path, DTensor's own lerp
+                    want = torch.lerp(five, other, 0.5)
+                    out[f"{name}_{how}"]["err"] = float((a["p2"].full_tensor() - want).abs().max())
+        return out
+
+    check("fast_ema_refusals", ema_refusals)
+
 
 def _no_grad(f: Callable[[bool], Any]) -> Any:
     import torch

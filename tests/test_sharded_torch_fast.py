@@ -109,3 +109,49 @@ def test_the_result_made_from_a_cached_spec_is_dtensors_own(ranks: list[dict[str
         assert r["twice"] == 2 * r["value"]
         assert r["local_is_plain"] is True
         assert math.isfinite(r["value"])
+
+
+def test_the_fsdp2_ema_is_judged_per_spec_and_runs_on_the_local_shards(ranks: list[dict[str, Any]]) -> None:
+    """fk.lerp(ema, model, t, out=ema) on FSDP2 stacks of 3 and 12 Linear layers: with the spec path
+    (`_dtensor_columns`) no DTensor's placements or mesh is read, the specs are judged as often for 24
+    tensors as for 6, each pair's shape is one spec identity test, and one foreach runs over plain
+    local shards with no collective, giving the local lerp of every shard bit for bit. With the path
+    off the same values, read per tensor: so the spies see the per-tensor path when it runs."""
+    for r in _ok(ranks, "fast_ema"):
+        few, many = r["3"], r["12"]
+        for res in (few, many):
+            for how in ("on", "off"):
+                got = res[how]
+                assert got["same"] is True
+                assert got["exact"] is True
+                assert got["comms"] == {}
+                assert got["foreach"] == [["Tensor"]]
+                assert got["placements"] == ["(Shard(dim=0),)"]
+        for res in (few, many):
+            on, off = res["on"], res["off"]
+            assert on["placements_reads"] == on["device_mesh_reads"] == 0, on
+            assert on["same_shape"] == on["tensors"]  # one spec identity test per pair
+            assert off["same_shape"] == 0
+            # each DTensor's placements and mesh (the ema's and the model's)
+            assert off["placements_reads"] >= 2 * off["tensors"]
+            assert off["device_mesh_reads"] >= 2 * off["tensors"]
+        assert few["on"]["spec_fits"] == many["on"]["spec_fits"] <= 2
+        assert few["off"]["spec_fits"] == many["off"]["spec_fits"] == 0
+
+
+@pytest.mark.parametrize("name", ["shape", "placements"])
+def test_what_the_ema_column_path_declines_is_handled_as_before(ranks: list[dict[str, Any]], name: str) -> None:
+    """Global shapes 5 and 6 rows (rank 0's local shards both 3 rows): refused by path before anything
+    is written, the spec identity test not taken for equal shapes; a Replicate term among Shard(0) ones:
+    the per-leaf path writes DTensor's lerp. The same result, message and collectives (none) with the
+    spec path on and off."""
+    for r in _ok(ranks, "fast_ema_refusals"):
+        on, off = r[f"{name}_on"], r[f"{name}_off"]
+        assert on == off
+        assert on["comms"] == {}
+        if name == "shape":
+            assert on["msg"].startswith("StructureError: at p2: fk.lerp: shape (5, 4) in `a` vs (6, 4) in `b`"), on
+            assert on["untouched"] is True
+        else:
+            assert on["done"] is True
+            assert on["err"] == 0.0

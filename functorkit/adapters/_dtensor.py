@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from . import _dtensor_columns as by_spec
 from . import _dtensor_reduce as at_once
 from ._dtensor_reduce import local_part, uncounted
 from ._sharding import ShardRefusal
@@ -544,8 +545,6 @@ def _local(x: Any) -> Any:
 
 
 _LOCAL_TENSOR = operator.attrgetter("_local_tensor")
-_SPEC_MESH = operator.attrgetter("_spec.mesh")
-_SPEC_PLACEMENTS = operator.attrgetter("_spec.placements")
 
 
 def _locals(xs: list[Any]) -> list[Any]:
@@ -579,35 +578,18 @@ def stand_ins(arrays: list[Any]) -> list[Any] | None:
     return _locals(arrays)
 
 
-def _mesh_and_placements(arrays: list[Any]) -> tuple[list[Any], list[Any]]:
-    """The meshes and placements tuples of the DTensors `arrays`, in C-level passes over their
-    ``_spec`` (private: the public ``device_mesh``/``placements`` properties read it, one Python call
-    each) when the first has one, else through the properties."""
-    spec = getattr(arrays[0], "_spec", None)
-    if spec is not None and hasattr(spec, "mesh") and hasattr(spec, "placements"):
-        return list(map(_SPEC_MESH, arrays)), list(map(tuple, map(_SPEC_PLACEMENTS, arrays)))
-    return [a.device_mesh for a in arrays], [tuple(a.placements) for a in arrays]
-
-
 def uniform_locals(arrays: list[Any]) -> list[Any] | None:
     """The local shards of `arrays` when every one is a DTensor of one mesh (equal meshes) and one
-    placements tuple, so that any two of them hold the same elements on this rank and an element-wise
-    update of one from others is local (no communication); None otherwise (``out=``'s column path
-    then declines, and the per-leaf path looks at each pair). For `out_fast`: the memory tests then
-    run on the local shards (bench_sharded's EMA rows: one walk per call instead of two)."""
+    placements tuple, with no ``Partial`` placement, so that any two of them hold the same elements
+    on this rank and an element-wise update of one from others is local (no communication); None
+    otherwise (``out=``'s column path then declines, and the per-leaf path looks at each pair and
+    names what it refuses). The mesh and placements are judged once per distinct ``DTensorSpec``
+    (`_dtensor_columns.uniform_specs`), never per tensor. For `out_fast`: the memory tests then run
+    on the local shards (bench_sharded's EMA rows)."""
     if not arrays:
         return None
     local = stand_ins(arrays)  # every one a DTensor: their local shards
-    if local is None:
-        return None
-    meshes, placements = _mesh_and_placements(arrays)
-    if placements.count(placements[0]) != len(placements):
-        return None
-    if any(p.is_partial() for p in placements[0]):  # out= on Partial terms: the per-leaf path (`sharded_out_problem`)
-        return None
-    mesh = meshes[0]
-    # meshes equal to the first (FSDP2 makes one per `fully_shard` call): compared once each
-    if any(m != mesh for m in dict(zip(map(id, meshes), meshes)).values()):
+    if local is None or not by_spec.uniform_specs(arrays):
         return None
     return local
 

@@ -44,7 +44,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from . import _dtensor, _torch_flat
+from . import _dtensor, _dtensor_columns, _torch_flat
 from ._base import _HOST, TRACING_PROBES, ArrayAdapter, Layout, _size, adapter_of, extent, normalise_layout
 from ._kernels import spans_disjoint
 from ._torch_module import _Uninitialized, claims, node_for
@@ -711,15 +711,22 @@ class Adapter(ArrayAdapter):
         """Plain contiguous tensors of a device that has memory (not ``meta``), with storage
         (``data_ptr`` raises for ``torch.func`` wrappers); no inference tensor in `outs`; the byte
         ranges (``data_ptr``, ``nbytes``) of `arrays` do not meet. DTensors of one mesh and one
-        placements tuple are judged by their local shards (`_dtensor.uniform_locals`). Not while
-        ``torch.compile`` traces (the per-leaf path traces)."""
+        placements tuple are judged by their local shards (`_dtensor.uniform_locals`: the mesh and
+        placements once per distinct ``DTensorSpec``; `outs`, among `arrays`, are not judged again).
+        Not while ``torch.compile`` traces (the per-leaf path traces)."""
         if compiling():
             return False
         if type(arrays[0]) not in _PLAIN:  # DTensors of one mesh and placements: their shards (the
             # caller checked that the arrays are of one type)
             local = _dtensor.uniform_locals(arrays)
-            local_outs = _dtensor.uniform_locals(outs) if outs else []
-            if local is None or local_outs is None:
+            if local is None:
+                return False
+            n = len(outs)
+            if all(map(operator.is_, outs, arrays[:n])):  # `outs` first (fk.lerp(ema, m, t, out=ema))
+                local_outs: list[Any] | None = local[:n]
+            else:
+                local_outs = _dtensor.stand_ins(outs)
+            if local_outs is None:
                 return False
             arrays, outs = local, local_outs
             if not set(map(type, arrays)) <= _PLAIN_SET:
@@ -830,8 +837,11 @@ class Adapter(ArrayAdapter):
 
     def same_size_test(self, t: type) -> Callable[[Any, Any], bool] | None:
         """``Tensor.is_same_size`` for plain tensors (one C call per pair, no ``torch.Size`` built:
-        bench_arith's small-model rows); DTensors compare their global ``shape``."""
-        return _IS_SAME_SIZE if t in _PLAIN else None
+        bench_arith's small-model rows); DTensors: one identity test of their ``DTensorSpec``
+        per pair, else their global ``shape`` (`_dtensor_columns.same_global_shape`)."""
+        if t in _PLAIN:
+            return _IS_SAME_SIZE
+        return _dtensor_columns.size_test() if t is _dtensor.dtensor_type() else None
 
     def stand_ins(self, arrays: list[Any]) -> list[Any] | None:
         """DTensors: their local shards (`functorkit.adapters._dtensor.stand_ins`); None otherwise."""
