@@ -356,6 +356,7 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
         import torch
     except ImportError:
         return out
+    from functorkit.adapters import _torch_module as tmod
     from functorkit.adapters import torch as tad
 
     tm = [[torch.from_numpy(x.copy()) for x in m] for m in mlps]
@@ -438,7 +439,14 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
 
     out["12-block nn.Module EMA step"] = {
         "fk, out=": rep(lambda: fk.lerp(ema_net, net, T_EMA, out=ema_net)),
+        "fk, out= (recorded and matched, no lock-step walk)": switched_off(
+            tmod, "LOCKSTEP", False, rep(lambda: fk.lerp(ema_net, net, T_EMA, out=ema_net))
+        ),
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lerp(ema_net, net, T_EMA, out=ema_net))),
+        "hand loop with every check, one _foreach_lerp_": rep(lambda: _checked_ema(pe, pm, T_EMA)),
+        "hand loop with every check over list(parameters())": rep(
+            lambda: _checked_ema(list(ema_net.parameters()), list(net.parameters()), T_EMA)
+        ),
         "walk only: fk.leaves of both": rep(lambda: (fk.leaves(ema_net), fk.leaves(net))),
         "hand loop": rep(hand),
         "hand loop over ema.parameters(), model.parameters()": rep(hand_walking),
@@ -455,6 +463,7 @@ SWITCHED = {
     "fk, out= (row kernels, no _foreach)": ("fk, out=", "torch `foreach_arith_` off"),
     "fk, out= (torch.no_grad, not _set_grad_enabled)": ("fk, out=", "torch `set_grad_enabled_` off"),
     "fk, out= (per-leaf path)": ("fk, out=", "`_inplace.FAST` off"),
+    "fk, out= (recorded and matched, no lock-step walk)": ("fk, out=", "torch `_torch_module.LOCKSTEP` off"),
 }
 
 #: the copy timed with each operation's contenders (the floor of its ratios)
@@ -565,6 +574,12 @@ def _run(quick: bool) -> str:
                 f"{op}: the hand loop with every check {checked / ref:.2f}x the hand loop, "
                 f"`fk, out=` {best['fk, out='] / checked:.2f}x the hand loop with every check"
             )
+        walked = best.get("hand loop with every check over list(parameters())")
+        if walked is not None:  # the floor of a call that walks the modules each time
+            floors.append(
+                f"{op}: the hand loop with every check over `list(parameters())` walked at each call "
+                f"{walked / ref:.2f}x the hand loop, `fk, out=` {best['fk, out='] / walked:.2f}x it"
+            )
         for name, (on, off) in SWITCHED.items():
             if name in best:
                 switches.append(f"{op}: {name} {best[name] / best[on]:.2f}x" + (f" ({off})" if off else ""))
@@ -647,7 +662,13 @@ over every tensor at 40-60 ns per tensor read, about 18 reads per pair of tensor
 {"; ".join(floors) or "not measured"}. Each fast path's row switched off against the row with it on:
 {"; ".join(switches) or "not measured"}. `walk only` is `fk.leaves` of both
 models: the part of a call that is recording the trees (the walk itself; `out=` also records the
-trainability of an `nn.Module`'s parameters, which `fk.leaves` does not). `fk (lock-step per-leaf
+trainability of an `nn.Module`'s parameters, which `fk.leaves` does not). On two modules `out=`
+walks both together (`_torch_module._lockstep`: their `__dict__` sections side by side, names
+compared in C, no definition built; tests/test_module_lockstep.py fails when it is not taken);
+`fk, out= (recorded and matched, no lock-step walk)` records the first module and matches the
+second against its definition instead. `hand loop with every check over list(parameters())` is
+the floor of a call that walks both modules at each step: `_checked_ema` over the two lists
+`parameters()` gives. `fk (lock-step per-leaf
 path)` is the same `fk.add` / `fk.norm` with the lock-step column path off
 (`functorkit._lockstep.COLUMNS = [False]`): the column path (`_lockstep._columns`) records the first
 model once, matches the others against its definition and compares all types, shapes, dtypes and

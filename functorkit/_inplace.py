@@ -179,7 +179,7 @@ def _fast_plan(
         return None
     k = next((i for i, m in enumerate(models) if m is out), None)
     trees = tuple(models) if k is not None else (*models, out)
-    cols_ = columns(trees, names if k is not None else (*names, "out"), every, fname, True)
+    cols_ = columns(trees, names if k is not None else (*names, "out"), every, fname, True, rebuild=False)
     if cols_ is None:
         return None
     td, leaves, idx, others, dts = cols_

@@ -20,7 +20,7 @@ from ._errors import PolicyError, StructureError
 from ._inplace import run_out
 from ._keypath import KeyPath
 from ._record import record_plain
-from ._registry import NodeDef, dispatch
+from ._registry import TABLES, NodeDef, dispatch
 from ._treedef import _MISS
 from ._typing import Tree as T
 from ._walk import BUILD_NONE, BUILD_SAME, walk
@@ -215,8 +215,46 @@ def _check_trainable_only(trainable_only: Any, fname: str) -> bool:
     return trainable_only
 
 
+class _Deferred:
+    """The definition of a tree walked by a ``lockstep`` walk, recorded only when a path is asked for
+    (a failure's message): what `_columns` returns with ``rebuild=False`` in its place. Nothing has
+    been written when a message is made, so the tree is recorded as it was walked."""
+
+    __slots__ = ("_td", "_tree")
+
+    def __init__(self, tree: Any) -> None:
+        self._tree = tree
+        self._td: Any = None
+
+    def _defn(self) -> Any:
+        if self._td is None:
+            self._td = record_plain(self._tree, track=True)[1]
+        return self._td
+
+    @property
+    def paths(self) -> tuple[KeyPath, ...]:
+        return cast(tuple[KeyPath, ...], self._defn().paths)
+
+    def position_paths(self) -> list[KeyPath]:
+        return cast(list[KeyPath], self._defn().position_paths())
+
+
+def _walk_together(models: Sequence[Any]) -> tuple[list[list[Any]], list[bool] | None] | None:
+    """The root's ``lockstep`` walk of `models` (`NodeDef.lockstep`), or None where it has none or declines."""
+    tables = TABLES[0]
+    nd = tables[1].get(type(models[0]))
+    if type(nd) is not NodeDef or nd.lockstep is None:
+        return None
+    return nd.lockstep(models, True, tables)
+
+
 def _columns(
-    models: Sequence[Any], names: Sequence[str], every: bool, fname: str = "arithmetic", operators: bool = False
+    models: Sequence[Any],
+    names: Sequence[str],
+    every: bool,
+    fname: str = "arithmetic",
+    operators: bool = False,
+    rebuild: bool = True,
 ) -> tuple[Any, list[Any], list[int], list[list[Any]], list[Any]] | None:
     """The common case of the lock-step engine in C-level passes over the leaves: the first model's
     definition and leaves, the indices of its operands, the other models' operands, and the
@@ -228,25 +266,36 @@ def _columns(
     operand has a dtype its adapter lists in ``operator_less`` (torch float8: the per-leaf path
     then calls the adapter's kernel there), found in the dtype pass the comparison makes anyway.
     Each fact of the first model's operands is read once (one pass), whatever the number of models,
-    and the other models' density is checked in one adapter call after they are matched."""
+    and the other models' density is checked in one adapter call after they are matched.
+    ``rebuild=False``: the caller builds nothing from the definition (``out=``, the reductions), so
+    a root node with a ``lockstep`` walk (torch modules) walks all models in one pass instead of
+    being recorded and matched; the definition returned then records the first model only if a
+    path is asked for (`_Deferred`)."""
     if not COLUMNS[0] or tracing():  # under torch.compile the per-leaf path traces without breaks
         return None
-    leaves, td = record_plain(models[0], track=True)
-    if td._ties() is not None or td._shares():
-        return None
+    walked = None if rebuild else _walk_together(models)
+    if walked is not None:
+        flats, mask = walked
+        leaves = flats[0]
+        td: Any = _Deferred(models[0])
+    else:
+        leaves, td = record_plain(models[0], track=True)
+        if td._ties() is not None or td._shares():
+            return None
+        mask = td._trainable_mask()
     try:
         one = inexact_one_type(leaves)  # arrays of one type (they hold no arrays of their own)
     except TypeError:  # np.matrix: the per-leaf path raises it with its path
         return None
     if one is None:
-        td.refuse_holders(leaves)
+        if walked is None:  # (a lock-step walk lists arrays of its own types only)
+            td.refuse_holders(leaves)
         try:
             flags = inexact_flags(leaves)
         except TypeError:  # a leaf functorkit refuses (np.matrix): the per-leaf path raises it with its path
             return None
     else:
         flags = one[0]
-    mask = td._trainable_mask()
     if not every and mask is not None:
         flags = list(map(operator.and_, flags, mask))
     if all(flags):  # every leaf an operand (the common case): no index lists
@@ -283,19 +332,24 @@ def _columns(
     dts = list(map(_DTYPE_OF, vx)) if one is None else one[1] if xs is leaves else list(map(one[1].__getitem__, idx))
     if operators and less and not less.isdisjoint(dts):
         return None
-    fm = td._generated_match()  # generated for a small container tree met before (_plans.py)
+    # generated for a small container tree met before (_plans.py)
+    fm = None if walked is not None else td._generated_match()
     t0 = type(xs[0]) if xs else None
     cols: list[list[Any]] = []
     vcs: list[list[Any]] = []
     for j, m in enumerate(models[1:], start=1):
-        o = fm(m, False) if fm is not None else _MISS
-        if o is _MISS:
-            o = td._match(m, j, tuple(names))
-        if type(o) is int:
-            return None
+        if walked is not None:
+            o: Any = walked[0][j]
+        else:
+            o = fm(m, False) if fm is not None else _MISS
+            if o is _MISS:
+                o = td._match(m, j, tuple(names))
+            if type(o) is int:
+                return None
         col = cast(list[Any], o) if xs is leaves else list(map(cast(list[Any], o).__getitem__, idx))
         same = all(map(operator.is_, map(type, col), repeat(t0))) if types is None else list(map(type, col)) == types
-        if not same or xs is not leaves:  # (every position an array of the first model's types: no holder)
+        if walked is None and (not same or xs is not leaves):  # (every position an array of the first
+            # model's types: no holder)
             td.refuse_holders(cast(list[Any], o), positions=True)
         if not same:
             return None
@@ -421,7 +475,7 @@ def _reduce_params(
     parts: list[Any] = []
     first: list[Any] = []  # [path, x, type, adapter, device, namespace] of the first parameter
     every = not _check_trainable_only(trainable_only, fname)
-    cols = _columns(models, names, every, fname) if op is not None else None
+    cols = _columns(models, names, every, fname, rebuild=False) if op is not None else None
     if cols is not None and op is not None and cols[2]:
         _, leaves, idx, others, _ = cols
         xs = list(map(leaves.__getitem__, idx))

@@ -33,8 +33,8 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     calls: list[bool] = []
     real = _lockstep._columns
 
-    def spy(*args: Any) -> Any:
-        out = real(*args)
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
         calls.append(out is not None)
         return out
 

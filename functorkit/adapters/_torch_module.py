@@ -35,15 +35,17 @@ own parameters.
 
 from __future__ import annotations
 
+import operator
 import sys
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from .._nodedef import NodeDef, cached_properties
+from .._record import all_distinct
 
 __all__ = ["claims", "node_for"]
 
@@ -146,6 +148,118 @@ INLINE_SLOTS = True
 #: ``_children(m, keys=False)`` lists the children without making their keys (tests and bench_walk's
 #: module ``fk.leaves(m)`` row switch it off: the keys are made and dropped then)
 VALUES_ONLY = True
+
+
+#: `_lockstep` walks modules for ``out=`` (tests and bench_arith's module EMA rows switch it off: the
+#: first module is then recorded and the others matched against its definition)
+LOCKSTEP = True
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+
+def _section(sec: dict[str, Any]) -> tuple[list[str], list[Any]]:
+    """A section's child names and children, its ``None`` slots left out (they are not children)."""
+    vals = list(sec.values())
+    if _NONE not in map(type, vals):
+        return list(sec), vals
+    return [k for k, v in sec.items() if v is not None], [v for v in vals if v is not None]
+
+
+def _param_flags(vals: list[Any]) -> list[bool] | None:
+    """`_trainable`'s answer for each tensor in a parameter slot, or None for an uninitialized one
+    (a lazy module: the recording walk refuses it, naming its path)."""
+    if _PARAMETER.issuperset(map(type, vals)):
+        return list(map(_REQUIRES_GRAD, vals))
+    out = []
+    for v in vals:
+        if type(v) is torch.nn.Parameter:
+            out.append(v.requires_grad)
+            continue
+        if isinstance(v, _Uninitialized):
+            return None
+        param = getattr(v, "_is_param", False) is True or isinstance(v, torch.nn.Parameter)
+        out.append(v.requires_grad if param else True)
+    return out
+
+
+def _lockstep(
+    trees: Sequence[Any], track: bool, tables: Any
+) -> tuple[list[list[Any]], list[bool] | None] | None:
+    """`NodeDef.lockstep` for two modules (``out=``'s common case: an EMA, ``fk.add(a, b, out=a)``):
+    both modules' leaves (parameters, then buffers, then the submodules' leaves, each in
+    registration order: the recording walk's order) and the first module's trainable flags
+    (`_trainable`, per leaf), walked together in one pass over the modules' ``__dict__`` sections,
+    their names compared in C (no keys made, no aux data copied, no definition built: bench_arith's
+    12-block ``nn.Module`` EMA rows). None, and the recording walk then runs, for any other number
+    of trees, and unless every node is a module of the adapter's own node types (no node registered
+    over one), the modules match node for node (classes, child names in order), every child that
+    is not a module is a tensor, and the first module has no tie and no shared submodule."""
+    if not LOCKSTEP or len(trees) != 2:
+        return None
+    disp_get = tables[1].get
+    is_leaf = tables[2].issuperset
+    defs_get = _DEFS.get
+    flat0: list[Any] = []
+    flat1: list[Any] = []
+    extend0 = flat0.extend
+    extend1 = flat1.extend
+    nodes: list[Any] = []
+    add_node = nodes.append
+    flags: list[bool] | None = [] if track else None
+
+    def leaves(sec0: dict[str, Any], sec1: dict[str, Any], params: bool) -> bool:
+        # one section of parameters or buffers: the same names in order in both modules, leaves
+        names, vals = _section(sec0)
+        names1, vals1 = _section(sec1)
+        if names1 != names or not is_leaf(map(type, vals)) or not is_leaf(map(type, vals1)):
+            return False
+        extend0(vals)
+        extend1(vals1)
+        if flags is not None:
+            got = _param_flags(vals) if params else [False] * len(vals)  # (buffers are not trainable)
+            if got is None:
+                return False
+            flags.extend(got)
+        return True
+
+    def visit(m0: Any, m1: Any, depth: int) -> bool:
+        cls = type(m0)
+        nd = defs_get(cls)
+        if nd is None or type(m1) is not cls or disp_get(cls) is not nd or depth > 200:
+            return False
+        add_node(m0)
+        d0 = m0.__dict__
+        d1 = m1.__dict__
+        p0, p1 = d0["_parameters"], d1["_parameters"]
+        if (p0 or p1) and not leaves(p0, p1, True):
+            return False
+        b0, b1 = d0["_buffers"], d1["_buffers"]
+        if (b0 or b1) and not leaves(b0, b1, False):
+            return False
+        s0 = d0["_modules"]
+        s1 = d1["_modules"]
+        if not s0:
+            return not s1
+        names, vals = _section(s0)
+        names1, vals1 = _section(s1)
+        if names1 != names:
+            return False
+        depth += 1
+        for c0, c1 in zip(vals, vals1):  # noqa: SIM110  (a loop: no generator frame per module)
+            if not visit(c0, c1, depth):
+                return False
+        return True
+
+    try:
+        ok = visit(trees[0], trees[1], 0)
+    finally:
+        visit = None  # type: ignore[assignment]  # the closure refers to itself: break the cycle
+    if not ok or not all_distinct(flat0 + nodes):
+        return None
+    for flat in (flat0, flat1):  # tensors only (a slot holding anything else: the recording walk decides)
+        for t in set(map(type, flat)):
+            if not issubclass(t, torch.Tensor):
+                return None
+    return [flat0, flat1], None if flags is None or all(flags) else flags
 
 
 def _slots(d: dict[str, Any], keep_none: bool) -> tuple[list[Any], list[Any], Any]:
@@ -498,5 +612,6 @@ def node_for(cls: type) -> NodeDef | None:
             state_skip=_state_skip,
             flatten_slots=_flatten_slots if flatten is _flatten else lambda m: flatten(m, True),
             children=_children,
+            lockstep=_lockstep,
         )
     return nd
