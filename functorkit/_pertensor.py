@@ -250,8 +250,9 @@ _C1, _C2 = 0x85EBCA6B, 0xC2B2AE35
 #: the masks compare 24 uniform bits with round(density * 2**24)
 MASK_BITS = 24
 #: a Dask block is computed in row pieces of about this many elements (`_piecewise`, the int32 mask hash):
-#: temporaries of 256 KiB of float32, in a core's L2 (16 Ki before session 13: 20-30% slower bodies)
-_PIECE = 1 << 16
+#: temporaries of 128 KiB of float32, in a core's L2 (16 Ki before session 13: a TIES body 25% slower;
+#: 64 Ki: 7% faster still, but 2-4 MB more peak RSS on bfloat16)
+_PIECE = 1 << 15
 
 
 def _i32(v: int) -> int:
