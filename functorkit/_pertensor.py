@@ -250,9 +250,9 @@ _C1, _C2 = 0x85EBCA6B, 0xC2B2AE35
 #: the masks compare 24 uniform bits with round(density * 2**24)
 MASK_BITS = 24
 #: a Dask block is computed in row pieces of about this many elements (`_piecewise`, the int32 mask hash):
-#: temporaries of 128 KiB of float32, in a core's L2 (16 Ki before session 13: a TIES body 25% slower;
-#: 64 Ki: 7% faster still, but 2-4 MB more peak RSS on bfloat16)
-_PIECE = 1 << 15
+#: cache-sized temporaries. Measured in session 13: 32 Ki pieces make a TIES body 20% faster (2% of a
+#: merge) but cost about 2 MB of peak RSS on bfloat16 DARE (over the 25% target there), so 16 Ki stays
+_PIECE = 1 << 14
 
 
 def _i32(v: int) -> int:
