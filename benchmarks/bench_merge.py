@@ -33,6 +33,8 @@ HIDDEN, INTER, VOCAB = 1024, 2816, 8000
 
 #: the methods whose tensors share reductions: also measured with the one-pass save (`TWO_PASS` off)
 REDUCING = ("slerp", "TIES (density 0.5)", "DARE (density 0.5, L1 rescale)", "model stock")
+#: the methods whose NumPy fast paths (`_pertensor.BIT_SELECT`, `UINT32_HASH`) are also measured off
+SELECTING = ("TIES (density 0.5)", "DARE (density 0.5, L1 rescale)", "DARE-TIES")
 
 METHODS = {
     "linear (`fk.mean`)": "fk.mean([b, *ms])",
@@ -62,6 +64,9 @@ paths, out, shard, expr, passes = sys.argv[1:4], sys.argv[4], int(sys.argv[5]), 
 if passes == "one":
     import functorkit._ckpt_write as ck
     ck.TWO_PASS = False  # the one-pass save, for the comparison row
+if passes == "slow":
+    import functorkit._pertensor as pt
+    pt.BIT_SELECT = pt.UINT32_HASH = False  # np.where selects, int32 hashing: the comparison row
 t0 = time.perf_counter()
 b, *ms = [fk.open(p) for p in paths]
 fk.save(out, eval(expr), shard_size=shard)
@@ -114,9 +119,10 @@ def measure(mb: int) -> dict[str, dict[str, object]]:
             rows: dict[str, dict[str, float]] = {}
             runs = [(name, expr, "two") for name, expr in METHODS.items()]
             runs += [(name, METHODS[name], "one") for name in REDUCING]
+            runs += [(name, METHODS[name], "slow") for name in SELECTING]
             for i, (name, expr, passes) in enumerate(runs):
                 target = t / f"merged{i}"  # a new directory each time, as a user's merge writes
-                label = name if passes == "two" else f"{name}, one pass"
+                label = {"two": name, "one": f"{name}, one pass", "slow": f"{name}, NumPy fast paths off"}[passes]
                 rows[label] = _child(*map(str, folders), str(target), str(size // 4), expr, passes)
                 shutil.rmtree(target)
                 floors.append(bench_checkpoint._floor(folders, t / "floor.bin", size))  # between the merges
@@ -153,7 +159,8 @@ def section(r: dict[str, dict[str, object]], quick: bool) -> str:
 Three Llama-shaped checkpoints of {", ".join(sizes)} (sharded safetensors, written by the
 benchmark{"; quick run" if quick else ""}); each merge in a fresh process, `fk.save` of the lazy
 merge of `fk.open`ed models into a new directory (the default two-pass save; "one pass": the
-reductions computed inside the single pass, for comparison). Floor: reading the three checkpoints
+reductions computed inside the single pass, for comparison; "NumPy fast paths off": `np.where` for
+the selections and the int32 hash for DARE's masks, for comparison). Floor: reading the three checkpoints
 once plus writing one (page cache), measured before and after every merge of the run (the
 median). RSS: peak (`VmHWM`), in total and above the process's peak after its imports (what the
 merge itself costs a user who has imported numpy and dask), each against one checkpoint.

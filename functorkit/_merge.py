@@ -34,6 +34,7 @@ from ._pertensor import (
     kth_largest,
     mask_keys,
     per_model,
+    select,
     sums,
     work,
 )
@@ -43,12 +44,6 @@ from .adapters import adapter_of
 from .adapters._sharding import new_array_device
 
 __all__ = ["dare", "model_stock", "slerp", "task_arithmetic", "ties"]
-
-
-def _zero(xp: Any, like: Any) -> Any:
-    """A 0-d zero of `like`'s dtype and device, for ``where`` (broadcast: no full array of zeros is
-    allocated and filled per call; the same values as ``zeros_like``)."""
-    return _scalar(xp, 0.0, like)
 
 
 def _scalar(xp: Any, v: float, like: Any) -> Any:
@@ -164,8 +159,7 @@ def _abs_delta_of(xp: Any, x: Any, o: Any, keep: Any) -> Any:
 
 
 def _abs_kept(xp: Any, x: Any, o: Any, keep: Any) -> Any:
-    d = work(xp, o) - work(xp, x)
-    return xp.abs(xp.where(keep, d, _zero(xp, d)))
+    return xp.abs(select(xp, keep, work(xp, o) - work(xp, x)))
 
 
 def _off_prod(xp: Any, x: Any, o1: Any, o2: Any) -> Any:
@@ -254,17 +248,21 @@ def _mix(
             plus = total >= 0  # mergekit: the majority sign is + where the weighted sum is >= 0
             mixed = None
             div = None
+            minus = ~plus
             for d, w in zip(wd, wv, strict=True):
-                agree = xp.where(plus, d > 0, d < 0)  # sign(d) == majority (a zero delta never agrees)
-                kept = xp.where(agree, d, _zero(xp, d))
+                # sign(d) == majority (a zero delta never agrees): where(plus, d > 0, d < 0) without a select
+                agree = (plus & (d > 0)) | (minus & (d < 0))
+                kept = select(xp, agree, d)
                 mixed = kept if mixed is None else mixed + kept
                 if normalize:
-                    wm = xp.where(agree, _scalar(xp, w, d), _zero(xp, d))
+                    # where(agree, w, 0): w or +0.0 (the 1.0 or 0.0 of the mask times w, zeros made +0.0)
+                    wm = select(xp, agree, xp.astype(agree, d.dtype) * w)
                     div = wm if div is None else div + wm
             assert mixed is not None
             if normalize:
                 assert div is not None
-                mixed = mixed / xp.where(div == 0, _scalar(xp, 1.0, div), div)
+                # where(div == 0, 1, div): a zero divisor (+0.0 or -0.0) plus 1 is 1, any other plus 0 itself
+                mixed = mixed / (div + xp.astype(div == 0, div.dtype))
         else:
             mixed = wd[0]
             for d in wd[1:]:
@@ -333,7 +331,7 @@ def _magnitude(densities: list[Schedule]) -> Any:
         return (), (kth_largest(xp, a, count_kept(n, dens)),)
 
     def apply(xp: Any, path: KeyPath, i: int, d: Any, arrays: Any, consts: Any) -> Any:
-        return xp.where(xp.abs(d) >= consts[0], d, _zero(xp, d))
+        return select(xp, xp.abs(d) >= consts[0], d)
 
     return prepare, apply
 
@@ -420,7 +418,7 @@ def _bernoulli(densities: list[Schedule], seed: int, rescale: Any) -> Any:
         return (keep,), ()
 
     def apply(xp: Any, path: KeyPath, i: int, d: Any, arrays: Any, consts: Any) -> Any:
-        kept = xp.where(arrays[0], d, _zero(xp, d))
+        kept = select(xp, arrays[0], d)
         if rescale is True:
             return kept * consts[0]
         if type(rescale) is str:  # "inverse" (checked): the DARE paper's 1 / density

@@ -44,6 +44,37 @@ def work(xp: Any, x: Any) -> Any:
     return x
 
 
+#: `select` masks the bits of NumPy float32/float64 arrays (False: ``where`` everywhere; bench_merge's "off" rows)
+BIT_SELECT = True
+_UINT = {4: np.uint32, 8: np.uint64}
+
+
+def select(xp: Any, m: Any, v: Any) -> Any:
+    """``where(m, v, +0.0)`` for a boolean `m` and a floating `v` of one shape, bit for bit.
+
+    NumPy float32/float64 (a Dask block, an eager NumPy array): the bits of `v` ANDed with
+    ``-uint(m)`` (all ones where `m`, zero where not: ``+0.0``), three branch-free passes, where
+    ``np.where`` branches per element and, on a random mask (a TIES trim, a DARE mask, a sign
+    election), runs some 20 times slower (bench_merge's "NumPy where" rows). Every other
+    namespace: ``xp.where``."""
+    if (
+        BIT_SELECT
+        and type(v) is np.ndarray
+        and type(m) is np.ndarray
+        and v.dtype.kind == "f"
+        and v.dtype.itemsize in _UINT
+        and m.dtype == np.bool_
+        and m.shape == v.shape
+    ):
+        u = _UINT[v.dtype.itemsize]
+        bits = m.astype(u)
+        np.negative(bits, out=bits)  # 0 - 1 wraps to all ones
+        np.bitwise_and(bits, v.view(u), out=bits)
+        return bits.view(v.dtype)
+    zero = xp.asarray(0.0, dtype=v.dtype, device=new_array_device(adapter_of(v), v))
+    return xp.where(m, v, zero)
+
+
 def cast_back(xp: Any, r: Any, like: Any) -> Any:
     """`r` in `like`'s dtype (one cast at the end of a merge; none when the dtype is already right)."""
     if r.dtype == like.dtype:
@@ -218,7 +249,9 @@ _GOLDEN = 0x9E3779B1
 _C1, _C2 = 0x85EBCA6B, 0xC2B2AE35
 #: the masks compare 24 uniform bits with round(density * 2**24)
 MASK_BITS = 24
-#: a Dask block's mask is hashed in pieces of about this many elements (cache-sized temporaries)
+#: a Dask block is computed in row pieces of about this many elements (`_piecewise`, the int32 mask hash):
+#: cache-sized temporaries. Measured in session 13: 32 Ki pieces make a TIES body 20% faster (2% of a
+#: merge) but cost about 2 MB of peak RSS on bfloat16 DARE (over the 25% target there), so 16 Ki stays
 _PIECE = 1 << 14
 
 
@@ -279,6 +312,58 @@ def _bits(xp: Any, idx: Any, keys: tuple[int, int], thr: int) -> Any:
     return _lsr(xp, h, 32 - MASK_BITS) < thr
 
 
+#: `_keep_block` hashes NumPy blocks in place on uint32 words (False: the namespace's int32 code; bench_merge's rows)
+UINT32_HASH = True
+#: elements per piece of `_keep_block_u32` (two uint32 buffers of 256 KiB: in a core's L2)
+_HASH_PIECE = 1 << 16
+_G32 = np.uint32(_GOLDEN)
+_STEPS: dict[int, Any] = {}  # piece size -> arange(piece) * golden (uint32, read-only)
+
+
+def _fmix_u32(h: Any, t: Any) -> None:
+    """`_fmix` in place on NumPy uint32 `h` (`t`: a scratch array of its shape): a logical shift is
+    one pass on unsigned words, the products wrap modulo 2**32 as on int32: the same bits."""
+    for s, c in ((16, _C1), (13, _C2), (16, None)):
+        np.right_shift(h, s, out=t)
+        np.bitwise_xor(h, t, out=h)
+        if c is not None:
+            np.multiply(h, np.uint32(c), out=h)
+
+
+def _keep_block_u32(keys: tuple[int, int], thr: int, first: int, out: Any) -> Any:
+    """`_bits` into the NumPy bool block `out`, whose elements have the flat indices ``first ..
+    first + out.size`` (a block of whole rows): per piece of `_HASH_PIECE` elements,
+    ``i * golden + k0`` as a precomputed ``arange * golden`` plus one constant, both finalisers in
+    place on two uint32 buffers, and ``(h >> 8) < thr`` as ``h < thr << 8``: 19 passes on
+    cache-sized words instead of about 30 temporaries (the same bits; tests/test_merge_fast_paths.py)."""
+    flat = out.reshape(-1)
+    n = int(flat.shape[0])
+    if not n:
+        return out
+    p = min(_HASH_PIECE, n)
+    steps = _STEPS.get(p)
+    if steps is None:
+        steps = np.arange(p, dtype=np.uint32) * _G32
+        steps.flags.writeable = False
+        _STEPS[p] = steps
+    h = np.empty(p, dtype=np.uint32)
+    t = np.empty(p, dtype=np.uint32)
+    k1 = np.uint32(keys[1] & _M32)
+    lim = thr << (32 - MASK_BITS)
+    for i in range(0, n, p):
+        m = min(p, n - i)
+        hh, tt = h[:m], t[:m]
+        np.add(steps[:m], np.uint32(((first + i) * _GOLDEN + keys[0]) & _M32), out=hh)
+        _fmix_u32(hh, tt)
+        np.bitwise_xor(hh, k1, out=hh)
+        _fmix_u32(hh, tt)
+        if lim > _M32:  # density rounds to 2**24: every element kept
+            flat[i : i + m] = True
+        else:
+            np.less(hh, np.uint32(lim), out=flat[i : i + m])
+    return out
+
+
 def _keep_block(shape: tuple[int, ...], keys: tuple[int, int], thr: int, block: Any, block_info: Any = None) -> Any:
     """One Dask block of the mask (``map_blocks``; a module-level function, so it pickles to
     worker processes): the block's flat indices from its location in the whole array."""
@@ -288,6 +373,9 @@ def _keep_block(shape: tuple[int, ...], keys: tuple[int, int], thr: int, block: 
     xp = namespace(block)
     starts = tuple(int(a) for a, _ in loc)
     bshape = tuple(int(b - a) for a, b in loc)
+    if UINT32_HASH and type(block) is np.ndarray and bshape[1:] == shape[1:]:
+        # a NumPy block of whole rows (fk.open's chunks): flat indices first .. first + size
+        return _keep_block_u32(keys, thr, starts[0] * math.prod(shape[1:]), np.empty(bshape, dtype=np.bool_))
     row = math.prod(bshape[1:])
     step = max(1, _PIECE // max(row, 1))
     if bshape[0] <= step:

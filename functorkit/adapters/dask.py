@@ -102,20 +102,41 @@ def _key(x: Any) -> Any:
     return np.bitwise_xor(bits, flip, out=flip)
 
 
+#: the level-0 histogram from the raw top 16 bits: key digit j counts the raw digit _KEY_TO_RAW[j]
+#: (a non-negative float's key sets the sign bit, a negative one's is its complement)
+_DIGITS = np.arange(1 << _RADIX, dtype=np.intp)
+_KEY_TO_RAW = np.where(_DIGITS >> (_RADIX - 1), _DIGITS & ((1 << (_RADIX - 1)) - 1), ~_DIGITS & ((1 << _RADIX) - 1))
+
+
 def _histogram(level: int, shift: int, count: Any, x: Any, prefix: Any) -> Any:
     """A block's histogram of the key bits ``shift .. shift + 16`` among the elements whose higher
-    bits are `prefix` (every element at the first level), in counts of dtype `count`."""
-    flat = x.reshape(-1)
+    bits are `prefix` (every element at the first level), in counts of dtype `count`.
+
+    Counted on the float's raw bits, without making the keys (`_key`: four passes): the key is a
+    bijection of the bits, so at the first level the histogram of the raw top 16 bits is permuted
+    (`_KEY_TO_RAW`), and below it `prefix` fixes the sign, so the elements are those whose raw high
+    bits are the prefix's preimage and their digits are the raw ones (non-negative floats) or
+    their complements (negative: the histogram reversed). The same counts, bin for bin."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    u = np.dtype(f"u{flat.dtype.itemsize}")
+    bits = flat.view(u)
+    n = int(bits.shape[0])
     out = np.zeros(1 << _RADIX, dtype=count)
-    for i in range(0, int(flat.shape[0]), _HIST_PIECE):  # cache-sized temporaries (keys, digits)
-        key = _key(flat[i : i + _HIST_PIECE])
-        if level:
-            key = key[(key >> key.dtype.type(shift + _RADIX)) == key.dtype.type(prefix)]
-        digits = key >> key.dtype.type(shift)
-        if level:
-            digits &= key.dtype.type((1 << _RADIX) - 1)
-        out += np.bincount(digits.astype(np.intp, copy=False), minlength=1 << _RADIX)
-    return out
+    if not level:
+        for i in range(0, n, _HIST_PIECE):  # cache-sized temporaries (digits)
+            out += np.bincount(bits[i : i + _HIST_PIECE] >> u.type(shift), minlength=1 << _RADIX)
+        return out[_KEY_TO_RAW]
+    width = 8 * flat.dtype.itemsize - shift - _RADIX  # bits of `prefix`
+    p = int(prefix)
+    positive = p >> (width - 1)  # the key's sign bit set: a non-negative float
+    raw = p & ((1 << (width - 1)) - 1) if positive else ~p & ((1 << width) - 1)
+    high, low, mask = u.type(shift + _RADIX), u.type(shift), u.type((1 << _RADIX) - 1)
+    for i in range(0, n, _HIST_PIECE):
+        piece = bits[i : i + _HIST_PIECE]
+        digits = piece[(piece >> high) == u.type(raw)] >> low
+        digits &= mask
+        out += np.bincount(digits, minlength=1 << _RADIX)
+    return out if positive else out[::-1].copy()
 
 
 def _pick(k: int, which: int, hist: Any, prefix: Any, above: Any) -> Any:
