@@ -204,6 +204,19 @@ def test_a_mismatch_is_refused_as_recording_refuses_it(kind: str, call: str, mon
         assert on[1].startswith("at ["), on
 
 
+def test_a_module_without_its_sections_fails_as_recording_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    def attempt() -> tuple[type, str]:
+        a, b = _pair("blocks")
+        del b[1][1].__dict__["_buffers"]  # (as a module whose Module.__init__ never ran)
+        with pytest.raises(Exception) as info:  # noqa: PT011  (the failure itself is compared)
+            fk.lerp(a, b, 0.5, out=a)
+        return type(info.value), str(info.value)
+
+    on = attempt()
+    monkeypatch.setattr(_torch_module, "LOCKSTEP", False)
+    assert attempt() == on
+
+
 def test_a_lazy_module_is_refused_by_path_either_way(monkeypatch: pytest.MonkeyPatch) -> None:
     def attempt() -> str:
         a = nn.Sequential(nn.Linear(2, 2), nn.LazyLinear(3))

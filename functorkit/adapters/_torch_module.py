@@ -229,14 +229,15 @@ def _lockstep(
         add_node(m0)
         d0 = m0.__dict__
         d1 = m1.__dict__
-        p0, p1 = d0["_parameters"], d1["_parameters"]
+        p0, p1 = d0.get("_parameters"), d1.get("_parameters")
+        b0, b1 = d0.get("_buffers"), d1.get("_buffers")
+        s0, s1 = d0.get("_modules"), d1.get("_modules")
+        if None in (p0, p1, b0, b1, s0, s1):  # a module whose ``Module.__init__`` never ran: the
+            return False  # recording walk decides (and raises, naming the path)
         if (p0 or p1) and not leaves(p0, p1, True):
             return False
-        b0, b1 = d0["_buffers"], d1["_buffers"]
         if (b0 or b1) and not leaves(b0, b1, False):
             return False
-        s0 = d0["_modules"]
-        s1 = d1["_modules"]
         if not s0:
             return not s1
         names, vals = _section(s0)
