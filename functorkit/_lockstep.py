@@ -19,7 +19,7 @@ from ._dense import check_dense, check_dense_leaf, check_dense_of
 from ._errors import PolicyError, StructureError
 from ._inplace import run_out
 from ._keypath import KeyPath
-from ._record import record_plain
+from ._record import all_distinct, record_plain
 from ._registry import TABLES, NodeDef, dispatch
 from ._treedef import _MISS
 from ._typing import Tree as T
@@ -240,12 +240,20 @@ class _Deferred:
 
 
 def _walk_together(models: Sequence[Any]) -> tuple[list[list[Any]], list[bool] | None] | None:
-    """The root's ``lockstep`` walk of `models` (`NodeDef.lockstep`), or None where it has none or declines."""
+    """The root's ``lockstep`` walk of `models` (`NodeDef.lockstep`): every model's leaves and the
+    first one's trainable flags, or None where the root has none, it declines, or the first model
+    has a tie or a shared sub-tree (the recording walk then records them)."""
     tables = TABLES[0]
     nd = tables[1].get(type(models[0]))
     if type(nd) is not NodeDef or nd.lockstep is None:
         return None
-    return nd.lockstep(models, True, tables)
+    got = nd.lockstep(models, True, tables)
+    if got is None:
+        return None
+    flats, flags, nodes = got
+    if not all_distinct(flats[0] + nodes):
+        return None
+    return flats, flags
 
 
 def _columns(

@@ -66,13 +66,15 @@ class NodeDef:
     (SPEC 12, ``docs/treedef.md`` R2): false for tuples, namedtuples, frozen
     dataclasses and attrs classes, and mapping proxies.
 
-    ``lockstep(trees, track, tables) -> (leaves, flags) | None`` (optional) walks trees rooted at
-    this node type in lock step, for the in-place arithmetic (``out=``), which needs no definition
-    to rebuild: ``leaves`` the leaves of each tree in the walk's order, ``flags`` the first tree's
-    trainable leaves (None: every leaf, or `track` false). It answers only where recording the
-    first tree and matching the others against it would give the same lists with no tie, no shared
-    sub-tree and no failure (torch modules of the adapter's own node types): None otherwise, and the
-    recording walk then runs (and names any difference).
+    ``lockstep(trees, track, tables) -> (leaves, flags, nodes) | None`` (optional) walks trees
+    rooted at this node type in lock step, for the in-place arithmetic (``out=``) and the
+    reductions, which need no definition to rebuild: ``leaves`` the leaves of each tree in the
+    walk's order, ``flags`` the first tree's trainable leaves (None: every leaf, or `track` false),
+    ``nodes`` the first tree's nodes. It answers only where recording the first tree and matching
+    the others against it would give the same lists without failing (torch modules of the
+    adapter's own node types), provided the first tree's leaves and nodes are all distinct, which
+    the engine then tests (no tie, no shared sub-tree); None otherwise, and the recording walk
+    then runs (and names any difference).
 
     ``check(keys, n, aux, named)`` (optional) says whether a recorded entry read from outside (a
     ``TreeDef.from_json`` document) is one this node's ``flatten`` could have made: ``None`` if so,
@@ -111,7 +113,7 @@ class NodeDef:
         mutable: bool = True,
         children: Callable[..., tuple[list[Any] | None, list[Any]]] | None = None,
         check: Callable[[Any, int, Any, bool], str | None] | None = None,
-        lockstep: Callable[..., tuple[list[list[Any]], list[bool] | None] | None] | None = None,
+        lockstep: Callable[..., tuple[list[list[Any]], list[bool] | None, list[Any]] | None] | None = None,
     ) -> None:
         self.check = check
         self.lockstep = lockstep

@@ -945,8 +945,23 @@ def test_the_other_trees_of_a_multi_tree_operation_are_matched_without_their_aux
     finally:
         for nd, f in saved.items():
             nd.flatten = f  # type: ignore[method-assign]
-    # fk.fmap records `a` and matches `b`; the lerp records `b` (out, the first model) and matches `a`
-    assert sorted(calls) == sorted(id(x) for m in (a, b) for x in m.modules())  # each module flattened once
+    # fk.fmap records `a` and matches `b`; the in-place lerp flattens neither (the two modules are
+    # walked in lock step: tests/test_module_lockstep.py), and without that walk it records `b`
+    # (out, the first model) and matches `a`
+    assert sorted(calls) == sorted(id(x) for x in a.modules())  # each module of `a` flattened once
+    from functorkit.adapters import _torch_module
+
+    calls.clear()
+    _torch_module.LOCKSTEP = False
+    try:
+        for nd in defs:
+            nd.flatten = (lambda f: lambda m, *k: calls.append(id(m)) or f(m, *k))(saved[nd])  # type: ignore[method-assign]
+        fk.lerp(b, a, 0.5, out=b)
+    finally:
+        _torch_module.LOCKSTEP = True
+        for nd, f in saved.items():
+            nd.flatten = f  # type: ignore[method-assign]
+    assert sorted(calls) == sorted(id(x) for x in b.modules())  # `b` flattened once, `a` only matched
 
 
 @pytest.mark.parametrize("op", ["add", "sub", "scale", "lerp", "lincomb", "mean", "normalize"])

@@ -45,7 +45,6 @@ from typing import Any
 import torch
 
 from .._nodedef import NodeDef, cached_properties
-from .._record import all_distinct
 
 __all__ = ["claims", "node_for"]
 
@@ -183,16 +182,17 @@ def _param_flags(vals: list[Any]) -> list[bool] | None:
 
 def _lockstep(
     trees: Sequence[Any], track: bool, tables: Any
-) -> tuple[list[list[Any]], list[bool] | None] | None:
+) -> tuple[list[list[Any]], list[bool] | None, list[Any]] | None:
     """`NodeDef.lockstep` for two modules (``out=``'s common case: an EMA, ``fk.add(a, b, out=a)``):
     both modules' leaves (parameters, then buffers, then the submodules' leaves, each in
     registration order: the recording walk's order) and the first module's trainable flags
-    (`_trainable`, per leaf), walked together in one pass over the modules' ``__dict__`` sections,
+    (`_trainable`, per leaf), and the first module's modules, walked together in one pass over
+    the modules' ``__dict__`` sections,
     their names compared in C (no keys made, no aux data copied, no definition built: bench_arith's
     12-block ``nn.Module`` EMA rows). None, and the recording walk then runs, for any other number
     of trees, and unless every node is a module of the adapter's own node types (no node registered
     over one), the modules match node for node (classes, child names in order), every child that
-    is not a module is a tensor, and the first module has no tie and no shared submodule."""
+    is not a module is a tensor (the engine tests the first module for ties and shared submodules)."""
     if not LOCKSTEP or len(trees) != 2:
         return None
     disp_get = tables[1].get
@@ -254,13 +254,13 @@ def _lockstep(
         ok = visit(trees[0], trees[1], 0)
     finally:
         visit = None  # type: ignore[assignment]  # the closure refers to itself: break the cycle
-    if not ok or not all_distinct(flat0 + nodes):
+    if not ok:
         return None
     for flat in (flat0, flat1):  # tensors only (a slot holding anything else: the recording walk decides)
         for t in set(map(type, flat)):
             if not issubclass(t, torch.Tensor):
                 return None
-    return [flat0, flat1], None if flags is None or all(flags) else flags
+    return [flat0, flat1], None if flags is None or all(flags) else flags, nodes
 
 
 def _slots(d: dict[str, Any], keep_none: bool) -> tuple[list[Any], list[Any], Any]:
