@@ -40,7 +40,7 @@ import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -163,21 +163,27 @@ def _section(sec: dict[str, Any]) -> tuple[list[str], list[Any]]:
     return [k for k, v in sec.items() if v is not None], [v for v in vals if v is not None]
 
 
+def _slot_trainable(v: Any) -> bool | None:
+    """`_trainable`'s rule for the tensor in one parameter slot: a plain tensor is trainable, a
+    Parameter while it requires grad; None for an uninitialized one (a lazy module's)."""
+    if type(v) is torch.nn.Parameter:  # (a plain Parameter is never an uninitialized one)
+        return bool(v.requires_grad)
+    if isinstance(v, _Uninitialized):
+        return None
+    # a Parameter of a tensor subclass (FSDP2's DTensors) carries ``_is_param``, which is what
+    # Parameter's Python ``__instancecheck__`` reads first: tested without that call
+    # (bench_sharded's EMA rows)
+    param = getattr(v, "_is_param", False) is True or isinstance(v, torch.nn.Parameter)
+    return bool(v.requires_grad) if param else True
+
+
 def _param_flags(vals: list[Any]) -> list[bool] | None:
-    """`_trainable`'s answer for each tensor in a parameter slot, or None for an uninitialized one
+    """`_slot_trainable` of each tensor in a parameter slot, or None for an uninitialized one
     (a lazy module: the recording walk refuses it, naming its path)."""
     if _PARAMETER.issuperset(map(type, vals)):
         return list(map(_REQUIRES_GRAD, vals))
-    out = []
-    for v in vals:
-        if type(v) is torch.nn.Parameter:
-            out.append(v.requires_grad)
-            continue
-        if isinstance(v, _Uninitialized):
-            return None
-        param = getattr(v, "_is_param", False) is True or isinstance(v, torch.nn.Parameter)
-        out.append(v.requires_grad if param else True)
-    return out
+    out = list(map(_slot_trainable, vals))
+    return None if None in out else cast(list[bool], out)
 
 
 def _lockstep(
@@ -521,28 +527,20 @@ def _trainable(m: Any) -> frozenset[Any] | None:
                 return None
     out = []
     every = True
-    Parameter = torch.nn.Parameter
     for name, v in d["_parameters"].items():
         if v is None:
             continue
-        if type(v) is not Parameter:  # (a plain Parameter is never an uninitialized one)
-            if isinstance(v, _Uninitialized):
-                msg = (
-                    f"the parameter {name!r} of this {type(m).__name__} is uninitialized (a lazy module): it has "
-                    "no shape and no values yet, so it cannot be flattened or combined. Expected initialized "
-                    "parameters; fix: run one forward pass through the model first, which initializes them."
-                )
-                err = ValueError(msg)
-                err.functorkit_needs_path = True  # type: ignore[attr-defined]  # the walk puts the module's path first
-                raise err
-            # a Parameter of a tensor subclass (FSDP2's DTensors) carries ``_is_param``, which is what
-            # Parameter's Python ``__instancecheck__`` reads first: tested without that call
-            # (bench_sharded's EMA rows)
-            param = getattr(v, "_is_param", False) is True or isinstance(v, Parameter)
-            if param and not v.requires_grad:
-                every = False
-                continue
-        elif not v.requires_grad:
+        trainable = _slot_trainable(v)
+        if trainable is None:
+            msg = (
+                f"the parameter {name!r} of this {type(m).__name__} is uninitialized (a lazy module): it has "
+                "no shape and no values yet, so it cannot be flattened or combined. Expected initialized "
+                "parameters; fix: run one forward pass through the model first, which initializes them."
+            )
+            err = ValueError(msg)
+            err.functorkit_needs_path = True  # type: ignore[attr-defined]  # the walk puts the module's path first
+            raise err
+        if not trainable:
             every = False
             continue
         out.append(_key(name))
