@@ -35,6 +35,8 @@ HIDDEN, INTER, VOCAB = 1024, 2816, 8000
 REDUCING = ("slerp", "TIES (density 0.5)", "DARE (density 0.5, L1 rescale)", "model stock")
 #: the methods whose NumPy fast paths (`_pertensor.BIT_SELECT`, `UINT32_HASH`) are also measured off
 SELECTING = ("TIES (density 0.5)", "DARE (density 0.5, L1 rescale)", "DARE-TIES")
+#: the methods also measured with fk.save's read pool off (`_safetensors_io.READ_POOL`)
+POOLED = ("linear (`fk.mean`)", "TIES (density 0.5)")
 
 METHODS = {
     "linear (`fk.mean`)": "fk.mean([b, *ms])",
@@ -49,6 +51,9 @@ METHODS = {
 _CHILD = """
 import json, resource, sys, time
 import dask.array, functorkit as fk
+t_imp = time.perf_counter()
+import ml_dtypes  # bfloat16 in NumPy: imported before the timed merge (0.7.0 takes over 1 s here)
+ml_s = time.perf_counter() - t_imp
 
 def peak_kb():
     try:
@@ -64,13 +69,17 @@ paths, out, shard, expr, passes = sys.argv[1:4], sys.argv[4], int(sys.argv[5]), 
 if passes == "one":
     import functorkit._ckpt_write as ck
     ck.TWO_PASS = False  # the one-pass save, for the comparison row
+if passes == "nopool":
+    import functorkit._safetensors_io as sio
+    sio.READ_POOL = False  # every block read into new memory: the comparison row
 if passes == "slow":
     import functorkit._pertensor as pt
     pt.BIT_SELECT = pt.UINT32_HASH = False  # np.where selects, int32 hashing: the comparison row
 t0 = time.perf_counter()
 b, *ms = [fk.open(p) for p in paths]
 fk.save(out, eval(expr), shard_size=shard)
-print(json.dumps({"wall": time.perf_counter() - t0, "base_kb": base_kb, "peak_kb": peak_kb()}))
+print(json.dumps({"wall": time.perf_counter() - t0, "base_kb": base_kb, "peak_kb": peak_kb(), "ml_dtypes_s": ml_s,
+                  "ml_dtypes": ml_dtypes.__version__}))
 """
 
 
@@ -120,9 +129,15 @@ def measure(mb: int) -> dict[str, dict[str, object]]:
             runs = [(name, expr, "two") for name, expr in METHODS.items()]
             runs += [(name, METHODS[name], "one") for name in REDUCING]
             runs += [(name, METHODS[name], "slow") for name in SELECTING]
+            runs += [(name, METHODS[name], "nopool") for name in POOLED]
             for i, (name, expr, passes) in enumerate(runs):
                 target = t / f"merged{i}"  # a new directory each time, as a user's merge writes
-                label = {"two": name, "one": f"{name}, one pass", "slow": f"{name}, NumPy fast paths off"}[passes]
+                label = {
+                    "two": name,
+                    "one": f"{name}, one pass",
+                    "slow": f"{name}, NumPy fast paths off",
+                    "nopool": f"{name}, read pool off",
+                }[passes]
                 rows[label] = _child(*map(str, folders), str(target), str(size // 4), expr, passes)
                 shutil.rmtree(target)
                 floors.append(bench_checkpoint._floor(folders, t / "floor.bin", size))  # between the merges
@@ -143,8 +158,14 @@ def section(r: dict[str, dict[str, object]], quick: bool) -> str:
         base = min(row["base_kb"] for row in rows.values()) * 1024
         lines.append(f"| {dtype}: floor (read 3 + write 1) | {floor:.2f} s | 1.0x | | | | |")
         lines.append(
-            f"| {dtype}: the process after its imports (numpy, dask, functorkit) | | | {base / 1e6:.0f} MB "
+            f"| {dtype}: the process after its imports (numpy, dask, functorkit, ml_dtypes) | | | {base / 1e6:.0f} MB "
             f"| {base / size:.0%} | | |"
+        )
+        imp = statistics.median(float(row["ml_dtypes_s"]) for row in rows.values())
+        version = next(iter(rows.values()))["ml_dtypes"]
+        lines.append(
+            f"| {dtype}: `import ml_dtypes` ({version}), once per process, in no row's wall time (median) "
+            f"| {imp:.2f} s | {imp / floor:.1f}x | | | | |"
         )
         for name, row in rows.items():
             peak = row["peak_kb"] * 1024
@@ -160,10 +181,13 @@ Three Llama-shaped checkpoints of {", ".join(sizes)} (sharded safetensors, writt
 benchmark{"; quick run" if quick else ""}); each merge in a fresh process, `fk.save` of the lazy
 merge of `fk.open`ed models into a new directory (the default two-pass save; "one pass": the
 reductions computed inside the single pass, for comparison; "NumPy fast paths off": `np.where` for
-the selections and the int32 hash for DARE's masks, for comparison). Floor: reading the three checkpoints
+the selections and the int32 hash for DARE's masks, for comparison; "read pool off": every block read
+into new memory, for comparison). Floor: reading the three checkpoints
 once plus writing one (page cache), measured before and after every merge of the run (the
-median). RSS: peak (`VmHWM`), in total and above the process's peak after its imports (what the
-merge itself costs a user who has imported numpy and dask), each against one checkpoint.
+median). Each process imports numpy, Dask, functorkit and ml_dtypes (NumPy's bfloat16) before the
+timed merge; the import of ml_dtypes is shown on its own row. RSS: peak (`VmHWM`), in total and
+above the process's peak after its imports (what the merge itself costs a user who has imported
+them), each against one checkpoint.
 
 | merge | wall time | vs floor | peak RSS | vs one checkpoint | above the imports | vs one checkpoint |
 |---|---|---|---|---|---|---|

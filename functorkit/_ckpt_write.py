@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import known_shape
-from ._safetensors_io import CODE_OF, header_bytes, stand_in
+from ._safetensors_io import CODE_OF, POOL, header_bytes, stand_in
 from .adapters import adapter_of
 
 __all__ = ["BATCH_BYTES", "TWO_PASS", "Item", "dtype_name", "write_file"]
@@ -68,17 +68,18 @@ def write_file(file: str, items: list[Item], meta: dict[str, str]) -> None:
         offsets[it.key] = (pos, pos + it.nbytes)
         pos += it.nbytes
     head = header_bytes([(it.key, it.name, it.shape, *offsets[it.key]) for it in items], meta)
-    if TWO_PASS:
-        _reductions_first(order)
-    with builtins.open(file, "wb") as f:
-        f.write(head)
-        f.flush()
-        if not (_PWRITE and _store(f.fileno(), len(head), order, offsets)):
-            _write_batches(f, order)
-        size = os.fstat(f.fileno()).st_size if _PWRITE else f.tell()
-        if size != len(head) + pos:
-            msg = f"fk.save: wrote {size} bytes to {file}, expected {len(head) + pos}."
-            raise RuntimeError(msg)
+    with POOL.active():  # the memory of the blocks read from fk.open'ed files is recycled
+        if TWO_PASS:
+            _reductions_first(order)
+        with builtins.open(file, "wb") as f:
+            f.write(head)
+            f.flush()
+            if not (_PWRITE and _store(f.fileno(), len(head), order, offsets)):
+                _write_batches(f, order)
+            size = os.fstat(f.fileno()).st_size if _PWRITE else f.tell()
+            if size != len(head) + pos:
+                msg = f"fk.save: wrote {size} bytes to {file}, expected {len(head) + pos}."
+                raise RuntimeError(msg)
 
 
 #: the two-pass save (`write_file`): a file's shared reductions are computed first (reading those

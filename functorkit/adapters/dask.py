@@ -6,6 +6,7 @@ import functools
 import importlib
 import math
 import sys
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -180,10 +181,22 @@ def _first(x: Any, cuts: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Sink:
-    """A ``dask.array.store`` target that hands the block it is given to a callable."""
+    """A ``dask.array.store`` target that hands the block it is given to a callable.
+
+    Its Dask token is a random one made once (`__dask_tokenize__`): ``store`` tokenizes every
+    target, and Dask's default for an object pickles it, here the callable with the lazy array it
+    writes and that array's whole graph (0.2 s of a 1 s linear merge of three 220 MB checkpoints,
+    0.5 s of TIES). A sink is one write, never the same task as another sink's, so a token of its
+    own is the right one."""
+
+    __slots__ = ("fn", "token")
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
+        self.token = uuid.uuid4().hex
+
+    def __dask_tokenize__(self) -> str:
+        return self.token
 
     def __setitem__(self, index: Any, value: Any) -> None:
         self.fn(_little_endian(np.asarray(value)))
