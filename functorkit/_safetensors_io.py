@@ -282,23 +282,26 @@ class _Owner:
 
 
 class ReadPool:
-    """Free lists, by size, of the buffers `LazyTensor` reads blocks into while a `fk.save` runs.
+    """A free list of the buffers `LazyTensor` reads blocks into while a `fk.save` runs.
 
     Why: a block read into new memory page-faults every 4 KiB of it (glibc hands freed blocks of
-    megabytes back to the kernel, so the next block's pages are new again): 215,000 faults and about
-    0.3 s of a 1 s merge of three 220 MB checkpoints, two to three times that for TIES, which reads
-    its inputs three times. A buffer is reused only once nothing refers to the array read into it
-    (`_Owner`), so an array kept by anyone is never overwritten. Active while a save runs
-    (`active`, counted, for saves in several threads); free lists hold at most `CAP` bytes per size
-    and are emptied when the last save ends, so nothing is kept afterwards. Buffers below `SMALL`
-    bytes are not pooled (malloc serves those from memory it keeps). Workers in other processes
-    (``dask.distributed``) read into new memory."""
+    megabytes back to the kernel, so the next block's pages are new again): 160,000-215,000 faults
+    and 0.3-0.6 s of a 1-1.6 s linear merge of three 220 MB float32 checkpoints, about 490,000 for
+    TIES, which reads its inputs three times (bench_merge's "read pool off" rows). A buffer is
+    reused only once nothing refers to the array read into it (`_Owner`), so an array kept by
+    anyone is never overwritten. A read takes the buffer freed last where it fits (at least the
+    block's size, at most twice it) and new memory otherwise; at most `KEEP` buffers wait (a task's
+    three inputs and one more: each kept buffer is resident memory, 6-9 MB more peak RSS in that
+    merge), and the list is emptied when the last save ends (`active`, counted, for saves in several
+    threads), so nothing is kept afterwards. Blocks below `SMALL` bytes are not pooled (malloc
+    serves those from memory it keeps). Workers in other processes (``dask.distributed``) read
+    into new memory."""
 
-    CAP = 32 * 2**20
+    KEEP = 4
     SMALL = 2**18
 
     def __init__(self) -> None:
-        self._free: dict[int, list[np.ndarray[Any, Any]]] = {}
+        self._free: list[np.ndarray[Any, Any]] = []
         self._saves = 0
         self._lock = threading.Lock()  # taken to start and end a save, never on a read
         self.reused = 0  # buffers handed out again (tests and benchmarks read it)
@@ -313,27 +316,31 @@ class ReadPool:
             with self._lock:
                 self._saves -= 1
                 if not self._saves:
-                    self._free = {}
+                    self._free = []
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         """A new array of `shape` and `dtype` (its contents undefined, as ``np.empty``'s)."""
         nbytes = math.prod(shape) * dtype.itemsize
         if not (READ_POOL and self._saves and nbytes >= self.SMALL):
             return np.empty(shape, dtype)
-        free = self._free.setdefault(nbytes, [])
-        raw = free.pop() if free else None  # pop: one atomic step (two readers never get one buffer)
+        free = self._free
+        try:
+            raw: np.ndarray[Any, Any] | None = free.pop()  # one atomic step: no two reads get one buffer
+        except IndexError:
+            raw = None
+        if raw is not None and not nbytes <= raw.nbytes <= 2 * nbytes:  # the last one freed is another size
+            self._give_back(free, raw)
+            raw = None
         if raw is None:
             raw = np.empty(nbytes, np.uint8)
         else:
             self.reused += 1
-        owner = _Owner(raw)
+        owner = _Owner(raw[:nbytes])
         weakref.finalize(owner, self._give_back, free, raw).atexit = False
         return np.asarray(owner).view(dtype).reshape(shape)
 
     def _give_back(self, free: list[np.ndarray[Any, Any]], raw: np.ndarray[Any, Any]) -> None:
-        # `free` is the list of the save that handed `raw` out: after the last save it is no longer
-        # in `_free` and is simply dropped with everything in it
-        if self._saves and (len(free) + 1) * raw.nbytes <= max(self.CAP, raw.nbytes):
+        if self._saves and len(free) < self.KEEP:
             free.append(raw)
 
 

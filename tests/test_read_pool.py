@@ -54,7 +54,7 @@ def test_the_same_files_with_the_pool_on_and_off(
     before = io.POOL.reused
     fk.save(tmp_path / "on", MERGES[name](b, ms), shard_size=3000)
     assert io.POOL.reused > before, "no read buffer was reused"
-    assert io.POOL._free == {}, "the pool kept buffers after the save"
+    assert io.POOL._free == [], "the pool kept buffers after the save"
     monkeypatch.setattr(io, "READ_POOL", False)
     before = io.POOL.reused
     fk.save(tmp_path / "off", MERGES[name](b, ms), shard_size=3000)
@@ -83,7 +83,7 @@ def test_an_array_or_a_view_still_referred_to_is_never_reused(tmp_path: Path, sm
         c = _one_block(x, 7)  # now the buffers are free
         assert io.POOL.reused > reused
         np.testing.assert_array_equal(c, x.blocks[7].compute())
-    assert io.POOL._free == {}
+    assert io.POOL._free == []
 
 
 def test_no_pool_outside_a_save(tmp_path: Path, small_blocks: None) -> None:
@@ -92,4 +92,4 @@ def test_no_pool_outside_a_save(tmp_path: Path, small_blocks: None) -> None:
     for i in range(4):
         _one_block(x, i)
     assert io.POOL.reused == before
-    assert io.POOL._free == {}
+    assert io.POOL._free == []
