@@ -107,55 +107,63 @@ def _pwrite_all(fd: int, v: np.ndarray[Any, Any], at: int) -> None:
         done += os.pwrite(fd, view[done:], at + done)
 
 
-class _BlockSink:
-    """Writes one computed block of a lazy tensor at its offset in the file (called in the task that
-    computed it); checks its dtype and size first."""
+class _RowSink:
+    """Writes the computed blocks of one lazy tensor at their offsets in the file (called in the
+    task that computed each, with the rows the block holds); checks each block's dtype and size
+    first, and counts the rows written."""
 
-    __slots__ = ("at", "done", "fd", "it", "nbytes")
+    __slots__ = ("at", "fd", "it", "row_bytes", "rows", "written")
 
-    def __init__(self, fd: int, it: Item, at: int, nbytes: int) -> None:
-        self.fd, self.it, self.at, self.nbytes = fd, it, at, nbytes
-        self.done = nbytes == 0  # dask.array.store hands no empty block to its target
+    def __init__(self, fd: int, it: Item, at: int) -> None:
+        self.fd, self.it, self.at = fd, it, at
+        self.rows = int(it.shape[0]) if it.shape else 1
+        self.row_bytes = it.nbytes // self.rows if self.rows else 0
+        self.written: list[int] = []  # rows per block (list.append: one atomic step per task)
 
-    def __call__(self, v: np.ndarray[Any, Any]) -> None:
+    @property
+    def done(self) -> bool:
+        return not self.it.nbytes or sum(self.written) == self.rows  # store hands no empty block
+
+    def __call__(self, start: int, stop: int, v: np.ndarray[Any, Any]) -> None:
         it = self.it
         if dtype_name(v.dtype) != it.name:
             msg = f"fk.save: the lazy array at {it.key!r} computed to dtype {v.dtype}, expected {it.name}."
             raise TypeError(msg)
-        if v.nbytes != self.nbytes:
-            msg = f"fk.save: the array at {it.key!r} gave {v.nbytes} bytes, expected {self.nbytes} ({it.shape})."
+        n = stop - start
+        if v.nbytes != n * self.row_bytes or not 0 <= start <= stop <= self.rows:
+            msg = (
+                f"fk.save: the lazy array at {it.key!r} gave {v.nbytes} bytes ({v.shape}) for its rows "
+                f"{start}:{stop}, expected {n * self.row_bytes} (shape {it.shape}): its chunks or shape "
+                "are not the ones the graph declares."
+            )
             raise RuntimeError(msg)
-        if self.nbytes:
-            _pwrite_all(self.fd, v, self.at)
-        self.done = True
+        if v.nbytes:
+            _pwrite_all(self.fd, v, self.at + start * self.row_bytes)
+        self.written.append(n)
 
 
 def _store(fd: int, start: int, order: list[Item], offsets: dict[str, tuple[int, int]]) -> bool:
-    """Write the file's data with ``os.pwrite``: every lazy block in one ``store_blocks`` of their
+    """Write the file's data with ``os.pwrite``: every lazy tensor in one ``store_rows`` of their
     adapter (False, nothing written, where it cannot: then `_write_batches` writes the file), then
     the eager arrays."""
     eager: list[Item] = []
-    plan: dict[int, tuple[Any, list[Any], list[_BlockSink]]] = {}
+    plan: dict[int, tuple[Any, list[Any], list[_RowSink]]] = {}
     for it in order:
-        blocks = it.ad.host_blocks(it.x, BATCH_BYTES)
-        if blocks is None:
+        rows = it.ad.rows(it.x)
+        if rows is None:
             eager.append(it)
             continue
-        _, bl, sinks = plan.setdefault(id(it.ad), (it.ad, [], []))
-        at = start + offsets[it.key][0]
-        for b in blocks:
-            nbytes = math.prod(int(d) for d in b.shape) * it.itemsize
-            bl.append(b)
-            sinks.append(_BlockSink(fd, it, at, nbytes))
-            at += nbytes
+        _, xs, sinks = plan.setdefault(id(it.ad), (it.ad, [], []))
+        xs.append(rows)
+        sinks.append(_RowSink(fd, it, start + offsets[it.key][0]))
     if len(plan) > 1:
         return False  # lazy arrays of two libraries: the batch writer keeps one order
-    for ad, bl, sinks in plan.values():
-        if not ad.store_blocks(bl, sinks):
+    for ad, xs, sinks in plan.values():
+        if not ad.store_rows(xs, sinks):
             return False
         missing = [s.it.key for s in sinks if not s.done]
         if missing:
-            msg = f"fk.save: the lazy arrays at {sorted(set(missing))[:5]} were not all computed (internal error)."
+            msg = f"fk.save: the lazy arrays at {sorted(missing)[:5]} were not all computed (internal error)."
             raise RuntimeError(msg)
     for it in eager:
         if it.nbytes:

@@ -161,12 +161,27 @@ def test_save_never_pickles_what_a_block_is_written_by(tmp_path: Path, monkeypat
         pickled.append(self)
         return object.__reduce_ex__(self, protocol)
 
-    monkeypatch.setattr(_ckpt_write._BlockSink, "__reduce_ex__", spy, raising=False)
+    monkeypatch.setattr(_ckpt_write._RowSink, "__reduce_ex__", spy, raising=False)
     fk.save(tmp_path / "merged", merged, shard_size=3000)
     assert pickled == []
     _equal_trees(fk.load(tmp_path / "merged"), fk.mean([fk.load(p) for p in paths]))
     sinks = [dask_adapter._Sink(print), dask_adapter._Sink(print)]
     assert dask.base.tokenize(sinks[0]) == dask.base.tokenize(sinks[0]) != dask.base.tokenize(sinks[1])
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "sync"])
+def test_a_lazy_array_that_computes_another_dtype_or_size_is_refused(tmp_path: Path, scheduler: str) -> None:
+    """Each written block is checked against the header already written: a graph whose declared
+    dtype or chunks lie gives an error naming the key, and nothing is left at the path."""
+    x = da.ones((8, 4), chunks=(2, 4), dtype=np.float32)
+    wrong_dtype = x.map_blocks(lambda b: b.astype(np.float64), dtype=np.float32)
+    wrong_rows = x.map_blocks(lambda b: np.ones((1, 4), np.float32), dtype=np.float32)
+    with dask.config.set(scheduler=scheduler):
+        with pytest.raises(TypeError, match=r"'w' computed to dtype float64, expected float32"):
+            fk.save(tmp_path / "a.safetensors", {"w": wrong_dtype, "ok": x})
+        with pytest.raises(RuntimeError, match=r"'w' gave 16 bytes \(\(1, 4\)\) for its rows \d:\d, expected 32"):
+            fk.save(tmp_path / "b.safetensors", {"w": wrong_rows})
+    assert sorted(os.listdir(tmp_path)) == []
 
 
 def test_a_key_missing_from_one_checkpoint_names_key_and_file(tmp_path: Path) -> None:

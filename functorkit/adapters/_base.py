@@ -500,6 +500,11 @@ class ArrayAdapter(Kernels):
             v = np.asarray(x)
         return _little_endian(v)
 
+    def rows(self, x: Any) -> Any:
+        """For a lazy array: the array in blocks of consecutive rows (first axis), whole along the
+        others, for `store_rows`; None for eager arrays."""
+        return None
+
     def host_blocks(self, x: Any, target_bytes: int) -> list[Any] | None:
         """For a lazy array: pieces of consecutive rows (first axis) of about `target_bytes`, to be
         computed by `compute_blocks` and written one after the other; None for eager arrays."""
@@ -532,10 +537,10 @@ class ArrayAdapter(Kernels):
         block by block; `xs` as they are for eager arrays."""
         return xs
 
-    def store_blocks(self, blocks: list[Any], sinks: list[Any]) -> bool:
-        """Compute the `host_blocks` pieces `blocks` together and hand each one's value (a `to_host`
-        array) to its sink (``sinks[i](value)``) where it is computed, if this can be done in this
-        process; False (nothing computed) where it cannot."""
+    def store_rows(self, arrays: list[Any], sinks: list[Any]) -> bool:
+        """Compute the lazy `arrays` (`rows` arrays) together and hand each block of consecutive rows (first axis;
+        a `to_host` array) to its array's sink with the rows it holds (``sinks[i](start, stop, value)``) where it
+        is computed, if this can be done in this process; False (nothing computed) where it cannot."""
         return False
 
     def from_stored(self, src: Any, like: Any) -> Any:

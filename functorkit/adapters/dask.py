@@ -181,13 +181,14 @@ def _first(x: Any, cuts: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Sink:
-    """A ``dask.array.store`` target that hands the block it is given to a callable.
+    """A ``dask.array.store`` target that hands each block it is given, with the rows it should
+    hold, to a callable (``fn(start, stop, value)``; 0 and 1 for a 0-d array).
 
     Its Dask token is a random one made once (`__dask_tokenize__`): ``store`` tokenizes every
     target, and Dask's default for an object pickles it, here the callable with the lazy array it
     writes and that array's whole graph (0.2 s of a 1 s linear merge of three 220 MB checkpoints,
-    0.5 s of TIES). A sink is one write, never the same task as another sink's, so a token of its
-    own is the right one."""
+    0.5 s of TIES). A sink is one array's writes, never another sink's, so a token of its own is
+    the right one."""
 
     __slots__ = ("fn", "token")
 
@@ -199,7 +200,8 @@ class _Sink:
         return self.token
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        self.fn(_little_endian(np.asarray(value)))
+        rows = (index[0].start or 0, index[0].stop) if index else (0, 1)  # `store` passes the block's slices
+        self.fn(*rows, _little_endian(np.asarray(value)))
 
 
 def _block_kernel(op: str, n: int, coefs: tuple[Any, ...], *blocks: Any) -> Any:
@@ -296,18 +298,21 @@ class Adapter(MethodSlices):
         """Lazy arrays have no memory yet: nothing to alias."""
         return None
 
-    def host_blocks(self, x: Any, target_bytes: int) -> list[Any] | None:
-        """Row blocks: the array's own chunks along the first axis, whole along the others (each is one
-        contiguous byte range of the file); a 0-d array is one block."""
-        import math
-
-        if x.ndim == 0:
-            return [x]
+    def rows(self, x: Any) -> Any:
+        """`x` in row blocks: its own chunks along the first axis, whole along the others (each block
+        is one contiguous byte range of the file)."""
         if any(math.isnan(c) for cs in x.chunks for c in cs):
             msg = "the array has chunks of unknown size; call `x.compute_chunk_sizes()` first"
             raise ValueError(msg)
         if x.ndim > 1:
             x = x.rechunk({i: -1 for i in range(1, x.ndim)})
+        return x
+
+    def host_blocks(self, x: Any, target_bytes: int) -> list[Any] | None:
+        """The `rows` blocks as arrays of their own; a 0-d array is one block."""
+        if x.ndim == 0:
+            return [x]
+        x = self.rows(x)
         return [x.blocks[i] for i in range(x.numblocks[0])]
 
     def blocks_share_work(self, x: Any) -> bool:
@@ -410,22 +415,25 @@ class Adapter(MethodSlices):
             out.append(da.Array(hlg, x.name, x.chunks, meta=x._meta))
         return out
 
-    def store_blocks(self, blocks: list[Any], sinks: list[Any]) -> bool:
-        """One ``dask.array.store`` of every block into its sink, each sink called in the task that
-        computes its block (so a block is written as soon as it is computed and then freed), with
-        the threaded or synchronous scheduler; False (nothing done) for any other scheduler (a
-        ``dask.distributed`` client, processes), whose workers cannot write to this process's file."""
+    def store_rows(self, arrays: list[Any], sinks: list[Any]) -> bool:
+        """One ``dask.array.store`` of every array (`rows` arrays) into its sink, each block handed
+        to its array's sink with its rows (``sinks[i](start, stop, value)``) in the task that computes
+        it (so a block is written as soon as it is computed and then freed), with the threaded or
+        synchronous scheduler; False (nothing done) for any other scheduler (a ``dask.distributed``
+        client, processes), whose workers cannot write to this process's file. One store target per
+        array, not per block: the graph ``store`` builds and optimizes is a quarter of the size
+        (0.45 -> 0.13 s for the linear merge of three 220 MB checkpoints)."""
         local: Any = importlib.import_module("dask.local")
         threaded: Any = importlib.import_module("dask.threaded")
         base: Any = importlib.import_module("dask.base")
-        if not blocks:
+        if not arrays:
             return True
-        kw = _local(blocks)
-        sched = kw.get("scheduler") or base.get_scheduler(collections=blocks)
+        kw = _local(arrays)
+        sched = kw.get("scheduler") or base.get_scheduler(collections=arrays)
         if sched is not threaded.get and sched is not local.get_sync:
             return False
         da: Any = importlib.import_module("dask.array")
-        da.store(blocks, [_Sink(s) for s in sinks], lock=False, compute=True, scheduler=sched)
+        da.store(arrays, [_Sink(s) for s in sinks], lock=False, compute=True, scheduler=sched)
         return True
 
     def compute_blocks(self, blocks: list[Any]) -> list[Any]:
