@@ -20,6 +20,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MARK = "BENCH_SHARDED "
+CHECKED = "hand loop with every check over list(parameters()) walked at each call"
 
 
 def _worker(quick: bool) -> None:
@@ -100,6 +101,18 @@ def _time_config(
         with torch.no_grad():
             torch._foreach_lerp_(le, lm, t)
 
+    from bench_arith import _checked_ema
+
+    def checked() -> None:  # the floor of a checked call: both modules walked, SPEC 14's checks by hand
+        e, m = list(ema.parameters()), list(model.parameters())
+        if len(e) != len(m) or not all(
+            a.device_mesh == b.device_mesh and a.placements == b.placements and a.shape == b.shape
+            for a, b in zip(e, m, strict=True)
+        ):
+            raise ValueError("the models' DTensors differ")
+        with torch.no_grad():
+            _checked_ema([a.to_local() for a in e], [b.to_local() for b in m], t)
+
     from functorkit.adapters import _dtensor_columns
 
     def ema_per_tensor() -> None:  # the spec path off: each DTensor's mesh, placements and shape read
@@ -113,6 +126,7 @@ def _time_config(
         "fk.lerp(ema, model, t, out=ema)": lambda: fk.lerp(ema, model, t, out=ema),
         "torch._foreach_lerp_ over the local shards": foreach,
         "the same fk.lerp, each DTensor judged on its own (spec path off)": ema_per_tensor,
+        CHECKED: checked,
         "fk.norm(model)": lambda: fk.norm(model),
         "local sums of squares through to_local(), differentiable, no all-reduce": local_sums_autograd,
         "fk.norm(model) under torch.no_grad()": norm_no_grad,
@@ -130,6 +144,7 @@ def _time_config(
         "fk.lerp(ema, model, t, out=ema)",
         "torch._foreach_lerp_ over the local shards",
         "the same fk.lerp, each DTensor judged on its own (spec path off)",
+        CHECKED,
     )
     times = dict.fromkeys(calls, float("inf"))
     ratios = []  # the EMA step over its reference, paired within each round
@@ -195,6 +210,8 @@ def run(quick: bool) -> str:
             / c["times"]["torch._foreach_lerp_ over the local shards"]
             for c in cs
         ]
+        hand = [c["times"][CHECKED] / c["times"]["torch._foreach_lerp_ over the local shards"] for c in cs]
+        over_hand = [c["times"]["fk.lerp(ema, model, t, out=ema)"] / c["times"][CHECKED] for c in cs]
         norm_extra = [
             (c["times"]["fk.norm(model) under torch.no_grad()"] - c["times"]["local sums of squares, no all-reduce"])
             / c["times"]["dist.all_reduce of one scalar"]
@@ -220,7 +237,8 @@ def run(quick: bool) -> str:
         verdict = "met" if max(ema) <= 1.1 else "**not met**"
         lines.append(
             f"| {c0['params']:,} | {c0['tensors']} | {ema[0]:.2f}x / {ema[1]:.2f}x | {med[0]:.2f}x / {med[1]:.2f}x "
-            f"| {verdict} | {ema_off[0]:.2f}x / {ema_off[1]:.2f}x "
+            f"| {verdict} | {ema_off[0]:.2f}x / {ema_off[1]:.2f}x | {hand[0]:.2f}x / {hand[1]:.2f}x "
+            f"| {over_hand[0]:.2f}x / {over_hand[1]:.2f}x "
             f"| {norm_extra[0]:.2f} / {norm_extra[1]:.2f} | {grad_extra[0]:.2f} / {grad_extra[1]:.2f} "
             f"| {over_floor[0]:.2f}x / {over_floor[1]:.2f}x | {grad_over_floor[0]:.2f}x / {grad_over_floor[1]:.2f}x |"
         )
@@ -230,9 +248,10 @@ def run(quick: bool) -> str:
     header = (
         "| parameters | tensors per rank | EMA step / `_foreach_lerp_`, best, rank 0 / rank 1 | paired median "
         "| ≤ 1.1x (best) | spec path off / `_foreach_lerp_`, best "
+        "| checked hand loop / `_foreach_lerp_`, best | EMA step / checked hand loop, best "
         "| norm extra, no_grad, in all-reduces | differentiable norm extra "
         "| norm / floor, no_grad | norm / floor, differentiable |\n"
-        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"
     )
     return f"""## Sharded models: FSDP2 EMA step and global norm (2 gloo ranks, CPU)
 
@@ -253,7 +272,12 @@ round (the first call after the other rank's turn finds the caches cold); "best"
 the best times, "paired median" the median over rounds of the ratio within a round. "spec path
 off" is the same EMA step with `functorkit.adapters._dtensor_columns.FAST` off: each DTensor's
 mesh and placements read through its properties and each pair's global shape compared, instead
-of once per distinct `DTensorSpec`. The EMA step pays a fixed cost per call (walking both
+of once per distinct `DTensorSpec`. "checked hand loop" is the least a call that walks both
+modules at each step and makes SPEC 14's checks costs, written by hand: `list(parameters())` of
+both modules, each pair's mesh, placements and global shape compared, then bench_arith's
+`_checked_ema` over the local shards (lengths, types, shapes, dtypes, devices, floating and dense
+tensors, no inference tensor, no overlapping bytes; one `_foreach_lerp_` with autograd off).
+The EMA step pays a fixed cost per call (walking both
 modules' trees and checking them, a few hundred microseconds for these 13-module trees, about
 twice that right after the update has streamed the model through the caches), which the small
 model shows and a model of GPT-2-small's size hides.
