@@ -74,6 +74,8 @@ _PY_SCALARS = (int, float, complex)
 
 def _coefficient(c: Any, what: str, fname: str, *, real: bool = False) -> Any:
     """A Python number (NumPy scalars become Python numbers: weak typing) or a 0-d array."""
+    if type(c) is float or (type(c) is int and -(2**63) <= c < 2**63):
+        return c  # the common case, a real Python number in range: nothing to convert or refuse
     if isinstance(c, (bool, np.bool_)):
         msg = f"fk.{fname}: `{what}` must be a number or a 0-d array, got the bool {c!r}; pass 1 or 0 instead."
         raise TypeError(msg)
@@ -170,10 +172,10 @@ class _Weak:
 
     def __init__(self, c: Any, what: str, fname: str) -> None:
         self.c, self.what, self.fname = c, what, fname
-        self.array = is_array(c)
         #: a real Python number: weak for every parameter, so checking it can find nothing (the
         #: check before the first write is skipped; `get` still gives it to each parameter)
         self.real = type(c) is float or type(c) is int
+        self.array = not self.real and is_array(c)
         self.known: dict[Any, Any] = {}
 
     def get(self, path: KeyPath, x: Any) -> Any:

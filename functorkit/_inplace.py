@@ -177,7 +177,8 @@ def _fast_plan(
     their adapter's operators cannot take (``operator_less``: torch float8) go the per-leaf path."""
     if not FAST[0]:
         return None
-    k = next((i for i, m in enumerate(models) if m is out), None)
+    # `out` among the models: the first one (an in-place update, the common case) asked directly
+    k = 0 if models[0] is out else next((i for i, m in enumerate(models) if m is out), None)
     trees = tuple(models) if k is not None else (*models, out)
     cols_ = columns(trees, names if k is not None else (*names, "out"), every, fname, True, rebuild=False)
     if cols_ is None:

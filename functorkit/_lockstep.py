@@ -319,11 +319,16 @@ def _columns(
         ads = [adapter_of(x) for x in dict(zip(map(type, xs), xs)).values()]  # one per array type
         types = list(map(type, xs))
     dense: Callable[..., None] = check_dense
+    #: one adapter's own dense test (``first_not_dense``), asked first: the error (with its path) is
+    #: made only when it finds an array that is not dense
+    bad: Callable[[list[Any]], int | None] | None = None
     if len(ads) == 1:  # one adapter, asked directly
         ad0 = ads[0]
         one_device, sparse, less = ad0.one_device, ad0.may_be_sparse, ad0.operator_less
         dev = _DEVICE_OF if ad0.device_attr else device_of
-        dense = functools.partial(check_dense_of, ad0)
+        if sparse:
+            bad = ad0.first_not_dense
+            dense = functools.partial(check_dense_of, ad0)
         # arrays with the operands' dtypes, devices and layouts that are cheaper to ask (torch
         # DTensors: their local shards); shapes and types are the operands' own
         stand = ad0.stand_ins(xs)
@@ -334,7 +339,8 @@ def _columns(
         dev = _DEVICE_OF if all(ad.device_attr for ad in ads) else device_of  # (types are compared first)
         stand = None
     vx = xs if stand is None else stand
-    if sparse:  # torch: a sparse or nested operand is a TypeError naming its path
+    if sparse and (bad is None or bad(vx) is not None):  # torch: a sparse or nested operand is a
+        # TypeError naming its path
         dense(vx, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
     # the operands' dtypes (also for an operator-less dtype), read once
     dts = list(map(_DTYPE_OF, vx)) if one is None else one[1] if xs is leaves else list(map(one[1].__getitem__, idx))
@@ -371,7 +377,8 @@ def _columns(
     n = len(xs)
     if sparse:  # every other model's operands in one call (a path: its position in the first model)
         rest = vcs[0] if len(vcs) == 1 else [*itertools.chain(*vcs)]
-        dense(rest, lambda i: td.paths[idx[i % n]].display, f"fk.{fname}")
+        if bad is None or bad(rest) is not None:
+            dense(rest, lambda i: td.paths[idx[i % n]].display, f"fk.{fname}")
     # streamed comparisons: no list of a million shape tuples for the garbage collector to scan (one array
     # type: the adapter's own size test)
     sizes = ads[0].same_size_test(t0) if types is None and t0 is not None else None

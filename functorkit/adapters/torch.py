@@ -26,8 +26,10 @@ Neither probe can be traced by Dynamo, nor can NumPy views of tensors,
 traces): under it, tensors count as wrapped (no in-place accumulation, no
 ``as_strided``: the out-of-place paths, which Inductor fuses anyway), copies
 are ``copy_`` and memory checks are skipped (fake tensors have no memory).
-The module adds `compiling` to the core's tracing probes, so generated
-code is not made while tracing either (`functorkit.adapters.tracing`).
+The family's probe module (``_torch_probe``, loaded by `functorkit.adapters.tracing` as soon as
+torch is imported) adds the same test to the core's tracing probes, so generated code is not
+made while tracing either; the adapter does not add it a second time (the column path of the
+arithmetic asks ``tracing()`` on every call).
 
 Modules
 -------
@@ -45,7 +47,7 @@ import numpy as np
 import torch
 
 from . import _dtensor, _dtensor_columns, _torch_flat
-from ._base import _HOST, TRACING_PROBES, ArrayAdapter, Layout, _size, adapter_of, extent, normalise_layout
+from ._base import _HOST, ArrayAdapter, Layout, _size, adapter_of, extent, normalise_layout
 from ._kernels import spans_disjoint
 from ._torch_module import _Uninitialized, claims, node_for
 
@@ -171,7 +173,6 @@ def _never() -> bool:
 
 #: True while ``torch.compile`` traces (``torch.compiler.is_compiling``; older torch: never)
 compiling: Callable[[], bool] = _detect_compiling()
-TRACING_PROBES.append(lambda: compiling())
 
 
 def _wrapped_or_compiling(t: Any) -> bool:
@@ -731,7 +732,7 @@ class Adapter(ArrayAdapter):
             arrays, outs = local, local_outs
             if not set(map(type, arrays)) <= _PLAIN_SET:
                 return False
-        if arrays[0].device.type == "meta":
+        if arrays[0].is_meta:  # (a bool attribute: no ``torch.device`` made)
             return False
         if not all(map(torch.Tensor.is_contiguous, arrays)) or any(map(torch.Tensor.is_inference, outs)):
             return False
