@@ -190,6 +190,20 @@ class _Weak:
 
 _NONE = object()
 
+#: (prefix, n) -> ``(f"{prefix}[0]", ..., f"{prefix}[n-1]")``: the operands' names in messages, made
+#: once for the usual numbers of models (at most `_NAMED` of them)
+_NAMES: dict[tuple[str, int], tuple[str, ...]] = {}
+_NAMED = 16
+
+
+def _indexed(prefix: str, n: int) -> tuple[str, ...]:
+    hit = _NAMES.get((prefix, n))
+    if hit is None:
+        hit = tuple(f"{prefix}[{i}]" for i in range(n))
+        if n <= _NAMED:
+            _NAMES[(prefix, n)] = hit
+    return hit
+
 
 def _many(kind: str, ws: Sequence[_Weak] = ()) -> Callable[[list[Any], list[list[Any]], bool], bool]:
     """``out=``'s batch for `kind` (``adapter.arith_many_``; lerp: `t` in `ws`): on the column path (`checked`), with
@@ -392,11 +406,9 @@ def lincomb(
             f"{len(coefs)} coefficients and {len(mods)} models."
         )
         raise ValueError(msg)
-    ws = [
-        _Weak(_coefficient(c, f"coefficients[{i}]", "lincomb"), f"coefficients[{i}]", "lincomb")
-        for i, c in enumerate(coefs)
-    ]
-    names = tuple(f"models[{i}]" for i in range(len(mods)))
+    whats = _indexed("coefficients", len(coefs))
+    ws = [_Weak(_coefficient(c, what, "lincomb"), what, "lincomb") for c, what in zip(coefs, whats)]
+    names = _indexed("models", len(mods))
 
     def check(path: KeyPath, x: Any) -> None:
         for w in ws:
@@ -446,7 +458,7 @@ def mean(models: Sequence[T], /, *, trainable_only: bool = True, out: T | None =
     if not mods:
         msg = "fk.mean: expected at least one model, got none."
         raise ValueError(msg)
-    names = tuple(f"models[{i}]" for i in range(len(mods)))
+    names = _indexed("models", len(mods))
 
     def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
         return adapter_of(x).op_mean((x, *others), o)

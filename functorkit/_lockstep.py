@@ -90,6 +90,8 @@ def copy_array(x: Any) -> Any:
 def _model_list(models: Any, fname: str, what: str = "models") -> list[Any]:
     """`models` as a list of models; a single model (dict, array, dataclass, torch module, any node
     that is not a sequence...) is a TypeError."""
+    if type(models) is list or type(models) is tuple:  # the common case (a plain sequence: never one model)
+        return list(models)
     single = (
         isinstance(models, (Mapping, str, bytes))
         or is_array(models)
@@ -115,6 +117,8 @@ def _model_list(models: Any, fname: str, what: str = "models") -> list[Any]:
 
 def _coefficient_list(coefficients: Any) -> list[Any]:
     """`coefficients` as a list; a single number or array is a TypeError that shows the fix."""
+    if type(coefficients) is list or type(coefficients) is tuple:  # the common case
+        return list(coefficients)
     if (
         isinstance(coefficients, (Mapping, str, bytes))
         or is_array(coefficients)
@@ -322,10 +326,12 @@ def _columns(
     #: one adapter's own dense test (``first_not_dense``), asked first: the error (with its path) is
     #: made only when it finds an array that is not dense
     bad: Callable[[list[Any]], int | None] | None = None
+    host: Callable[[Any], bool] | None = None  # the adapter's `host_test`, with one adapter
     if len(ads) == 1:  # one adapter, asked directly
         ad0 = ads[0]
         one_device, sparse, less = ad0.one_device, ad0.may_be_sparse, ad0.operator_less
         dev = _DEVICE_OF if ad0.device_attr else device_of
+        host = ad0.host_test
         if sparse:
             bad = ad0.first_not_dense
             dense = functools.partial(check_dense_of, ad0)
@@ -386,12 +392,13 @@ def _columns(
     if sizes is None:
         shapes = map(_SHAPE_OF, xs) if len(cols) == 1 else list(map(_SHAPE_OF, xs))
     devs: Any = None
-    if not one_device:
+    # (every operand on the host, one C-level pass: one device, nothing to compare)
+    if not one_device and not (host is not None and all(map(host, itertools.chain(vx, *vcs)))):
         devs = map(dev, vx) if len(cols) == 1 else list(map(dev, vx))
     for col, vc in zip(cols, vcs, strict=True):
         if not (
             (all(map(sizes, xs, col)) if sizes is not None else all(map(operator.eq, shapes, map(_SHAPE_OF, col))))
-            and all(map(operator.eq, dts, map(_DTYPE_OF, vc)))
+            and dts == list(map(_DTYPE_OF, vc))  # (a list comparison: one C-level pass)
             and (devs is None or all(map(operator.eq, devs, map(dev, vc))))
         ):
             return None  # (a device that cannot be determined, None, is left to the per-leaf test too)

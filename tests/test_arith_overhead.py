@@ -1,0 +1,92 @@
+"""The per-call shortcuts of the arithmetic's column path (issue #22, small models in a loop): each
+is taken where it applies (a spy counts it) and gives the results and errors of the path without it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import functorkit as fk
+from functorkit import _arith
+
+torch = pytest.importorskip("torch")
+from functorkit.adapters import torch as tad  # noqa: E402  (after the importorskip)
+
+
+class _Counted:
+    """A callable class attribute (not a function: no method binding) that counts its calls."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.calls = real, 0
+
+    def __call__(self, x: Any) -> Any:
+        self.calls += 1
+        return self.real(x)
+
+
+def _mlp(seed: int) -> list[Any]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g) for s in ((8, 4), (8,), (3, 8), (3,))]
+
+
+def test_host_test_is_taken_and_gives_the_device_comparisons_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU tensors: the column checks ask the adapter's ``host_test`` once per operand (no device
+    compared), and the EMA step's bits equal those with the test off (the devices compared)."""
+    spy = _Counted(tad.Adapter.host_test)
+    monkeypatch.setattr(tad.Adapter, "host_test", spy)
+    ema, model = _mlp(0), _mlp(1)
+    ema2 = [x.clone() for x in ema]
+    fk.lerp(ema, model, 0.25, out=ema)
+    assert spy.calls == 8, "the host test was not taken on the column path"
+    monkeypatch.setattr(tad.Adapter, "host_test", None)
+    fk.lerp(ema2, model, 0.25, out=ema2)
+    for x, y in zip(ema, ema2, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_host_test_leaves_other_devices_to_the_comparison(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``meta`` tensor is not on the host: the devices are compared, the mismatch is named (the
+    per-leaf path), with the host test on or off."""
+    for host in (tad.Adapter.host_test, None):
+        monkeypatch.setattr(tad.Adapter, "host_test", host)
+        a = {"w": torch.ones(2), "b": torch.ones(3)}
+        b = {"w": torch.ones(2), "b": torch.ones(3, device="meta")}
+        with pytest.raises(fk.PolicyError, match=r"at b: fk.add: device"):
+            fk.add(a, b)
+        with pytest.raises(fk.PolicyError, match=r"at b: fk.lerp: device"):
+            fk.lerp(a, b, 0.5, out=a)
+
+
+def test_real_python_coefficients_are_returned_at_once() -> None:
+    """`_coefficient`'s shortcut (a float, or an int within int64) leaves every other case to the
+    full classification: bools refused, huge ints as floats, NumPy scalars as Python numbers."""
+    assert _arith._coefficient(0.5, "c", "scale") == 0.5
+    assert type(_arith._coefficient(3, "c", "scale")) is int
+    assert type(_arith._coefficient(2**63, "c", "scale")) is float
+    assert type(_arith._coefficient(-(2**63), "c", "scale")) is int
+    assert type(_arith._coefficient(np.float32(0.5), "c", "scale")) is float
+    with pytest.raises(TypeError, match="got the bool True"):
+        _arith._coefficient(True, "c", "scale")
+    with pytest.raises(TypeError, match="must be real"):
+        _arith._coefficient(1j, "t", "lerp", real=True)
+    w = _arith._Weak(0.5, "c", "scale")
+    assert w.real
+    assert not w.array
+    w = _arith._Weak(torch.tensor(0.5), "c", "scale")
+    assert w.array
+    assert not w.real
+
+
+def test_operand_names_are_made_once() -> None:
+    """``models[i]`` and ``coefficients[i]`` (the names in messages) are the same tuple call after
+    call for a usual number of models, and right for any number."""
+    assert _arith._indexed("models", 3) is _arith._indexed("models", 3)
+    assert _arith._indexed("models", 3) == ("models[0]", "models[1]", "models[2]")
+    many = _arith._indexed("models", _arith._NAMED + 1)
+    assert many[-1] == f"models[{_arith._NAMED}]"
+    assert len(many) == _arith._NAMED + 1
+    a = {"w": np.ones(2)}
+    with pytest.raises(fk.StructureError, match=r"`models\[2\]`"):
+        fk.lincomb([1.0, 1.0, 1.0], [a, a, {"w": np.ones(3)}])
