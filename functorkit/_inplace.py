@@ -189,9 +189,9 @@ def _fast_plan(
     apart = False
     if k is None:
         outs = others[-1]
-        if not all_distinct(outs):  # `out` tied where the first model is not
-            return None
         oids = set(map(id, outs))
+        if len(oids) != len(outs):  # `out` tied where the first model is not
+            return None
         if not all(map(oids.isdisjoint, (map(id, c) for c in cols))):  # `out` holds an input array
             return None
     else:
@@ -216,9 +216,9 @@ def _fast_plan(
         return None
     ad = adapter_of(xs[0])
     arrays = list(chain(*cols)) if k is not None else list(chain(outs, *cols))
-    if not (apart and len(cols) == 2):  # an array met twice (in two models, or `out`) is one range
-        # (two models apart: only the other model's own ties repeat an array, and `out_fast` then
-        # sees two equal ranges and declines: the per-leaf path)
+    if not (apart and len(cols) == 2) and not ad.out_fast_repeats:  # an array met twice (in two
+        # models, or `out`) is one range (two models apart: only the other model's own ties repeat
+        # an array, and `out_fast` then sees two equal ranges and declines: the per-leaf path)
         arrays = list(dict(zip(map(id, arrays), arrays)).values())
     if not ad.out_fast(outs, arrays):
         return None

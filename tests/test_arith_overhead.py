@@ -90,3 +90,32 @@ def test_operand_names_are_made_once() -> None:
     a = {"w": np.ones(2)}
     with pytest.raises(fk.StructureError, match=r"`models\[2\]`"):
         fk.lincomb([1.0, 1.0, 1.0], [a, a, {"w": np.ones(3)}])
+
+
+@pytest.mark.parametrize("views", [False, True])
+def test_numpy_out_fast_takes_an_array_listed_twice(monkeypatch: pytest.MonkeyPatch, views: bool) -> None:
+    """``lincomb(out=)`` of two models holding the same arrays: NumPy's ``out_fast`` is handed the
+    repeats (`out_fast_repeats`: the caller removes none) and still takes the column path, for
+    arrays that own their memory and for views of one buffer (it removes them there itself); the
+    bits equal those with the caller removing them, and the functional form's."""
+    from functorkit.adapters import numpy as nad
+
+    base = np.arange(12.0)
+    a = {"w": base[:6], "b": base[6:]} if views else {"w": np.arange(6.0), "b": np.arange(6.0) + 6}
+    twin = {"w": a["w"], "b": a["b"]}
+    want = fk.lincomb([0.5, 2.0], [a, twin])
+    real = nad.Adapter._rows
+    calls: list[int] = []
+
+    def spy(self: Any, kern: Any, outs: list[Any], cols: list[list[Any]]) -> bool:
+        calls.append(len(outs))
+        return bool(real(self, kern, outs, cols))
+
+    monkeypatch.setattr(nad.Adapter, "_rows", spy)
+    for repeats in (True, False):
+        monkeypatch.setattr(nad.Adapter, "out_fast_repeats", repeats)
+        dst = {"w": np.empty(6), "b": np.empty(6)}
+        assert fk.lincomb([0.5, 2.0], [a, twin], out=dst) is dst
+        for k in dst:
+            assert dst[k].tobytes() == want[k].tobytes()
+    assert calls == [2, 2], "the column path was not taken"

@@ -160,6 +160,12 @@ class Kernels:
 
         return self._elementwise(f, xs, out)
 
+    #: `out_fast` may be given `arrays` with repeats (one input array in two models) and answers as for
+    #: the distinct arrays, so the caller does not remove them first (NumPy: arrays that own their
+    #: memory are told apart by ``base`` whatever the repeats; bench_arith's small-model
+    #: ``lincomb, out=`` row)
+    out_fast_repeats: bool = False
+
     def out_fast(self, outs: list[Any], arrays: list[Any]) -> bool:
         """True if every array of `outs` can certainly be written in place with distinct values
         (``write_problem`` and ``overlap_problem`` would find nothing) and the distinct arrays
