@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from itertools import chain, compress, repeat
+from itertools import chain, compress
 from typing import Any, cast
 
 from ._alias import _clusters, layouts_overlap, memory_layout, separate_allocations
@@ -183,7 +183,7 @@ def _fast_plan(
     cols_ = columns(trees, names if k is not None else (*names, "out"), every, fname, True, rebuild=False)
     if cols_ is None:
         return None
-    td, leaves, idx, others, dts = cols_
+    td, leaves, idx, others, dts, ad = cols_
     xs = leaves if len(idx) == len(leaves) else list(map(leaves.__getitem__, idx))
     cols = [xs, *others[: len(models) - 1]]
     apart = False
@@ -211,10 +211,8 @@ def _fast_plan(
                 return None
     if not xs:
         return cols, outs, td, idx
-    t0 = type(xs[0])
-    if not all(map(operator.is_, map(type, xs), repeat(t0))):
+    if ad is None:  # operands of several array types (`columns` found them in its type pass)
         return None
-    ad = adapter_of(xs[0])
     arrays = list(chain(*cols)) if k is not None else list(chain(outs, *cols))
     if not (apart and len(cols) == 2) and not ad.out_fast_repeats:  # an array met twice (in two
         # models, or `out`) is one range (two models apart: only the other model's own ties repeat
