@@ -323,6 +323,9 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
         "fk, out= (one adapter call per row)": switched_off(
             nad.Adapter, "arith_many_", lambda *a: False, rep(lambda: fk.lincomb(COEFS, mlps, out=npd))
         ),
+        "fk, out= (repeated arrays removed before out_fast)": switched_off(
+            nad.Adapter, "out_fast_repeats", False, rep(lambda: fk.lincomb(COEFS, mlps, out=npd))
+        ),
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lincomb(COEFS, mlps, out=npd))),
         "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*mlps, strict=True)]),
     }
@@ -392,6 +395,9 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
         "fk, out= (torch.no_grad, not _set_grad_enabled)": switched_off(
             tad, "set_grad_enabled_", None, rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema))
         ),
+        "fk, out= (devices compared, no host test)": switched_off(
+            tad.Adapter, "host_test", None, rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema))
+        ),
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lerp(tema, tm[1], T_EMA, out=tema))),
         "walk only: fk.leaves of both": rep(lambda: (fk.leaves(tema), fk.leaves(tm[1]))),
         "hand loop": rep(lambda: [e.lerp_(m, T_EMA) for e, m in zip(tema, tm[1], strict=True)]),
@@ -460,6 +466,8 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
 SWITCHED = {
     "fk (lock-step per-leaf path)": ("fk", ""),
     "fk, out= (one adapter call per row)": ("fk, out=", "NumPy `Adapter._rows` off"),
+    "fk, out= (repeated arrays removed before out_fast)": ("fk, out=", "NumPy `Adapter.out_fast_repeats` off"),
+    "fk, out= (devices compared, no host test)": ("fk, out=", "torch `Adapter.host_test` off"),
     "fk, out= (row kernels, no _foreach)": ("fk, out=", "torch `foreach_arith_` off"),
     "fk, out= (torch.no_grad, not _set_grad_enabled)": ("fk, out=", "torch `set_grad_enabled_` off"),
     "fk, out= (per-leaf path)": ("fk, out=", "`_inplace.FAST` off"),

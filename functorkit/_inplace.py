@@ -218,7 +218,7 @@ def _fast_plan(
         # models, or `out`) is one range (two models apart: only the other model's own ties repeat
         # an array, and `out_fast` then sees two equal ranges and declines: the per-leaf path)
         arrays = list(dict(zip(map(id, arrays), arrays)).values())
-    if not ad.out_fast(outs, arrays):
+    if not ad.out_fast(outs, arrays, True):  # (eager: `columns` asked ``tracing()``, else it gave None)
         return None
     if check is not None:  # once per kind of parameter, at its first row (where the per-leaf path raises;
         # arrays that passed ``out_fast`` have a ``device``)

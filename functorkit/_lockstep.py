@@ -326,7 +326,7 @@ def _columns(
     dense: Callable[..., None] = check_dense
     #: one adapter's own dense test (``first_not_dense``), asked first: the error (with its path) is
     #: made only when it finds an array that is not dense
-    bad: Callable[[list[Any]], int | None] | None = None
+    bad: Callable[[list[Any], bool], int | None] | None = None  # (eager: `tracing()` was asked above)
     host: Callable[[Any], bool] | None = None  # the adapter's `host_test`, with one adapter
     if len(ads) == 1:  # one adapter, asked directly
         ad0 = ads[0]
@@ -346,7 +346,7 @@ def _columns(
         dev = _DEVICE_OF if all(ad.device_attr for ad in ads) else device_of  # (types are compared first)
         stand = None
     vx = xs if stand is None else stand
-    if sparse and (bad is None or bad(vx) is not None):  # torch: a sparse or nested operand is a
+    if sparse and (bad is None or bad(vx, True) is not None):  # torch: a sparse or nested operand is a
         # TypeError naming its path
         dense(vx, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
     # the operands' dtypes (also for an operator-less dtype), read once
@@ -385,7 +385,7 @@ def _columns(
     n = len(xs)
     if sparse:  # every other model's operands in one call (a path: its position in the first model)
         rest = vcs[0] if len(vcs) == 1 else [*itertools.chain(*vcs)]
-        if bad is None or bad(rest) is not None:
+        if bad is None or bad(rest, True) is not None:
             dense(rest, lambda i: td.paths[idx[i % n]].display, f"fk.{fname}")
     # streamed comparisons: no list of a million shape tuples for the garbage collector to scan (one array
     # type: the adapter's own size test)

@@ -119,3 +119,24 @@ def test_numpy_out_fast_takes_an_array_listed_twice(monkeypatch: pytest.MonkeyPa
         for k in dst:
             assert dst[k].tobytes() == want[k].tobytes()
     assert calls == [2, 2], "the column path was not taken"
+
+
+def test_the_column_path_asks_the_tracer_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``out=``'s column path asks ``tracing()`` once (in `_columns`) and tells the adapter so
+    (`eager`): torch's ``first_not_dense`` and ``out_fast`` do not ask ``compiling()`` again; asked
+    without `eager` they do (the per-leaf path, ``torch.compile``)."""
+    calls: list[int] = []
+    real = tad.compiling
+
+    def spy() -> bool:
+        calls.append(1)
+        return bool(real())
+
+    monkeypatch.setattr(tad, "compiling", spy)
+    ema, model = _mlp(0), _mlp(1)
+    fk.lerp(ema, model, 0.25, out=ema)
+    assert calls == [], "the adapter asked compiling() on the column path"
+    ad = tad.Adapter(torch)
+    assert ad.first_not_dense(ema) is None
+    assert ad.out_fast(ema, [*ema, *model])
+    assert len(calls) == 2

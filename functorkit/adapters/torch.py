@@ -400,16 +400,17 @@ class Adapter(ArrayAdapter):
 
     may_be_sparse = True
 
-    def first_not_dense(self, arrays: Sequence[Any]) -> int | None:
+    def first_not_dense(self, arrays: Sequence[Any], eager: bool = False) -> int | None:
         """Sparse (COO, CSR, CSC, BSR, BSC) and nested tensors: two C-level passes over the
         tensors' ``layout`` and ``is_nested`` (no Python step per tensor when all are dense).
-        Not looked at under torch.compile (a sparse or nested tensor does not trace there)."""
-        if compiling():
+        Not looked at under torch.compile (a sparse or nested tensor does not trace there);
+        `eager`: the caller has asked (the arithmetic's column path, twice per call)."""
+        if not eager and compiling():
             return None
         layouts = list(map(_LAYOUT, arrays))
-        nested = list(map(_IS_NESTED, arrays))
-        if layouts.count(torch.strided) == len(layouts) and not any(nested):
+        if layouts.count(torch.strided) == len(layouts) and not any(map(_IS_NESTED, arrays)):
             return None
+        nested = list(map(_IS_NESTED, arrays))
         for j, (lay, nst) in enumerate(zip(layouts, nested, strict=True)):
             if lay is not torch.strided or nst:
                 return j
@@ -709,14 +710,15 @@ class Adapter(ArrayAdapter):
             out.div_(n)
         return out
 
-    def out_fast(self, outs: list[Any], arrays: list[Any]) -> bool:
+    def out_fast(self, outs: list[Any], arrays: list[Any], eager: bool = False) -> bool:
         """Plain contiguous tensors of a device that has memory (not ``meta``), with storage
         (``data_ptr`` raises for ``torch.func`` wrappers); no inference tensor in `outs`; the byte
         ranges (``data_ptr``, ``nbytes``) of `arrays` do not meet. DTensors of one mesh and one
         placements tuple are judged by their local shards (`_dtensor.uniform_locals`: the mesh and
         placements once per distinct ``DTensorSpec``; `outs`, among `arrays`, are not judged again).
-        Not while ``torch.compile`` traces (the per-leaf path traces)."""
-        if compiling():
+        Not while ``torch.compile`` traces (the per-leaf path traces; `eager`: the caller has asked
+        ``tracing()``, out='s column path)."""
+        if not eager and compiling():
             return False
         if type(arrays[0]) not in _PLAIN:  # DTensors of one mesh and placements: their shards (the
             # caller checked that the arrays are of one type)
