@@ -192,7 +192,7 @@ def _fast_plan(
         oids = set(map(id, outs))
         if len(oids) != len(outs):  # `out` tied where the first model is not
             return None
-        if not all(map(oids.isdisjoint, (map(id, c) for c in cols))):  # `out` holds an input array
+        if not oids.isdisjoint(map(id, chain(*cols))):  # `out` holds an input array (one pass over them all)
             return None
     else:
         apart = True  # no out array among the other models' arrays
