@@ -327,12 +327,10 @@ def _columns(
     #: one adapter's own dense test (``first_not_dense``), asked first: the error (with its path) is
     #: made only when it finds an array that is not dense
     bad: Callable[[list[Any], bool], int | None] | None = None  # (eager: `tracing()` was asked above)
-    host: Callable[[Any], bool] | None = None  # the adapter's `host_test`, with one adapter
     if len(ads) == 1:  # one adapter, asked directly
         ad0 = ads[0]
         one_device, sparse, less = ad0.one_device, ad0.may_be_sparse, ad0.operator_less
         dev = _DEVICE_OF if ad0.device_attr else device_of
-        host = ad0.host_test
         if sparse:
             bad = ad0.first_not_dense
             dense = functools.partial(check_dense_of, ad0)
@@ -394,8 +392,7 @@ def _columns(
     if sizes is None:
         shapes = map(_SHAPE_OF, xs) if len(cols) == 1 else list(map(_SHAPE_OF, xs))
     devs: Any = None
-    # (every operand on the host, one C-level pass: one device, nothing to compare)
-    if not one_device and not (host is not None and all(map(host, itertools.chain(vx, *vcs)))):
+    if not one_device:
         devs = map(dev, vx) if len(cols) == 1 else list(map(dev, vx))
     for col, vc in zip(cols, vcs, strict=True):
         if not (

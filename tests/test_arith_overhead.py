@@ -31,34 +31,6 @@ def _mlp(seed: int) -> list[Any]:
     return [torch.randn(s, generator=g) for s in ((8, 4), (8,), (3, 8), (3,))]
 
 
-def test_host_test_is_taken_and_gives_the_device_comparisons_results(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CPU tensors: the column checks ask the adapter's ``host_test`` once per operand (no device
-    compared), and the EMA step's bits equal those with the test off (the devices compared)."""
-    spy = _Counted(tad.Adapter.host_test)
-    monkeypatch.setattr(tad.Adapter, "host_test", spy)
-    ema, model = _mlp(0), _mlp(1)
-    ema2 = [x.clone() for x in ema]
-    fk.lerp(ema, model, 0.25, out=ema)
-    assert spy.calls == 8, "the host test was not taken on the column path"
-    monkeypatch.setattr(tad.Adapter, "host_test", None)
-    fk.lerp(ema2, model, 0.25, out=ema2)
-    for x, y in zip(ema, ema2, strict=True):
-        assert torch.equal(x, y)
-
-
-def test_host_test_leaves_other_devices_to_the_comparison(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A ``meta`` tensor is not on the host: the devices are compared, the mismatch is named (the
-    per-leaf path), with the host test on or off."""
-    for host in (tad.Adapter.host_test, None):
-        monkeypatch.setattr(tad.Adapter, "host_test", host)
-        a = {"w": torch.ones(2), "b": torch.ones(3)}
-        b = {"w": torch.ones(2), "b": torch.ones(3, device="meta")}
-        with pytest.raises(fk.PolicyError, match=r"at b: fk.add: device"):
-            fk.add(a, b)
-        with pytest.raises(fk.PolicyError, match=r"at b: fk.lerp: device"):
-            fk.lerp(a, b, 0.5, out=a)
-
-
 def test_real_python_coefficients_are_returned_at_once() -> None:
     """`_coefficient`'s shortcut (a float, or an int within int64) leaves every other case to the
     full classification: bools refused, huge ints as floats, NumPy scalars as Python numbers."""

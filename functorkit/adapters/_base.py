@@ -170,11 +170,6 @@ class ArrayAdapter(Kernels):
     #: column checks read it in one C-level pass instead of one `device` call per array:
     #: bench_arith's GPT-2 EMA row)
     device_attr: bool = False
-    #: a C-level test of one array: True where it is on the host (torch: its ``is_cpu`` attribute,
-    #: a bool; no ``torch.device`` is made). Where every operand of the column checks passes it,
-    #: they are all on one device and the device comparisons are skipped (bench_arith's
-    #: small-model ``out=`` rows); None: the devices are compared
-    host_test: Callable[[Any], bool] | None = None
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp

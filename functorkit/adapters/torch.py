@@ -217,7 +217,6 @@ def _numpy_view(t: Any) -> Any:
 class Adapter(ArrayAdapter):
     family = "torch"
     device_attr = True
-    host_test = operator.attrgetter("is_cpu")
 
     def device(self, x: Any) -> Any:
         """``x.device`` (array_api_compat's lookup costs a call per tensor)."""
