@@ -15,17 +15,6 @@ torch = pytest.importorskip("torch")
 from functorkit.adapters import torch as tad  # noqa: E402  (after the importorskip)
 
 
-class _Counted:
-    """A callable class attribute (not a function: no method binding) that counts its calls."""
-
-    def __init__(self, real: Any) -> None:
-        self.real, self.calls = real, 0
-
-    def __call__(self, x: Any) -> Any:
-        self.calls += 1
-        return self.real(x)
-
-
 def _mlp(seed: int) -> list[Any]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(s, generator=g) for s in ((8, 4), (8,), (3, 8), (3,))]
