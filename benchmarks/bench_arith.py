@@ -323,6 +323,9 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
         "fk, out= (one adapter call per row)": switched_off(
             nad.Adapter, "arith_many_", lambda *a: False, rep(lambda: fk.lincomb(COEFS, mlps, out=npd))
         ),
+        "fk, out= (repeated arrays removed before out_fast)": switched_off(
+            nad.Adapter, "out_fast_repeats", False, rep(lambda: fk.lincomb(COEFS, mlps, out=npd))
+        ),
         "fk, out= (per-leaf path)": per_leaf(rep(lambda: fk.lincomb(COEFS, mlps, out=npd))),
         "hand loop": rep(lambda: [c1 * a + c2 * b + c3 * c for a, b, c in zip(*mlps, strict=True)]),
     }
@@ -460,6 +463,7 @@ def small_contenders() -> dict[str, dict[str, Callable[[], Any]]]:
 SWITCHED = {
     "fk (lock-step per-leaf path)": ("fk", ""),
     "fk, out= (one adapter call per row)": ("fk, out=", "NumPy `Adapter._rows` off"),
+    "fk, out= (repeated arrays removed before out_fast)": ("fk, out=", "NumPy `Adapter.out_fast_repeats` off"),
     "fk, out= (row kernels, no _foreach)": ("fk, out=", "torch `foreach_arith_` off"),
     "fk, out= (torch.no_grad, not _set_grad_enabled)": ("fk, out=", "torch `set_grad_enabled_` off"),
     "fk, out= (per-leaf path)": ("fk, out=", "`_inplace.FAST` off"),
@@ -660,7 +664,9 @@ dense tensors, no inference tensor to write, contiguous tensors whose byte range
 one `torch._foreach_lerp_` with autograd off; no trees, paths, ties or views): each check is a pass
 over every tensor at 40-60 ns per tensor read, about 18 reads per pair of tensors. This run:
 {"; ".join(floors) or "not measured"}. Each fast path's row switched off against the row with it on:
-{"; ".join(switches) or "not measured"}. `walk only` is `fk.leaves` of both
+{"; ".join(switches) or "not measured"}. `fk, out= (repeated arrays removed
+before out_fast)` removes repeated arrays before NumPy's `out_fast` (`out_fast_repeats` off), which
+with it on takes them as they come (its `base is None` test does not care). `walk only` is `fk.leaves` of both
 models: the part of a call that is recording the trees (the walk itself; `out=` also records the
 trainability of an `nn.Module`'s parameters, which `fk.leaves` does not). On two modules `out=`
 walks both together (`_torch_module._lockstep`: their `__dict__` sections side by side, names

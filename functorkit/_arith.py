@@ -74,6 +74,8 @@ _PY_SCALARS = (int, float, complex)
 
 def _coefficient(c: Any, what: str, fname: str, *, real: bool = False) -> Any:
     """A Python number (NumPy scalars become Python numbers: weak typing) or a 0-d array."""
+    if type(c) is float or (type(c) is int and -(2**63) <= c < 2**63):
+        return c  # the common case, a real Python number in range: nothing to convert or refuse
     if isinstance(c, (bool, np.bool_)):
         msg = f"fk.{fname}: `{what}` must be a number or a 0-d array, got the bool {c!r}; pass 1 or 0 instead."
         raise TypeError(msg)
@@ -170,10 +172,10 @@ class _Weak:
 
     def __init__(self, c: Any, what: str, fname: str) -> None:
         self.c, self.what, self.fname = c, what, fname
-        self.array = is_array(c)
         #: a real Python number: weak for every parameter, so checking it can find nothing (the
         #: check before the first write is skipped; `get` still gives it to each parameter)
         self.real = type(c) is float or type(c) is int
+        self.array = not self.real and is_array(c)
         self.known: dict[Any, Any] = {}
 
     def get(self, path: KeyPath, x: Any) -> Any:
@@ -187,6 +189,20 @@ class _Weak:
 
 
 _NONE = object()
+
+#: (prefix, n) -> ``(f"{prefix}[0]", ..., f"{prefix}[n-1]")``: the operands' names in messages, made
+#: once for the usual numbers of models (at most `_NAMED` of them)
+_NAMES: dict[tuple[str, int], tuple[str, ...]] = {}
+_NAMED = 16
+
+
+def _indexed(prefix: str, n: int) -> tuple[str, ...]:
+    hit = _NAMES.get((prefix, n))
+    if hit is None:
+        hit = tuple(f"{prefix}[{i}]" for i in range(n))
+        if n <= _NAMED:
+            _NAMES[(prefix, n)] = hit
+    return hit
 
 
 def _many(kind: str, ws: Sequence[_Weak] = ()) -> Callable[[list[Any], list[list[Any]], bool], bool]:
@@ -390,11 +406,9 @@ def lincomb(
             f"{len(coefs)} coefficients and {len(mods)} models."
         )
         raise ValueError(msg)
-    ws = [
-        _Weak(_coefficient(c, f"coefficients[{i}]", "lincomb"), f"coefficients[{i}]", "lincomb")
-        for i, c in enumerate(coefs)
-    ]
-    names = tuple(f"models[{i}]" for i in range(len(mods)))
+    whats = _indexed("coefficients", len(coefs))
+    ws = [_Weak(_coefficient(c, what, "lincomb"), what, "lincomb") for c, what in zip(coefs, whats)]
+    names = _indexed("models", len(mods))
 
     def check(path: KeyPath, x: Any) -> None:
         for w in ws:
@@ -444,7 +458,7 @@ def mean(models: Sequence[T], /, *, trainable_only: bool = True, out: T | None =
     if not mods:
         msg = "fk.mean: expected at least one model, got none."
         raise ValueError(msg)
-    names = tuple(f"models[{i}]" for i in range(len(mods)))
+    names = _indexed("models", len(mods))
 
     def fn(path: KeyPath, x: Any, others: list[Any], o: Any) -> Any:
         return adapter_of(x).op_mean((x, *others), o)

@@ -130,12 +130,15 @@ def inexact_one_type(leaves: list[Any]) -> tuple[list[bool], list[Any]] | None:
     t0 = type(leaves[0])
     if not all(map(operator.is_, map(type, leaves), repeat(t0))):
         return None
-    if t0 not in _IS_ARRAY:
-        is_array(leaves[0])  # classifies the type (and refuses np.matrix)
-    if not _IS_ARRAY[t0]:
+    ok = _IS_ARRAY.get(t0)
+    if ok is None:
+        ok = is_array(leaves[0])  # classifies the type (and refuses np.matrix)
+    if not ok:
         return None
     dtypes = list(map(_DTYPE_OF, leaves))
-    known = _INEXACT.setdefault(t0, {})
+    known = _INEXACT.get(t0)
+    if known is None:  # (no new dict made per call)
+        known = _INEXACT.setdefault(t0, {})
     try:
         return list(map(known.__getitem__, dtypes)), dtypes
     except KeyError:  # a dtype met for the first time: classified once, into `known`

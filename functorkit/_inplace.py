@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from itertools import chain, compress, repeat
+from itertools import chain, compress
 from typing import Any, cast
 
 from ._alias import _clusters, layouts_overlap, memory_layout, separate_allocations
@@ -177,21 +177,22 @@ def _fast_plan(
     their adapter's operators cannot take (``operator_less``: torch float8) go the per-leaf path."""
     if not FAST[0]:
         return None
-    k = next((i for i, m in enumerate(models) if m is out), None)
+    # `out` among the models: the first one (an in-place update, the common case) asked directly
+    k = 0 if models[0] is out else next((i for i, m in enumerate(models) if m is out), None)
     trees = tuple(models) if k is not None else (*models, out)
     cols_ = columns(trees, names if k is not None else (*names, "out"), every, fname, True, rebuild=False)
     if cols_ is None:
         return None
-    td, leaves, idx, others, dts = cols_
+    td, leaves, idx, others, dts, ad = cols_
     xs = leaves if len(idx) == len(leaves) else list(map(leaves.__getitem__, idx))
     cols = [xs, *others[: len(models) - 1]]
     apart = False
     if k is None:
         outs = others[-1]
-        if not all_distinct(outs):  # `out` tied where the first model is not
-            return None
         oids = set(map(id, outs))
-        if not all(map(oids.isdisjoint, (map(id, c) for c in cols))):  # `out` holds an input array
+        if len(oids) != len(outs):  # `out` tied where the first model is not
+            return None
+        if not oids.isdisjoint(map(id, chain(*cols))):  # `out` holds an input array (one pass over them all)
             return None
     else:
         apart = True  # no out array among the other models' arrays
@@ -210,16 +211,14 @@ def _fast_plan(
                 return None
     if not xs:
         return cols, outs, td, idx
-    t0 = type(xs[0])
-    if not all(map(operator.is_, map(type, xs), repeat(t0))):
+    if ad is None:  # operands of several array types (`columns` found them in its type pass)
         return None
-    ad = adapter_of(xs[0])
     arrays = list(chain(*cols)) if k is not None else list(chain(outs, *cols))
-    if not (apart and len(cols) == 2):  # an array met twice (in two models, or `out`) is one range
-        # (two models apart: only the other model's own ties repeat an array, and `out_fast` then
-        # sees two equal ranges and declines: the per-leaf path)
+    if not (apart and len(cols) == 2) and not ad.out_fast_repeats:  # an array met twice (in two
+        # models, or `out`) is one range (two models apart: only the other model's own ties repeat
+        # an array, and `out_fast` then sees two equal ranges and declines: the per-leaf path)
         arrays = list(dict(zip(map(id, arrays), arrays)).values())
-    if not ad.out_fast(outs, arrays):
+    if not ad.out_fast(outs, arrays, True):  # (eager: `columns` asked ``tracing()``, else it gave None)
         return None
     if check is not None:  # once per kind of parameter, at its first row (where the per-leaf path raises;
         # arrays that passed ``out_fast`` have a ``device``)

@@ -90,6 +90,8 @@ def copy_array(x: Any) -> Any:
 def _model_list(models: Any, fname: str, what: str = "models") -> list[Any]:
     """`models` as a list of models; a single model (dict, array, dataclass, torch module, any node
     that is not a sequence...) is a TypeError."""
+    if type(models) is list or type(models) is tuple:  # the common case (a plain sequence: never one model)
+        return list(models)
     single = (
         isinstance(models, (Mapping, str, bytes))
         or is_array(models)
@@ -115,6 +117,8 @@ def _model_list(models: Any, fname: str, what: str = "models") -> list[Any]:
 
 def _coefficient_list(coefficients: Any) -> list[Any]:
     """`coefficients` as a list; a single number or array is a TypeError that shows the fix."""
+    if type(coefficients) is list or type(coefficients) is tuple:  # the common case
+        return list(coefficients)
     if (
         isinstance(coefficients, (Mapping, str, bytes))
         or is_array(coefficients)
@@ -263,10 +267,11 @@ def _columns(
     fname: str = "arithmetic",
     operators: bool = False,
     rebuild: bool = True,
-) -> tuple[Any, list[Any], list[int], list[list[Any]], list[Any]] | None:
+) -> tuple[Any, list[Any], list[int], list[list[Any]], list[Any], Any] | None:
     """The common case of the lock-step engine in C-level passes over the leaves: the first model's
-    definition and leaves, the indices of its operands, the other models' operands, and the
-    operands' dtypes (of their stand-ins: a DTensor's local shard), when there are no ties or
+    definition and leaves, the indices of its operands, the other models' operands, the
+    operands' dtypes (of their stand-ins: a DTensor's local shard) and their adapter where they
+    are all of one array type (else None: found in the type pass made anyway), when there are no ties or
     shared sub-trees and every other operand has the first one's type, shape, dtype and device.
     None otherwise: the per-leaf path then runs and names what differs (bench_scale
     ``fk.add(d, d)`` row; tests/test_arith.py turns this path off to compare).
@@ -319,11 +324,16 @@ def _columns(
         ads = [adapter_of(x) for x in dict(zip(map(type, xs), xs)).values()]  # one per array type
         types = list(map(type, xs))
     dense: Callable[..., None] = check_dense
+    #: one adapter's own dense test (``first_not_dense``), asked first: the error (with its path) is
+    #: made only when it finds an array that is not dense
+    bad: Callable[[list[Any], bool], int | None] | None = None  # (eager: `tracing()` was asked above)
     if len(ads) == 1:  # one adapter, asked directly
         ad0 = ads[0]
         one_device, sparse, less = ad0.one_device, ad0.may_be_sparse, ad0.operator_less
         dev = _DEVICE_OF if ad0.device_attr else device_of
-        dense = functools.partial(check_dense_of, ad0)
+        if sparse:
+            bad = ad0.first_not_dense
+            dense = functools.partial(check_dense_of, ad0)
         # arrays with the operands' dtypes, devices and layouts that are cheaper to ask (torch
         # DTensors: their local shards); shapes and types are the operands' own
         stand = ad0.stand_ins(xs)
@@ -334,7 +344,8 @@ def _columns(
         dev = _DEVICE_OF if all(ad.device_attr for ad in ads) else device_of  # (types are compared first)
         stand = None
     vx = xs if stand is None else stand
-    if sparse:  # torch: a sparse or nested operand is a TypeError naming its path
+    if sparse and (bad is None or bad(vx, True) is not None):  # torch: a sparse or nested operand is a
+        # TypeError naming its path
         dense(vx, lambda i: td.paths[idx[i]].display, f"fk.{fname}")
     # the operands' dtypes (also for an operator-less dtype), read once
     dts = list(map(_DTYPE_OF, vx)) if one is None else one[1] if xs is leaves else list(map(one[1].__getitem__, idx))
@@ -366,12 +377,14 @@ def _columns(
             return None
         cols.append(col)
         vcs.append(vc)
+    one_ad = ads[0] if len(ads) == 1 else None  # (`ads`: one adapter per array type)
     if not cols:
-        return td, leaves, idx, cols, dts
+        return td, leaves, idx, cols, dts, one_ad
     n = len(xs)
     if sparse:  # every other model's operands in one call (a path: its position in the first model)
         rest = vcs[0] if len(vcs) == 1 else [*itertools.chain(*vcs)]
-        dense(rest, lambda i: td.paths[idx[i % n]].display, f"fk.{fname}")
+        if bad is None or bad(rest, True) is not None:
+            dense(rest, lambda i: td.paths[idx[i % n]].display, f"fk.{fname}")
     # streamed comparisons: no list of a million shape tuples for the garbage collector to scan (one array
     # type: the adapter's own size test)
     sizes = ads[0].same_size_test(t0) if types is None and t0 is not None else None
@@ -384,11 +397,11 @@ def _columns(
     for col, vc in zip(cols, vcs, strict=True):
         if not (
             (all(map(sizes, xs, col)) if sizes is not None else all(map(operator.eq, shapes, map(_SHAPE_OF, col))))
-            and all(map(operator.eq, dts, map(_DTYPE_OF, vc)))
+            and dts == list(map(_DTYPE_OF, vc))  # (a list comparison: one C-level pass)
             and (devs is None or all(map(operator.eq, devs, map(dev, vc))))
         ):
             return None  # (a device that cannot be determined, None, is left to the per-leaf test too)
-    return td, leaves, idx, cols, dts
+    return td, leaves, idx, cols, dts, one_ad
 
 
 def _map_params(
@@ -435,7 +448,7 @@ def _map_params(
         return cast(T, done)
     cols = _columns(models, names, every, fname, True) if op is not None else None
     if cols is not None and op is not None:
-        td, leaves, idx, others, _ = cols
+        td, leaves, idx, others, _, _ = cols
         out = list(map(op, map(leaves.__getitem__, idx), *others))
         mask = td._trainable_mask() if every else None
         if mask is not None:  # trainable_only=False: a frozen parameter's result stays frozen (SPEC 3)
@@ -485,7 +498,7 @@ def _reduce_params(
     every = not _check_trainable_only(trainable_only, fname)
     cols = _columns(models, names, every, fname, rebuild=False) if op is not None else None
     if cols is not None and op is not None and cols[2]:
-        _, leaves, idx, others, _ = cols
+        _, leaves, idx, others, _, _ = cols
         xs = list(map(leaves.__getitem__, idx))
         if len(set(map(type, xs))) == 1:  # one namespace; then one device, or the per-leaf path names two
             devices = None if adapter_of(xs[0]).one_device else list(map(device_of, xs))

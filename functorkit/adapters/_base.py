@@ -359,10 +359,11 @@ class ArrayAdapter(Kernels):
     #: `first_not_dense` must look at them; False: every array is dense, nothing is looked at
     may_be_sparse: bool = False
 
-    def first_not_dense(self, arrays: Sequence[Any]) -> int | None:
+    def first_not_dense(self, arrays: Sequence[Any], eager: bool = False) -> int | None:
         """The index of the first of `arrays` (all of this library) that is not a dense array:
         one that cannot be flattened, computed on leaf by leaf, written in place or saved
-        (`dense_problem` says why); None when all are dense."""
+        (`dense_problem` says why); None when all are dense. `eager`: the caller has asked
+        `functorkit.adapters.tracing` (False), so an adapter need not ask its own tracer again."""
         return None
 
     def dense_problem(self, x: Any) -> str | None:

@@ -160,7 +160,13 @@ class Kernels:
 
         return self._elementwise(f, xs, out)
 
-    def out_fast(self, outs: list[Any], arrays: list[Any]) -> bool:
+    #: `out_fast` may be given `arrays` with repeats (one input array in two models) and answers as for
+    #: the distinct arrays, so the caller does not remove them first (NumPy: arrays that own their
+    #: memory are told apart by ``base`` whatever the repeats; bench_arith's small-model
+    #: ``lincomb, out=`` row)
+    out_fast_repeats: bool = False
+
+    def out_fast(self, outs: list[Any], arrays: list[Any], eager: bool = False) -> bool:
         """True if every array of `outs` can certainly be written in place with distinct values
         (``write_problem`` and ``overlap_problem`` would find nothing) and the distinct arrays
         `arrays` (`outs` and the inputs) certainly share no memory with each other, decided in
@@ -168,7 +174,8 @@ class Kernels:
         (``fk.*(out=)`` then checks each array and names the one that fails). The caller has
         checked that `arrays` are dense arrays of this adapter, each row (an out array and the
         inputs it is computed from) on one device; ranges on different devices compared as numbers
-        can only seem to meet, which says False."""
+        can only seem to meet, which says False. `eager`: as for ``first_not_dense`` (the caller
+        knows that no tracer runs)."""
         return False
 
     def arith_many_(self, kind: str, outs: list[Any], cols: list[list[Any]], cs: list[Any]) -> bool:

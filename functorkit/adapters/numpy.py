@@ -120,6 +120,7 @@ class Adapter(MethodSlices):
     family = "numpy"
     autodiff = False
     one_device = True  # host memory only
+    out_fast_repeats = True
 
     def __init__(self, xp: Any) -> None:
         super().__init__(xp)
@@ -247,16 +248,18 @@ class Adapter(MethodSlices):
 
     # ---- arithmetic kernels: ufuncs with ``out=``, in cache-sized blocks -------------------------
 
-    def out_fast(self, outs: list[Any], arrays: list[Any]) -> bool:
+    def out_fast(self, outs: list[Any], arrays: list[Any], eager: bool = False) -> bool:
         """Plain ndarrays; `outs` writeable and C- or Fortran-contiguous (no element twice in
-        memory); `arrays` separate allocations (each owns its memory: ``base is None``), or
-        contiguous with byte ranges that do not meet."""
+        memory); `arrays` separate allocations (each owns its memory: ``base is None``; an array
+        listed twice is one allocation: `out_fast_repeats`), or contiguous with byte ranges that do
+        not meet (an array listed twice counted once)."""
         if not set(map(type, arrays)) <= _ND or not all(map(_WRITEABLE, outs)) or not all(map(_FORC, outs)):
             return False
         if all(map(operator.is_, map(_BASE, arrays), repeat(None))):
             return True
         if not all(map(_FORC, arrays)):
             return False
+        arrays = list(dict(zip(map(id, arrays), arrays)).values())  # (an array listed twice: one range)
         los = list(map(_address, arrays))
         return spans_disjoint(los, list(map(operator.add, los, map(_NBYTES, arrays))))
 

@@ -26,8 +26,10 @@ Neither probe can be traced by Dynamo, nor can NumPy views of tensors,
 traces): under it, tensors count as wrapped (no in-place accumulation, no
 ``as_strided``: the out-of-place paths, which Inductor fuses anyway), copies
 are ``copy_`` and memory checks are skipped (fake tensors have no memory).
-The module adds `compiling` to the core's tracing probes, so generated
-code is not made while tracing either (`functorkit.adapters.tracing`).
+The family's probe module (``_torch_probe``, loaded by `functorkit.adapters.tracing` as soon as
+torch is imported) adds the same test to the core's tracing probes, so generated code is not
+made while tracing either; the adapter does not add it a second time (the column path of the
+arithmetic asks ``tracing()`` on every call).
 
 Modules
 -------
@@ -45,7 +47,7 @@ import numpy as np
 import torch
 
 from . import _dtensor, _dtensor_columns, _torch_flat
-from ._base import _HOST, TRACING_PROBES, ArrayAdapter, Layout, _size, adapter_of, extent, normalise_layout
+from ._base import _HOST, ArrayAdapter, Layout, _size, adapter_of, extent, normalise_layout
 from ._kernels import spans_disjoint
 from ._torch_module import _Uninitialized, claims, node_for
 
@@ -171,7 +173,6 @@ def _never() -> bool:
 
 #: True while ``torch.compile`` traces (``torch.compiler.is_compiling``; older torch: never)
 compiling: Callable[[], bool] = _detect_compiling()
-TRACING_PROBES.append(lambda: compiling())
 
 
 def _wrapped_or_compiling(t: Any) -> bool:
@@ -398,16 +399,17 @@ class Adapter(ArrayAdapter):
 
     may_be_sparse = True
 
-    def first_not_dense(self, arrays: Sequence[Any]) -> int | None:
+    def first_not_dense(self, arrays: Sequence[Any], eager: bool = False) -> int | None:
         """Sparse (COO, CSR, CSC, BSR, BSC) and nested tensors: two C-level passes over the
         tensors' ``layout`` and ``is_nested`` (no Python step per tensor when all are dense).
-        Not looked at under torch.compile (a sparse or nested tensor does not trace there)."""
-        if compiling():
+        Not looked at under torch.compile (a sparse or nested tensor does not trace there);
+        `eager`: the caller has asked (the arithmetic's column path, twice per call)."""
+        if not eager and compiling():
             return None
         layouts = list(map(_LAYOUT, arrays))
-        nested = list(map(_IS_NESTED, arrays))
-        if layouts.count(torch.strided) == len(layouts) and not any(nested):
+        if layouts.count(torch.strided) == len(layouts) and not any(map(_IS_NESTED, arrays)):
             return None
+        nested = list(map(_IS_NESTED, arrays))
         for j, (lay, nst) in enumerate(zip(layouts, nested, strict=True)):
             if lay is not torch.strided or nst:
                 return j
@@ -707,14 +709,15 @@ class Adapter(ArrayAdapter):
             out.div_(n)
         return out
 
-    def out_fast(self, outs: list[Any], arrays: list[Any]) -> bool:
+    def out_fast(self, outs: list[Any], arrays: list[Any], eager: bool = False) -> bool:
         """Plain contiguous tensors of a device that has memory (not ``meta``), with storage
         (``data_ptr`` raises for ``torch.func`` wrappers); no inference tensor in `outs`; the byte
         ranges (``data_ptr``, ``nbytes``) of `arrays` do not meet. DTensors of one mesh and one
         placements tuple are judged by their local shards (`_dtensor.uniform_locals`: the mesh and
         placements once per distinct ``DTensorSpec``; `outs`, among `arrays`, are not judged again).
-        Not while ``torch.compile`` traces (the per-leaf path traces)."""
-        if compiling():
+        Not while ``torch.compile`` traces (the per-leaf path traces; `eager`: the caller has asked
+        ``tracing()``, out='s column path)."""
+        if not eager and compiling():
             return False
         if type(arrays[0]) not in _PLAIN:  # DTensors of one mesh and placements: their shards (the
             # caller checked that the arrays are of one type)
@@ -731,7 +734,7 @@ class Adapter(ArrayAdapter):
             arrays, outs = local, local_outs
             if not set(map(type, arrays)) <= _PLAIN_SET:
                 return False
-        if arrays[0].device.type == "meta":
+        if arrays[0].is_meta:  # (a bool attribute: no ``torch.device`` made)
             return False
         if not all(map(torch.Tensor.is_contiguous, arrays)) or any(map(torch.Tensor.is_inference, outs)):
             return False
