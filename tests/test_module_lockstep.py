@@ -229,3 +229,92 @@ def test_a_lazy_module_is_refused_by_path_either_way(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(_torch_module, "LOCKSTEP", False)
     assert attempt() == on
     assert "[1]" in on
+
+
+class _Sub(torch.Tensor):
+    """A tensor subclass: ``nn.Parameter`` of one sets ``_is_param`` on the instance, as FSDP2's DTensor
+    parameters have."""
+
+
+def _subclass_params(seed: int) -> Any:
+    torch.manual_seed(seed)
+    m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    for lin in (m[0], m[2]):
+        for name in ("weight", "bias"):
+            p = getattr(lin, name)
+            setattr(lin, name, nn.Parameter(p.detach().clone().as_subclass(_Sub), requires_grad=name == "weight"))
+    return m
+
+
+def test_parameters_of_a_tensor_subclass_are_flagged_in_one_pass(
+    records: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    judged: list[Any] = []
+    real = _torch_module._slot_trainable
+    monkeypatch.setattr(_torch_module, "_slot_trainable", lambda v: judged.append(v) or real(v))
+    fk.leaves(_subclass_params(0))  # (the first walk of a tensor type registers it as a leaf type)
+
+    def dot() -> Any:  # the lock-step walk's flags (the frozen biases left out)
+        a, b = _subclass_params(0), _subclass_params(1)
+        assert type(a[0].weight) is _Sub
+        assert a[0].weight._is_param is True
+        return float(fk.dot(a, b).detach())
+
+    on = dot()
+    assert records == []  # walked together, and no parameter judged one by one
+    assert judged == []
+    a, b = _subclass_params(0), _subclass_params(1)
+    assert on == pytest.approx(sum(float((a[i].weight * b[i].weight).sum().detach()) for i in (0, 2)))
+    monkeypatch.setattr(_torch_module, "PARAM_FLAGS", [False])
+    assert dot() == on
+    assert len(judged) == 4  # the switch is what made the difference
+    monkeypatch.setattr(_torch_module, "LOCKSTEP", False)
+    assert dot() == on  # the recording walk agrees
+
+
+def test_a_layer_of_trainable_subclass_parameters_is_recorded_without_judging_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    judged: list[Any] = []
+    real = _torch_module._slot_trainable
+    monkeypatch.setattr(_torch_module, "_slot_trainable", lambda v: judged.append(v) or real(v))
+
+    def flags() -> Any:
+        m = _subclass_params(0)
+        m[0].bias.requires_grad_(True)  # the first layer's parameters all trainable, the last one's bias frozen
+        return fk.flatten(m)[1].trainable
+
+    on = flags()
+    assert on == (True, True, True, False)
+    assert len(judged) == 2  # the last layer only (a frozen parameter: each judged)
+    judged.clear()
+    monkeypatch.setattr(_torch_module, "PARAM_FLAGS", [False])
+    assert flags() == on
+    assert len(judged) == 4
+
+
+def _none_slot(where: str) -> tuple[Any, Any]:
+    a, b = _pair("blocks")
+    for m in {"both": (a, b), "first": (a,), "second": (b,)}[where]:
+        m[1].register_module("gap", None)  # a ``None`` submodule slot
+    return a, b
+
+
+@pytest.mark.parametrize("where", ["both", "first", "second"])
+def test_a_none_submodule_slot_is_walked_as_recording_walks_it(
+    where: str, records: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def attempt() -> Any:
+        a, b = _none_slot(where)
+        before = _state(a)
+        try:
+            fk.lerp(a, b, 0.25, out=a)
+        except Exception as e:  # noqa: BLE001  (the refusal itself is compared)
+            assert _state(a) == before  # all or nothing
+            return type(e), str(e)
+        return _state(a)
+
+    on = attempt()
+    assert (records == []) == (where == "both")  # walked together where the slots agree
+    monkeypatch.setattr(_torch_module, "LOCKSTEP", False)
+    assert attempt() == on  # (the recording walk's rule where the slots differ: they are not children)

@@ -40,6 +40,7 @@ import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from itertools import chain, compress, repeat
 from typing import Any, cast
 
 import torch
@@ -155,14 +156,6 @@ LOCKSTEP = True
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
-def _section(sec: dict[str, Any]) -> tuple[list[str], list[Any]]:
-    """A section's child names and children, its ``None`` slots left out (they are not children)."""
-    vals = list(sec.values())
-    if _NONE not in map(type, vals):
-        return list(sec), vals
-    return [k for k, v in sec.items() if v is not None], [v for v in vals if v is not None]
-
-
 def _slot_trainable(v: Any) -> bool | None:
     """`_trainable`'s rule for the tensor in one parameter slot: a plain tensor is trainable, a
     Parameter while it requires grad; None for an uninitialized one (a lazy module's)."""
@@ -179,11 +172,28 @@ def _slot_trainable(v: Any) -> bool | None:
 
 def _param_flags(vals: list[Any]) -> list[bool] | None:
     """`_slot_trainable` of each tensor in a parameter slot, or None for an uninitialized one
-    (a lazy module: the recording walk refuses it, naming its path)."""
+    (a lazy module: the recording walk refuses it, naming its path). Plain Parameters, and
+    Parameters of a tensor subclass (FSDP2's DTensors: ``_is_param`` set on each, which an
+    uninitialized parameter never has), are read in C-level passes (`PARAM_FLAGS`; bench_sharded's
+    EMA rows)."""
     if _PARAMETER.issuperset(map(type, vals)):
+        return list(map(_REQUIRES_GRAD, vals))
+    if PARAM_FLAGS[0] and _subclass_params(vals):
         return list(map(_REQUIRES_GRAD, vals))
     out = list(map(_slot_trainable, vals))
     return None if None in out else cast(list[bool], out)
+
+
+def _subclass_params(vals: Any) -> bool:
+    """Whether every one of `vals` carries ``_is_param`` (a Parameter of a tensor subclass: FSDP2's
+    DTensors), in C-level passes."""
+    return all(map(operator.is_, map(getattr, vals, repeat("_is_param"), repeat(False)), repeat(True)))
+
+
+#: `_param_flags` and `_trainable` read the flags of Parameters of a tensor subclass (FSDP2's DTensors) in C-level
+#: passes (tests switch it off: each is then judged by `_slot_trainable`)
+PARAM_FLAGS = [True]
+_VALUES = operator.methodcaller("values")
 
 
 def _lockstep(
@@ -192,40 +202,24 @@ def _lockstep(
     """`NodeDef.lockstep` for two modules (``out=``'s common case: an EMA, ``fk.add(a, b, out=a)``):
     both modules' leaves (parameters, then buffers, then the submodules' leaves, each in
     registration order: the recording walk's order) and the first module's trainable flags
-    (`_trainable`, per leaf), and the first module's modules, walked together in one pass over
-    the modules' ``__dict__`` sections,
-    their names compared in C (no keys made, no aux data copied, no definition built: bench_arith's
-    12-block ``nn.Module`` EMA rows). None, and the recording walk then runs, for any other number
-    of trees, and unless every node is a module of the adapter's own node types (no node registered
-    over one), the modules match node for node (classes, child names in order), every child that
-    is not a module is a tensor (the engine tests the first module for ties and shared submodules)."""
+    (`_trainable`, per leaf), and the first module's modules. One pass over the modules' trees
+    lists their sections of leaves (no keys made, no aux data copied, no definition built); the
+    leaves, their names, slots and types are then compared for all sections at once, in C-level
+    passes (bench_arith's 12-block ``nn.Module`` and bench_sharded's FSDP2 EMA rows). None, and
+    the recording walk then runs, for any other number of trees, and unless every node is a module
+    of the adapter's own node types (no node registered over one), the modules match node for node
+    (classes, slot names in order, ``None`` slots alike), every child that is not a module is a
+    tensor (the engine tests the first module for ties and shared submodules)."""
     if not LOCKSTEP or len(trees) != 2:
         return None
     disp_get = tables[1].get
-    is_leaf = tables[2].issuperset
     defs_get = _DEFS.get
-    flat0: list[Any] = []
-    flat1: list[Any] = []
-    extend0 = flat0.extend
-    extend1 = flat1.extend
+    secs0: list[Any] = []  # the sections of leaves (parameters, buffers), in the recording walk's order
+    secs1: list[Any] = []
+    kinds: list[bool] = []  # per section: True for parameters
+    add0, add1, add_kind = secs0.append, secs1.append, kinds.append
     nodes: list[Any] = []
     add_node = nodes.append
-    flags: list[bool] | None = [] if track else None
-
-    def leaves(sec0: dict[str, Any], sec1: dict[str, Any], params: bool) -> bool:
-        # one section of parameters or buffers: the same names in order in both modules, leaves
-        names, vals = _section(sec0)
-        names1, vals1 = _section(sec1)
-        if names1 != names or not is_leaf(map(type, vals)) or not is_leaf(map(type, vals1)):
-            return False
-        extend0(vals)
-        extend1(vals1)
-        if flags is not None:
-            got = _param_flags(vals) if params else [False] * len(vals)  # (buffers are not trainable)
-            if got is None:
-                return False
-            flags.extend(got)
-        return True
 
     def visit(m0: Any, m1: Any, depth: int) -> bool:
         cls = type(m0)
@@ -240,19 +234,24 @@ def _lockstep(
         s0, s1 = d0.get("_modules"), d1.get("_modules")
         if None in (p0, p1, b0, b1, s0, s1):  # a module whose ``Module.__init__`` never ran: the
             return False  # recording walk decides (and raises, naming the path)
-        if (p0 or p1) and not leaves(p0, p1, True):
-            return False
-        if (b0 or b1) and not leaves(b0, b1, False):
-            return False
+        if p0 or p1:
+            add0(p0)
+            add1(p1)
+            add_kind(True)
+        if b0 or b1:
+            add0(b0)
+            add1(b1)
+            add_kind(False)
         if not s0:
             return not s1
-        names, vals = _section(s0)
-        names1, vals1 = _section(s1)
-        if names1 != names:
+        if list(s0) != list(s1):
             return False
         depth += 1
-        for c0, c1 in zip(vals, vals1):  # noqa: SIM110  (a loop: no generator frame per module)
-            if not visit(c0, c1, depth):
+        for c0, c1 in zip(s0.values(), s1.values()):
+            if c0 is None:  # a ``None`` slot: in both modules, or they differ
+                if c1 is not None:
+                    return False
+            elif not visit(c0, c1, depth):
                 return False
         return True
 
@@ -262,11 +261,45 @@ def _lockstep(
         visit = None  # type: ignore[assignment]  # the closure refers to itself: break the cycle
     if not ok:
         return None
-    for flat in (flat0, flat1):  # tensors only (a slot holding anything else: the recording walk decides)
-        for t in set(map(type, flat)):
-            if not issubclass(t, torch.Tensor):
-                return None
-    return [flat0, flat1], None if flags is None or all(flags) else flags, nodes
+    sizes = list(map(len, secs0))
+    if sizes != list(map(len, secs1)) or [*chain.from_iterable(secs0)] != [*chain.from_iterable(secs1)]:
+        return None  # (equal sizes and equal names in order: every section has the same names)
+    flat0 = [*chain.from_iterable(map(_VALUES, secs0))]
+    flat1 = [*chain.from_iterable(map(_VALUES, secs1))]
+    types0, types1 = set(map(type, flat0)), set(map(type, flat1))
+    per_leaf: list[bool] | None = None  # each leaf's section kind, where not every section is parameters
+    if not all(kinds):
+        per_leaf = [*chain.from_iterable(map(repeat, kinds, sizes))]
+    if _NONE in types0 or _NONE in types1:  # ``None`` slots (Linear(bias=False)): at the same places
+        keep = list(map(operator.is_not, flat0, repeat(None)))
+        if keep != list(map(operator.is_not, flat1, repeat(None))):
+            return None
+        flat0 = list(compress(flat0, keep))
+        flat1 = list(compress(flat1, keep))
+        if per_leaf is not None:
+            per_leaf = list(compress(per_leaf, keep))
+        types0.discard(_NONE)
+        types1.discard(_NONE)
+    is_leaf = tables[2].issuperset
+    if not is_leaf(types0) or not is_leaf(types1):
+        return None
+    for t in types0 | types1:  # tensors only (a slot holding anything else: the recording walk decides)
+        if not issubclass(t, torch.Tensor):
+            return None
+    flags: list[bool] | None = None
+    if track:
+        if per_leaf is None:
+            flags = _param_flags(flat0)
+        else:
+            got = _param_flags(list(compress(flat0, per_leaf)))
+            if got is not None:
+                it = iter(got)
+                flags = [next(it) if k else False for k in per_leaf]  # (buffers are not trainable)
+        if flags is None:
+            return None  # an uninitialized parameter: the recording walk names its path
+        if all(flags):
+            flags = None
+    return [flat0, flat1], flags, nodes
 
 
 def _slots(d: dict[str, Any], keep_none: bool) -> tuple[list[Any], list[Any], Any]:
@@ -519,7 +552,7 @@ def _trainable(m: Any) -> frozenset[Any] | None:
         if not params:  # a container or an activation: submodules only, every one trainable
             return None
         ps = params.values()
-        if _PARAMETER.issuperset(map(type, ps)):
+        if _PARAMETER.issuperset(map(type, ps)) or (PARAM_FLAGS[0] and _subclass_params(ps)):
             for p in ps:  # (a loop: half the time of all() over a generator, for a layer's few)
                 if not p.requires_grad:
                     break
