@@ -169,10 +169,12 @@ def _fast_plan(
     late: int | None,
     columns: Callable[..., Any],
     check_devices: bool = True,
-) -> tuple[list[list[Any]], list[Any], Any, list[int]] | None:
-    """``(columns, outs, treedef, indices)``: the models' arrays at each parameter (one list per
-    model), `out`'s arrays there, the first model's definition and the leaf index of each row, with
-    every check of the per-leaf path made (see the module's docstring); None where the per-leaf
+) -> tuple[list[list[Any]], list[Any], Any, list[int], list[list[Any]], list[Any]] | None:
+    """``(columns, outs, treedef, indices, kernel columns, kernel outs)``: the models' arrays at
+    each parameter (one list per model), `out`'s arrays there, the first model's definition and the
+    leaf index of each row, and the arrays an adapter kernel writes and reads for them (the same
+    lists, or their stand-ins from `columns`: DTensors' local shards, with the same identities
+    between the lists), with every check of the per-leaf path made (see the module's docstring); None where the per-leaf
     path must run (it makes every check again and names the one that fails). Operands of a dtype
     their adapter's operators cannot take (``operator_less``: torch float8) go the per-leaf path."""
     if not FAST[0]:
@@ -183,12 +185,14 @@ def _fast_plan(
     cols_ = columns(trees, names if k is not None else (*names, "out"), every, fname, True, rebuild=False)
     if cols_ is None:
         return None
-    td, leaves, idx, others, dts, ad = cols_
+    td, leaves, idx, others, dts, ad, stands = cols_
     xs = leaves if len(idx) == len(leaves) else list(map(leaves.__getitem__, idx))
     cols = [xs, *others[: len(models) - 1]]
+    lcols = cols if stands is None else stands[: len(models)]  # (the kernels' arrays)
     apart = False
     if k is None:
         outs = others[-1]
+        louts = outs if stands is None else stands[-1]
         oids = set(map(id, outs))
         if len(oids) != len(outs):  # `out` tied where the first model is not
             return None
@@ -196,7 +200,7 @@ def _fast_plan(
             return None
     else:
         apart = True  # no out array among the other models' arrays
-        outs = cols[k]
+        outs, louts = cols[k], lcols[k]
         if (late is not None and k >= late) or (k and not all_distinct(outs)):
             return None  # a term read after the first write (computed aside), or a tie: per leaf
         oids = set(map(id, outs))
@@ -210,15 +214,23 @@ def _fast_plan(
             if sum(map(oids.__contains__, map(id, c))) != same:  # an out array at another row
                 return None
     if not xs:
-        return cols, outs, td, idx
+        return cols, outs, td, idx, lcols, louts
     if ad is None:  # operands of several array types (`columns` found them in its type pass)
         return None
     arrays = list(chain(*cols)) if k is not None else list(chain(outs, *cols))
+    local = None
+    if stands is not None:
+        local = (louts, list(chain(*lcols)) if k is not None else list(chain(louts, *lcols)))
     if not (apart and len(cols) == 2) and not ad.out_fast_repeats:  # an array met twice (in two
         # models, or `out`) is one range (two models apart: only the other model's own ties repeat
         # an array, and `out_fast` then sees two equal ranges and declines: the per-leaf path)
-        arrays = list(dict(zip(map(id, arrays), arrays)).values())
-    if not ad.out_fast(outs, arrays, True):  # (eager: `columns` asked ``tracing()``, else it gave None)
+        if local is None:
+            arrays = list(dict(zip(map(id, arrays), arrays)).values())
+        else:  # the stand-ins go with their arrays (told apart by the arrays': two arrays over one
+            # stand-in stay two, whose equal ranges `out_fast` declines)
+            pairs = list(dict(zip(map(id, arrays), zip(arrays, local[1]))).values())
+            arrays, local = [a for a, _ in pairs], (louts, [v for _, v in pairs])
+    if not ad.out_fast(outs, arrays, True, local):  # (eager: `columns` asked ``tracing()``, else it gave None)
         return None
     if check is not None:  # once per kind of parameter, at its first row (where the per-leaf path raises;
         # arrays that passed ``out_fast`` have a ``device``)
@@ -226,7 +238,7 @@ def _fast_plan(
         first = dict(zip(reversed(list(kinds)), range(len(xs) - 1, -1, -1)))
         for i in sorted(first.values()):
             check(_path_at(td, idx[i]), xs[i])
-    return cols, outs, td, idx
+    return cols, outs, td, idx, lcols, louts
 
 
 def run_out(
@@ -248,15 +260,16 @@ def run_out(
     `late`: the first model index an accumulating kernel reads after writing into `o`.
     `batch(outs, cols, checked)`: writes every row in one adapter call and returns True, or writes
     nothing and returns False; `checked`: the column path made every check (the adapter's
-    `out_fast` accepted the arrays; `outs` may then be any model's arrays or separate ones),
-    else the per-leaf path hands in its in-place rows (``outs[i] is cols[0][i]``) only.
+    `out_fast` accepted the arrays; `outs` may then be any model's arrays or separate ones, and
+    both are the arrays `out_fast` judged: the adapter's stand-ins where it has them, DTensors'
+    local shards), else the per-leaf path hands in its in-place rows (``outs[i] is cols[0][i]``) only.
     `check_same`, `columns`: the lock-step engine's operand check (`CheckSame`) and its
     `_columns` (handed down: the lock-step engine imports this module). `check_devices`: `check`
     may depend on a parameter's device, not only on its type and dtype."""
     fast = _fast_plan(fname, names, models, out, every, check, late, columns, check_devices)
     if fast is not None:
-        cols, outs, td, idx = fast
-        if batch is not None and outs and batch(outs, cols, True):
+        cols, outs, td, idx, lcols, louts = fast
+        if batch is not None and outs and batch(louts, lcols, True):  # (on the stand-ins `out_fast` judged)
             return out  # every row written in one adapter call (bench_arith's EMA and small-model rows)
         for i, o, *xs in zip(idx, outs, *cols):
             fn(_path_at(td, i), xs[0], xs[1:], o)

@@ -267,11 +267,14 @@ def _columns(
     fname: str = "arithmetic",
     operators: bool = False,
     rebuild: bool = True,
-) -> tuple[Any, list[Any], list[int], list[list[Any]], list[Any], Any] | None:
+) -> tuple[Any, list[Any], list[int], list[list[Any]], list[Any], Any, list[list[Any]] | None] | None:
     """The common case of the lock-step engine in C-level passes over the leaves: the first model's
     definition and leaves, the indices of its operands, the other models' operands, the
-    operands' dtypes (of their stand-ins: a DTensor's local shard) and their adapter where they
-    are all of one array type (else None: found in the type pass made anyway), when there are no ties or
+    operands' dtypes (of their stand-ins: a DTensor's local shard), their adapter where they
+    are all of one array type (else None: found in the type pass made anyway) and the stand-ins
+    (``stand_ins``) of every model's operands, the first model's first, where the adapter gave them
+    (DTensors: their local shards, which ``out=``'s column path hands on to the adapter's
+    ``out_fast`` and kernels instead of asking for them again; else None), when there are no ties or
     shared sub-trees and every other operand has the first one's type, shape, dtype and device.
     None otherwise: the per-leaf path then runs and names what differs (bench_scale
     ``fk.add(d, d)`` row; tests/test_arith.py turns this path off to compare).
@@ -378,8 +381,9 @@ def _columns(
         cols.append(col)
         vcs.append(vc)
     one_ad = ads[0] if len(ads) == 1 else None  # (`ads`: one adapter per array type)
+    stands = None if stand is None else [stand, *vcs]
     if not cols:
-        return td, leaves, idx, cols, dts, one_ad
+        return td, leaves, idx, cols, dts, one_ad, stands
     n = len(xs)
     if sparse:  # every other model's operands in one call (a path: its position in the first model)
         rest = vcs[0] if len(vcs) == 1 else [*itertools.chain(*vcs)]
@@ -401,7 +405,7 @@ def _columns(
             and (devs is None or all(map(operator.eq, devs, map(dev, vc))))
         ):
             return None  # (a device that cannot be determined, None, is left to the per-leaf test too)
-    return td, leaves, idx, cols, dts, one_ad
+    return td, leaves, idx, cols, dts, one_ad, stands
 
 
 def _map_params(
@@ -448,7 +452,7 @@ def _map_params(
         return cast(T, done)
     cols = _columns(models, names, every, fname, True) if op is not None else None
     if cols is not None and op is not None:
-        td, leaves, idx, others, _, _ = cols
+        td, leaves, idx, others, _, _, _ = cols
         out = list(map(op, map(leaves.__getitem__, idx), *others))
         mask = td._trainable_mask() if every else None
         if mask is not None:  # trainable_only=False: a frozen parameter's result stays frozen (SPEC 3)
@@ -498,7 +502,7 @@ def _reduce_params(
     every = not _check_trainable_only(trainable_only, fname)
     cols = _columns(models, names, every, fname, rebuild=False) if op is not None else None
     if cols is not None and op is not None and cols[2]:
-        _, leaves, idx, others, _, _ = cols
+        _, leaves, idx, others, _, _, _ = cols
         xs = list(map(leaves.__getitem__, idx))
         if len(set(map(type, xs))) == 1:  # one namespace; then one device, or the per-leaf path names two
             devices = None if adapter_of(xs[0]).one_device else list(map(device_of, xs))

@@ -256,9 +256,24 @@ def run(check: Callable[[str, Callable[[], dict[str, Any]]], None], count: Any, 
         (`same_global_shape`) and the foreach calls with the types of their tensors."""
         seen: dict[str, Any] = {"placements_reads": 0, "device_mesh_reads": 0, "spec_fits": 0, "same_shape": 0}
         seen["foreach"] = []
+        seen["local_reads"] = 0  # DTensors whose local shard was looked up (`_dtensor._locals`)
+        seen["arith"] = []  # the torch._foreach_* arithmetic calls: name and the types of their tensors
         props = {n: getattr(DTensor, n) for n in ("placements", "device_mesh")}
         fits, same, fe = by_spec.spec_fits, by_spec.same_global_shape, torch_adapter.foreach_lerp_
-        assert fe is not None
+        locals_, arith = _dtensor._locals, torch_adapter.foreach_arith_
+        assert fe is not None and arith is not None
+
+        def locals_spy(xs: list[Any]) -> list[Any]:
+            seen["local_reads"] += len(xs)
+            return locals_(xs)
+
+        def arith_spy(name: str, f: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                tensors = [v for a in args if isinstance(a, list) for v in a]
+                seen["arith"].append((name, sorted({type(v).__name__ for v in tensors})))
+                return f(*args, **kwargs)
+
+            return call
 
         def counted(name: str, prop: Any) -> Any:
             def get(x: Any) -> Any:
@@ -282,12 +297,15 @@ def run(check: Callable[[str, Callable[[], dict[str, Any]]], None], count: Any, 
         for n, prop in props.items():
             setattr(DTensor, n, counted(n, prop))
         by_spec.spec_fits, by_spec.same_global_shape, torch_adapter.foreach_lerp_ = fits_spy, same_spy, fe_spy
+        _dtensor._locals = locals_spy
+        torch_adapter.foreach_arith_ = {n: arith_spy(n, f) for n, f in arith.items()}
         try:
             yield seen
         finally:
             for n, prop in props.items():
                 setattr(DTensor, n, prop)
             by_spec.spec_fits, by_spec.same_global_shape, torch_adapter.foreach_lerp_ = fits, same, fe
+            _dtensor._locals, torch_adapter.foreach_arith_ = locals_, arith
 
     def ema_step() -> dict[str, Any]:
         """fk.lerp(ema, model, t, out=ema) on FSDP2 stacks of 3 and of 12 Linear layers, with the spec
@@ -318,6 +336,56 @@ def run(check: Callable[[str, Callable[[], dict[str, Any]]], None], count: Any, 
         return out
 
     check("fast_ema", ema_step)
+
+    def arith_out() -> dict[str, Any]:
+        """``out=`` arithmetic on two FSDP2 stacks of 4 Linear layers (8 DTensors each), in place
+        and into a third stack: the local result of every shard, bit for bit the row kernels' on
+        plain tensors, no collective, one batch of ``torch._foreach_*`` calls over the plain local
+        shards, and each DTensor's local shard looked up once per call (where the models are
+        matched; ``out_fast`` and the kernels are handed those)."""
+        g = fsdp_stack(4, 2)
+        out: dict[str, Any] = {}
+        for into in ("a", "c"):
+            for name in ("add", "sub", "scale", "lincomb", "mean", "lerp"):
+                a, b, c = fsdp_stack(4, 0), fsdp_stack(4, 1), fsdp_stack(4, 3)
+                la = [p.to_local().detach().clone() for p in a.parameters()]
+                lb = [p.to_local().detach() for p in b.parameters()]
+                row = {
+                    "add": lambda x, y: torch.add(x, y),
+                    "sub": lambda x, y: torch.sub(x, y),
+                    "scale": lambda x, y: torch.mul(x, 3.0),
+                    "lincomb": lambda x, y: torch.mul(x, 0.5).add_(y, alpha=2.0),
+                    "mean": lambda x, y: torch.add(x, y).div_(2),
+                    "lerp": lambda x, y: torch.lerp(x, y, 0.25),
+                }[name]
+                want = [row(x, y) for x, y in zip(la, lb)]
+                dst = a if into == "a" else c
+                call = {
+                    "add": lambda: fk.add(a, b, out=dst),
+                    "sub": lambda: fk.sub(a, b, out=dst),
+                    "scale": lambda: fk.scale(3.0, a, out=dst),
+                    "lincomb": lambda: fk.lincomb([0.5, 2.0], [a, b], out=dst),
+                    "mean": lambda: fk.mean([a, b], out=dst),
+                    "lerp": lambda: fk.lerp(a, b, 0.25, out=dst),
+                }[name]
+                with reads() as seen, count() as comms, torch.no_grad():
+                    got = call()
+                models = 2 if name != "scale" else 1
+                out[f"{name}_{into}"] = {
+                    "same": got is dst,
+                    "exact": all(torch.equal(p.to_local(), w) for p, w in zip(dst.parameters(), want)),
+                    "comms": comms,
+                    "tensors": len(want),
+                    "models": models + (into == "c"),
+                    "local_reads": seen["local_reads"],
+                    "kernel_types": sorted({t for _, ts in seen["arith"] for t in ts} | {t for ts in seen["foreach"] for t in ts}),
+                    "kernels": len(seen["arith"]) + len(seen["foreach"]),
+                    "placements_reads": seen["placements_reads"],
+                }
+        del g
+        return out
+
+    check("fast_arith_out", arith_out)
 
     def ema_refusals() -> dict[str, Any]:
         """What the column path declines is refused as before, with the same message on and off:

@@ -127,6 +127,9 @@ def test_the_fsdp2_ema_is_judged_per_spec_and_runs_on_the_local_shards(ranks: li
                 assert got["comms"] == {}
                 assert got["foreach"] == [["Tensor"]]
                 assert got["placements"] == ["(Shard(dim=0),)"]
+                # each DTensor's local shard looked up once (matching the two models), then handed
+                # on to `out_fast` and the foreach (not looked up again there)
+                assert got["local_reads"] == 2 * got["tensors"], got
         for res in (few, many):
             on, off = res["on"], res["off"]
             assert on["placements_reads"] == on["device_mesh_reads"] == 0, on
@@ -137,6 +140,26 @@ def test_the_fsdp2_ema_is_judged_per_spec_and_runs_on_the_local_shards(ranks: li
             assert off["device_mesh_reads"] >= 2 * off["tensors"]
         assert few["on"]["spec_fits"] == many["on"]["spec_fits"] <= 2
         assert few["off"]["spec_fits"] == many["off"]["spec_fits"] == 0
+
+
+@pytest.mark.parametrize("into", ["a", "c"])
+@pytest.mark.parametrize("name", ["add", "sub", "scale", "lincomb", "mean", "lerp"])
+def test_out_arithmetic_on_fsdp2_models_is_one_foreach_batch_over_the_local_shards(
+    ranks: list[dict[str, Any]], name: str, into: str
+) -> None:
+    """``fk.<name>(..., out=)`` on FSDP2 stacks, in place (`a`) and into a third model (`c`): every
+    shard the plain row kernel's result bit for bit, no collective, only ``torch._foreach_*`` kernels
+    over plain local shards (a handful, however many tensors), no DTensor's placements read, and each
+    DTensor's local shard looked up once per call."""
+    for r in _ok(ranks, "fast_arith_out"):
+        got = r[f"{name}_{into}"]
+        assert got["same"] is True
+        assert got["exact"] is True, got
+        assert got["comms"] == {}
+        assert got["kernel_types"] == ["Tensor"], got
+        assert 1 <= got["kernels"] <= 4, got
+        assert got["placements_reads"] == 0, got
+        assert got["local_reads"] == got["models"] * got["tensors"], got
 
 
 @pytest.mark.parametrize("name", ["shape", "placements"])

@@ -594,6 +594,16 @@ def uniform_locals(arrays: list[Any]) -> list[Any] | None:
     return local
 
 
+def uniform(arrays: list[Any]) -> bool:
+    """`uniform_locals`' test alone, for DTensors `arrays` whose local shards the caller has
+    (``out=``'s column path: the adapter's ``stand_ins``, made while matching the models): every
+    one exactly a DTensor, of one mesh and one placements tuple, with no ``Partial`` placement."""
+    dt = dtensor_type()
+    if not arrays or dt is None or not all(map(operator.is_, map(type, arrays), repeat(dt))):
+        return False
+    return bool(by_spec.uniform_specs(arrays))
+
+
 _LINEAR = frozenset(("sum", "avg"))  # Partial reductions an element-wise linear map commutes with
 
 

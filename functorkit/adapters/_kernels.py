@@ -166,7 +166,9 @@ class Kernels:
     #: ``lincomb, out=`` row)
     out_fast_repeats: bool = False
 
-    def out_fast(self, outs: list[Any], arrays: list[Any], eager: bool = False) -> bool:
+    def out_fast(
+        self, outs: list[Any], arrays: list[Any], eager: bool = False, local: tuple[list[Any], list[Any]] | None = None
+    ) -> bool:
         """True if every array of `outs` can certainly be written in place with distinct values
         (``write_problem`` and ``overlap_problem`` would find nothing) and the distinct arrays
         `arrays` (`outs` and the inputs) certainly share no memory with each other, decided in
@@ -175,7 +177,10 @@ class Kernels:
         checked that `arrays` are dense arrays of this adapter, each row (an out array and the
         inputs it is computed from) on one device; ranges on different devices compared as numbers
         can only seem to meet, which says False. `eager`: as for ``first_not_dense`` (the caller
-        knows that no tracer runs)."""
+        knows that no tracer runs). `local`: this adapter's ``stand_ins`` of `outs` and of `arrays`
+        (in their order), which the caller has (DTensors: their local shards, the arrays whose
+        memory is tested and which the kernels then get), so that they are not asked for again;
+        None: none were made."""
         return False
 
     def arith_many_(self, kind: str, outs: list[Any], cols: list[list[Any]], cs: list[Any]) -> bool:

@@ -248,7 +248,9 @@ class Adapter(MethodSlices):
 
     # ---- arithmetic kernels: ufuncs with ``out=``, in cache-sized blocks -------------------------
 
-    def out_fast(self, outs: list[Any], arrays: list[Any], eager: bool = False) -> bool:
+    def out_fast(
+        self, outs: list[Any], arrays: list[Any], eager: bool = False, local: tuple[list[Any], list[Any]] | None = None
+    ) -> bool:
         """Plain ndarrays; `outs` writeable and C- or Fortran-contiguous (no element twice in
         memory); `arrays` separate allocations (each owns its memory: ``base is None``; an array
         listed twice is one allocation: `out_fast_repeats`), or contiguous with byte ranges that do

@@ -709,29 +709,39 @@ class Adapter(ArrayAdapter):
             out.div_(n)
         return out
 
-    def out_fast(self, outs: list[Any], arrays: list[Any], eager: bool = False) -> bool:
+    def out_fast(
+        self, outs: list[Any], arrays: list[Any], eager: bool = False, local: tuple[list[Any], list[Any]] | None = None
+    ) -> bool:
         """Plain contiguous tensors of a device that has memory (not ``meta``), with storage
         (``data_ptr`` raises for ``torch.func`` wrappers); no inference tensor in `outs`; the byte
         ranges (``data_ptr``, ``nbytes``) of `arrays` do not meet. DTensors of one mesh and one
         placements tuple are judged by their local shards (`_dtensor.uniform_locals`: the mesh and
-        placements once per distinct ``DTensorSpec``; `outs`, among `arrays`, are not judged again).
+        placements once per distinct ``DTensorSpec``; `outs`, among `arrays`, are not judged again;
+        `local`: the shards the caller has, from ``stand_ins``, not asked for again).
         Not while ``torch.compile`` traces (the per-leaf path traces; `eager`: the caller has asked
         ``tracing()``, out='s column path)."""
         if not eager and compiling():
             return False
         if type(arrays[0]) not in _PLAIN:  # DTensors of one mesh and placements: their shards (the
             # caller checked that the arrays are of one type)
-            local = _dtensor.uniform_locals(arrays)
-            if local is None:
-                return False
-            n = len(outs)
-            if all(map(operator.is_, outs, arrays[:n])):  # `outs` first (fk.lerp(ema, m, t, out=ema))
-                local_outs: list[Any] | None = local[:n]
+            if local is not None:  # (`stand_ins` gave them: every array a DTensor)
+                if not _dtensor.uniform(arrays):
+                    return False
+                local_outs, shards = local
             else:
-                local_outs = _dtensor.stand_ins(outs)
-            if local_outs is None:
-                return False
-            arrays, outs = local, local_outs
+                got = _dtensor.uniform_locals(arrays)
+                if got is None:
+                    return False
+                shards = got
+                n = len(outs)
+                if all(map(operator.is_, outs, arrays[:n])):  # `outs` first (fk.lerp(ema, m, t, out=ema))
+                    local_outs = shards[:n]
+                else:
+                    found = _dtensor.stand_ins(outs)
+                    if found is None:
+                        return False
+                    local_outs = found
+            arrays, outs = shards, local_outs
             if not set(map(type, arrays)) <= _PLAIN_SET:
                 return False
         if arrays[0].is_meta:  # (a bool attribute: no ``torch.device`` made)
