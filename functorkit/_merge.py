@@ -236,6 +236,15 @@ WEIGHT_TABLE = True
 
 
 def _divisors(wv: Sequence[float], dtype: Any) -> Any:
+    """`_divisor_table` of `wv` in `dtype`, computed once per weights and dtype (a Dask body runs
+    on row pieces: about ``2**models * models`` scalar operations per piece otherwise). Weights
+    equal as numbers share a table (``0.0`` and ``-0.0`` too: a zero addend leaves a nonzero sum
+    as it is, and a zero sum becomes 1 whatever its sign)."""
+    return _divisor_table(tuple(wv), np.dtype(dtype).str)
+
+
+@functools.lru_cache(maxsize=64)
+def _divisor_table(wv: tuple[float, ...], dtype: str) -> Any:
     """The divisor of `_mix_block`'s normalised sign election for every agreement pattern ``c``
     (bit ``i`` set where model ``i`` agrees): the agreeing weights summed in the models' order
     (``+0.0`` for the others), a zero sum made 1, in `dtype`: the formula's float operations on
@@ -251,6 +260,7 @@ def _divisors(wv: Sequence[float], dtype: Any) -> Any:
                 div = wm if div is None else div + wm
             assert div is not None
             out[c] = div + dt.type(div == 0)
+    out.setflags(write=False)  # shared by every caller
     return out
 
 

@@ -279,3 +279,19 @@ def test_fused_selection_flag_leaves_eager_merges_alone(
     for k in base:
         np.testing.assert_array_equal(got[True][k], got[False][k], err_msg=k)
         np.testing.assert_array_equal(got[True][k], _bits(fused[k]), err_msg=k)
+
+
+def test_weight_table_is_made_once_per_weights_and_dtype() -> None:
+    """A Dask body runs on many row pieces; the divisor table is computed once for them all."""
+    import functorkit._merge as mg
+
+    base, ms = _models(np.float32)
+    mg._divisor_table.cache_clear()
+    weights = [0.25, 0.5, 0.125]  # weights no other test uses: a fresh table
+    out = dask.compute(fk.ties(_lazy(base), [_lazy(m) for m in ms], weights, density=0.5))[0]
+    info = mg._divisor_table.cache_info()
+    assert info.misses == 1, info
+    assert info.hits >= 2, info  # several blocks and tensors took it from the cache
+    eager = fk.ties(base, ms, weights, density=0.5)
+    for k in base:
+        np.testing.assert_array_equal(_bits(out[k]), _bits(eager[k]), err_msg=k)
