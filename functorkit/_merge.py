@@ -15,6 +15,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any, cast
 
+import numpy as np
+
 from ._errors import StructureError
 from ._keypath import KeyPath
 from ._lockstep import _map_params, _model_list
@@ -31,7 +33,7 @@ from ._pertensor import (
     count_kept,
     elementwise,
     keep_mask,
-    kth_largest,
+    kth_largests,
     mask_keys,
     per_model,
     select,
@@ -154,6 +156,14 @@ def _abs_delta(xp: Any, x: Any, o: Any) -> Any:
     return xp.abs(work(xp, o) - work(xp, x))
 
 
+def _abs_deltas(sel: Sequence[int], x: Any, *others: Any) -> list[Any]:
+    """``[|others[i] - x| for i in sel]`` in the working dtype (`kth_largests`' multi-output `fn`:
+    TIES's magnitudes; the base cast once for all of them)."""
+    xp = namespace(x)
+    b = work(xp, x)
+    return [xp.abs(work(xp, others[i]) - b) for i in sel]
+
+
 def _abs_delta_of(xp: Any, x: Any, o: Any, keep: Any) -> Any:
     return _abs_delta(xp, x, o)
 
@@ -187,10 +197,11 @@ def _mix(
     trainable_only: bool,
 ) -> T:
     """``base + scale * mix(w_i * sparsify_i(m_i - base))`` per tensor (mergekit's generalized
-    task arithmetic). `sparsify` is ``(prepare, apply)``: ``prepare(xp, path, i, x, delta)`` gives
-    ``None`` (the whole delta kept) or the per-tensor ``(arrays, constants)`` of model `i` (masks;
-    thresholds and factors, lazy reductions on Dask), ``apply(xp, path, i, delta, arrays,
-    constants)`` the kept delta, element-wise: the merge itself is one `elementwise` body."""
+    task arithmetic). `sparsify` is ``prepare(xp, path, x, others)``: per model ``None`` (the whole
+    delta kept) or ``(arrays, constants, kind)``: masks; thresholds and factors (lazy reductions
+    on Dask); how they apply (`_apply`). The merge itself is one `elementwise` body
+    (`_mix_block`), whose options are one tuple of numbers and names, so that Dask tokenizes it
+    by value (a closure would be pickled, with whatever it holds, for every tensor)."""
     mods = _models(models, fname)
     ws = per_model(weights, len(mods), "weights", fname)
     sc = Schedule(scale, "scale", fname)
@@ -200,81 +211,128 @@ def _mix(
         if sparsify is not None:
             check_whole(fname, path, x)  # thresholds and masks need the whole tensor (not a shard)
         xp = namespace(x)
-        wv = [ws[i].get(path) for i in range(len(others))]
+        wv = tuple(ws[i].get(path) for i in range(len(others)))
         lam = sc.get(path)
-        layout: list[tuple[int, int] | None] = []
+        kinds: list[Any] = []
         arrays: list[Any] = []
         consts: list[Any] = []
         if sparsify is not None:
-            for i, o in enumerate(others):
-                prep = sparsify[0](xp, path, i, x, o)
-                layout.append(None if prep is None else (len(prep[0]), len(prep[1])))
-                if prep is not None:
-                    arrays.extend(prep[0])
-                    consts.extend(prep[1])
-        m = len(others)
-
-        def body(xp: Any, x: Any, *rest: Any) -> Any:
-            return _mix_body(xp, path, x, rest[:m], rest[m : m + len(arrays)], rest[m + len(arrays) :], wv, lam, layout)
-
+            for prep in sparsify(xp, path, x, others):
+                if prep is None:
+                    kinds.append(None)
+                    continue
+                kinds.append((prep[2], len(prep[0]), len(prep[1])))
+                arrays.extend(prep[0])
+                consts.extend(prep[1])
+        spec = (len(others), len(arrays), wv, lam, tuple(kinds), consensus, normalize)
+        body = functools.partial(_mix_block, spec)
         return elementwise(xp, body, (x, *others, *arrays), tuple(consts))
 
-    def _mix_body(
-        xp: Any,
-        path: KeyPath,
-        x: Any,
-        others: Sequence[Any],
-        arrays: Sequence[Any],
-        consts: Sequence[Any],
-        wv: list[float],
-        lam: float,
-        layout: list[tuple[int, int] | None],
-    ) -> Any:
-        b = work(xp, x)
-        wd = []
-        ai = ci = 0
-        for i, o in enumerate(others):
-            d = work(xp, o) - b
-            lay = layout[i] if layout else None
-            if lay is not None:
-                assert sparsify is not None
-                d = sparsify[1](xp, path, i, d, arrays[ai : ai + lay[0]], consts[ci : ci + lay[1]])
-                ai, ci = ai + lay[0], ci + lay[1]
-            wd.append(d * wv[i])
-        if consensus:
-            total = wd[0]
-            for d in wd[1:]:
-                total = total + d
-            plus = total >= 0  # mergekit: the majority sign is + where the weighted sum is >= 0
-            mixed = None
-            div = None
-            minus = ~plus
-            for d, w in zip(wd, wv, strict=True):
-                # sign(d) == majority (a zero delta never agrees): where(plus, d > 0, d < 0) without a select
-                agree = (plus & (d > 0)) | (minus & (d < 0))
-                kept = select(xp, agree, d)
-                mixed = kept if mixed is None else mixed + kept
-                if normalize:
-                    # where(agree, w, 0): w or +0.0 (the 1.0 or 0.0 of the mask times w, zeros made +0.0)
-                    wm = select(xp, agree, xp.astype(agree, d.dtype) * w)
-                    div = wm if div is None else div + wm
-            assert mixed is not None
-            if normalize:
-                assert div is not None
-                # where(div == 0, 1, div): a zero divisor (+0.0 or -0.0) plus 1 is 1, any other plus 0 itself
-                mixed = mixed / (div + xp.astype(div == 0, div.dtype))
-        else:
-            mixed = wd[0]
-            for d in wd[1:]:
-                mixed = mixed + d
-            if normalize:
-                s = sum(wv)
-                mixed = mixed / (1.0 if abs(s) < 1e-8 else s)
-        if lam != 1.0:
-            mixed = mixed * lam
-        return cast_back(xp, b + mixed, x)
-
     return cast(T, _map_params(fname, _names(len(mods)), (base, *mods), fn, trainable_only))
+
+
+#: TIES's divisor on NumPy blocks from a table of every agreement pattern (False: the formula's passes)
+WEIGHT_TABLE = True
+
+
+def _divisors(wv: Sequence[float], dtype: Any) -> Any:
+    """`_divisor_table` of `wv` in `dtype`, computed once per weights and dtype (a Dask body runs
+    on row pieces: about ``2**models * models`` scalar operations per piece otherwise). Weights
+    equal as numbers share a table (``0.0`` and ``-0.0`` too: a zero addend leaves a nonzero sum
+    as it is, and a zero sum becomes 1 whatever its sign)."""
+    return _divisor_table(tuple(wv), np.dtype(dtype).str)
+
+
+@functools.lru_cache(maxsize=64)
+def _divisor_table(wv: tuple[float, ...], dtype: str) -> Any:
+    """The divisor of `_mix_block`'s normalised sign election for every agreement pattern ``c``
+    (bit ``i`` set where model ``i`` agrees): the agreeing weights summed in the models' order
+    (``+0.0`` for the others), a zero sum made 1, in `dtype`: the formula's float operations on
+    scalars, so ``table[c]`` has the bits the formula gives each element of pattern ``c``. NumPy
+    blocks take the divisor from it (one gather) instead of about six passes per model and three."""
+    dt = np.dtype(dtype)
+    out = np.empty(1 << len(wv), dtype=dt)
+    with np.errstate(all="ignore"):
+        for c in range(out.shape[0]):
+            div = None
+            for i, w in enumerate(wv):
+                wm = dt.type(1.0) * dt.type(w) if c >> i & 1 else dt.type(0.0)
+                div = wm if div is None else div + wm
+            assert div is not None
+            out[c] = div + dt.type(div == 0)
+    out.setflags(write=False)  # shared by every caller
+    return out
+
+
+def _apply(kind: Any, xp: Any, d: Any, arrays: Sequence[Any], consts: Sequence[Any]) -> Any:
+    """Model `i`'s kept delta: ``("trim",)``: ``|d| >= consts[0]`` (TIES); ``("mask", factor)``:
+    ``d`` where ``arrays[0]``, times ``consts[0]`` (factor ``"l1"``), a number, or nothing (None)."""
+    if kind[0] == "trim":
+        return select(xp, xp.abs(d) >= consts[0], d)
+    kept = select(xp, arrays[0], d)
+    factor = kind[1]
+    if factor == "l1":
+        return kept * consts[0]
+    if factor is not None:
+        return kept * factor
+    return kept
+
+
+def _mix_block(spec: tuple[Any, ...], xp: Any, x: Any, *rest: Any) -> Any:
+    """The merge of `_mix` on arrays (one block, or whole eager tensors): `spec` is ``(models,
+    masks, weights, scale, kinds, consensus, normalize)``; `rest` the models, their masks, then
+    the 0-d constants."""
+    m, na, wv, lam, kinds, consensus, normalize = spec
+    others, arrays, consts = rest[:m], rest[m : m + na], rest[m + na :]
+    b = work(xp, x)
+    wd = []
+    ai = ci = 0
+    for i, o in enumerate(others):
+        d = work(xp, o) - b
+        kind = kinds[i] if kinds else None
+        if kind is not None:
+            d = _apply(kind[0], xp, d, arrays[ai : ai + kind[1]], consts[ci : ci + kind[2]])
+            ai, ci = ai + kind[1], ci + kind[2]
+        wd.append(d * wv[i])
+    if consensus:
+        total = wd[0]
+        for d in wd[1:]:
+            total = total + d
+        plus = total >= 0  # mergekit: the majority sign is + where the weighted sum is >= 0
+        mixed = None
+        div = None
+        code = None  # the table path: bit i set where model i agrees
+        table = WEIGHT_TABLE and normalize and type(total) is np.ndarray and len(wd) <= 8
+        minus = ~plus
+        for i, (d, w) in enumerate(zip(wd, wv, strict=True)):
+            # sign(d) == majority (a zero delta never agrees): where(plus, d > 0, d < 0) without a select
+            agree = (plus & (d > 0)) | (minus & (d < 0))
+            kept = select(xp, agree, d)
+            mixed = kept if mixed is None else mixed + kept
+            if table:
+                bit = agree.view(np.uint8)
+                code = bit.copy() if code is None else np.bitwise_or(code, bit << np.uint8(i), out=code)
+            elif normalize:
+                # where(agree, w, 0): w or +0.0 (the 1.0 or 0.0 of the mask times w, zeros made +0.0)
+                wm = select(xp, agree, xp.astype(agree, d.dtype) * w)
+                div = wm if div is None else div + wm
+        assert mixed is not None
+        if table:
+            mixed = mixed / _divisors(wv, mixed.dtype)[code]
+        elif normalize:
+            assert div is not None
+            # where(div == 0, 1, div): a zero divisor (+0.0 or -0.0) plus 1 is 1, any other plus 0 itself
+            mixed = mixed / (div + xp.astype(div == 0, div.dtype))
+    else:
+        mixed = wd[0]
+        for d in wd[1:]:
+            mixed = mixed + d
+        if normalize:
+            s = sum(wv)
+            mixed = mixed / (1.0 if abs(s) < 1e-8 else s)
+    if lam != 1.0:
+        mixed = mixed * lam
+    return cast_back(xp, b + mixed, x)
 
 
 def task_arithmetic(
@@ -318,22 +376,25 @@ def task_arithmetic(
 
 
 def _magnitude(densities: list[Schedule]) -> Any:
-    def prepare(xp: Any, path: KeyPath, i: int, x: Any, o: Any) -> Any:
-        dens = densities[i].get(path)
-        if dens >= 1.0:
-            return None
+    def prepare(xp: Any, path: KeyPath, x: Any, others: Sequence[Any]) -> list[Any]:
         n = 1
         for s in x.shape:
             n *= int(s)
-        if n == 0:  # an empty tensor: nothing to trim (its merge is empty)
-            return None
-        a = elementwise(xp, _abs_delta, (x, o), dtype=work(xp, x).dtype)
-        return (), (kth_largest(xp, a, count_kept(n, dens)),)
+        preps: list[Any] = [None] * len(others)
+        trim = []  # an empty tensor: nothing to trim (its merge is empty)
+        for i in range(len(others)):
+            dens = densities[i].get(path)
+            if dens < 1.0 and n:
+                trim.append((i, count_kept(n, dens)))
+        if trim:
+            # every model's threshold in one selection (on Dask: each base block read once for all)
+            arrays = (x, *(others[i] for i, _ in trim))
+            got = kth_largests(xp, _abs_deltas, arrays, [k for _, k in trim], work(xp, x).dtype)
+            for (i, _), t in zip(trim, got, strict=True):
+                preps[i] = ((), (t,), ("trim",))
+        return preps
 
-    def apply(xp: Any, path: KeyPath, i: int, d: Any, arrays: Any, consts: Any) -> Any:
-        return select(xp, xp.abs(d) >= consts[0], d)
-
-    return prepare, apply
+    return prepare
 
 
 def ties(
@@ -391,7 +452,7 @@ def _check_bool(v: Any, name: str, fname: str) -> None:
 def _bernoulli(densities: list[Schedule], seed: int, rescale: Any) -> Any:
     drawn: dict[str, KeyPath] = {}  # dotted key -> the path whose masks it keys (one merge)
 
-    def prepare(xp: Any, path: KeyPath, i: int, x: Any, o: Any) -> Any:
+    def prepare_one(xp: Any, path: KeyPath, i: int, x: Any, o: Any) -> Any:
         dens = densities[i].get(path)
         kp = path if isinstance(path, KeyPath) else path.path  # the walk's lazy path (_walk._PathAt)
         prev = drawn.setdefault(kp.dotted, kp)
@@ -414,18 +475,15 @@ def _bernoulli(densities: list[Schedule], seed: int, rescale: Any) -> Any:
             before, after = sums(xp, (_abs_delta_of, _abs_kept), (x, o, keep), wdt)
             ok = (before >= EPS_RESCALE) & (after >= EPS_RESCALE)
             one = _scalar(xp, 1.0, before)
-            return (keep,), (xp.where(ok, before / xp.where(ok, after, one), one),)
-        return (keep,), ()
-
-    def apply(xp: Any, path: KeyPath, i: int, d: Any, arrays: Any, consts: Any) -> Any:
-        kept = select(xp, arrays[0], d)
-        if rescale is True:
-            return kept * consts[0]
+            return (keep,), (xp.where(ok, before / xp.where(ok, after, one), one),), ("mask", "l1")
         if type(rescale) is str:  # "inverse" (checked): the DARE paper's 1 / density
-            return kept * (1.0 / densities[i].get(path))
-        return kept
+            return (keep,), (), ("mask", 1.0 / dens)
+        return (keep,), (), ("mask", None)
 
-    return prepare, apply
+    def prepare(xp: Any, path: KeyPath, x: Any, others: Sequence[Any]) -> list[Any]:
+        return [prepare_one(xp, path, i, x, o) for i, o in enumerate(others)]
+
+    return prepare
 
 
 def dare(

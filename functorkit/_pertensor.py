@@ -242,6 +242,40 @@ def kth_largest(xp: Any, a: Any, k: int) -> Any:
     return xp.sort(flat)[j]
 
 
+#: `kth_largests` on Dask: one radix selection for every output, `fn` computed in pieces inside the
+#: histogram tasks (False: each output an `elementwise` array and its own `kth_largest`; the comparison)
+FUSED_SELECT = True
+
+
+def kth_largests(xp: Any, fn: Any, arrays: Sequence[Any], ks: Sequence[int], dtype: Any) -> list[Any]:
+    """``[kth_largest(xp, v, k) for v, k in zip(fn(range(len(ks)), *arrays), ks)]``: the ``ks[j]``-th
+    largest of output ``j`` of the element-wise `fn` (``fn(outputs, *arrays)``: one array of
+    `dtype` and ``arrays[0]``'s shape per index in `outputs`; TIES: each model's ``|m_i - base|``).
+
+    On Dask (`FUSED_SELECT`) one radix selection for every output (the adapter's
+    ``kth_largests``): its block tasks compute `fn` in pieces, so no block of the outputs is made
+    and each input block is read once per level for all of them. Elsewhere each output is made and
+    selected in turn (one at a time in memory). The same values either way."""
+    fast = adapter_of(arrays[0]).kth_largests(fn, arrays, ks, dtype) if FUSED_SELECT else None
+    if fast is not None:
+        return list(fast)
+    import functools
+
+    out = []
+    for j, k in enumerate(ks):
+        if _chunked(arrays[0]) and arrays[0].shape:
+            v = elementwise(xp, functools.partial(_output, fn, j), arrays, dtype=dtype)
+        else:
+            v = fn((j,), *arrays)[0]
+        out.append(kth_largest(xp, v, k))
+    return out
+
+
+def _output(fn: Any, j: int, xp: Any, *arrays: Any) -> Any:
+    """Output `j` of the multi-output `fn` as an `elementwise` body."""
+    return fn((j,), *arrays)[0]
+
+
 # --------------------------------------------------------------------------- DARE's random masks
 
 _M32 = 0xFFFFFFFF

@@ -124,7 +124,7 @@ def test_ties_threshold_is_a_radix_selection_on_dask() -> None:
     lazy = lambda d: {k: da.from_array(v, chunks=4 if v.ndim else ()) for k, v in d.items()}  # noqa: E731
     out = fk.ties(lazy(base), [lazy(m) for m in ms], 1.0, density=0.3)
     names = {str(k[0] if isinstance(k, tuple) else k).split("-")[0] for k in dict(out["emb"].__dask_graph__())}
-    assert {"_histogram", "_pick"} <= names, names  # per-block histograms of the key bits, summed
+    assert {"_histograms", "_pick"} <= names, names  # per-block histograms of the key bits, summed
     assert not any("sort" in n or "topk" in n or "partition" in n for n in names), names
     _same(_np(fk.ties(base, ms, 1.0, density=0.3)), _np(out))
     dense = fk.ties(lazy(base), [lazy(m) for m in ms], 1.0, density=0.9)  # the smaller side: n - k + 1 smallest
@@ -146,9 +146,9 @@ def test_ties_histograms_count_in_int32_where_the_tensor_fits(
     from dask.local import get_sync
 
     graph = dict(out["emb"].__dask_graph__())
-    key = next(k for k in graph if isinstance(k, tuple) and str(k[0]).startswith("_histogram"))
-    block = get_sync(graph, key)  # one block's histogram, computed alone
-    assert block.shape == (1 << 16,)
+    key = next(k for k in graph if isinstance(k, tuple) and str(k[0]).startswith("_histograms"))
+    block = get_sync(graph, key)  # one block's histograms (one per model), computed alone
+    assert block.shape == (len(ms) << 16,)
     assert block.dtype == (np.int32 if int32_below > 1 else np.int64)
     _same(_np(fk.ties(base, ms, 1.0, density=0.3)), _np(out))
 

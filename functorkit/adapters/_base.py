@@ -532,6 +532,13 @@ class ArrayAdapter(Kernels):
         than the namespace's functions (Dask: one chunked selection); None: use those."""
         return None
 
+    def kth_largests(self, fn: Any, arrays: Sequence[Any], ks: Sequence[int], dtype: Any) -> Any:
+        """For each ``j``, the ``ks[j]``-th largest element of ``fn(outputs, *arrays)[j]`` (`fn`
+        element-wise, its outputs of `dtype`) as 0-d arrays, where this library has a faster way
+        than computing each output and selecting (Dask: one radix selection whose block tasks
+        compute `fn` in pieces); None: compute and select."""
+        return None
+
     def reductions_first(self, xs: list[Any]) -> list[Any]:
         """Lazy arrays `xs` with the small reductions their blocks share (a merge's norms,
         thresholds) computed now, in one pass, and held as values, so that each array then streams

@@ -88,6 +88,9 @@ def _small_cuts(x: Any) -> dict[str, tuple[tuple[int, ...], ...]]:
 _RADIX = 16
 #: TIES's radix histograms count in int32 for tensors of fewer elements than this (int64 above)
 INT32_COUNTS = 2**31
+#: block histograms summed two at a time (Dask's default, 4, held more of them at once: bfloat16
+#: TIES peaked about 4 MiB higher, session 18)
+HIST_SPLIT = 2
 #: elements per piece of a block's histogram (the keys and digits of a piece stay in cache)
 _HIST_PIECE = 1 << 16
 
@@ -109,35 +112,93 @@ _DIGITS = np.arange(1 << _RADIX, dtype=np.intp)
 _KEY_TO_RAW = np.where(_DIGITS >> (_RADIX - 1), _DIGITS & ((1 << (_RADIX - 1)) - 1), ~_DIGITS & ((1 << _RADIX) - 1))
 
 
-def _histogram(level: int, shift: int, count: Any, x: Any, prefix: Any) -> Any:
-    """A block's histogram of the key bits ``shift .. shift + 16`` among the elements whose higher
-    bits are `prefix` (every element at the first level), in counts of dtype `count`.
-
-    Counted on the float's raw bits, without making the keys (`_key`: four passes): the key is a
-    bijection of the bits, so at the first level the histogram of the raw top 16 bits is permuted
-    (`_KEY_TO_RAW`), and below it `prefix` fixes the sign, so the elements are those whose raw high
-    bits are the prefix's preimage and their digits are the raw ones (non-negative floats) or
-    their complements (negative: the histogram reversed). The same counts, bin for bin."""
-    flat = np.ascontiguousarray(x).reshape(-1)
-    u = np.dtype(f"u{flat.dtype.itemsize}")
-    bits = flat.view(u)
-    n = int(bits.shape[0])
-    out = np.zeros(1 << _RADIX, dtype=count)
-    if not level:
-        for i in range(0, n, _HIST_PIECE):  # cache-sized temporaries (digits)
-            out += np.bincount(bits[i : i + _HIST_PIECE] >> u.type(shift), minlength=1 << _RADIX)
-        return out[_KEY_TO_RAW]
-    width = 8 * flat.dtype.itemsize - shift - _RADIX  # bits of `prefix`
+def _digits_of(level: int, shift: int, itemsize: int, prefix: Any) -> tuple[int, int, bool]:
+    """For a level below the first: the raw bits above the level's digit that its elements have
+    (`prefix`'s preimage: the key is a bijection of the bits), their width, and whether the prefix
+    is of non-negative floats (the key's sign bit set: raw digits; else their complements)."""
+    width = 8 * itemsize - shift - _RADIX  # bits of `prefix`
     p = int(prefix)
-    positive = p >> (width - 1)  # the key's sign bit set: a non-negative float
+    positive = bool(p >> (width - 1))
     raw = p & ((1 << (width - 1)) - 1) if positive else ~p & ((1 << width) - 1)
-    high, low, mask = u.type(shift + _RADIX), u.type(shift), u.type((1 << _RADIX) - 1)
-    for i in range(0, n, _HIST_PIECE):
-        piece = bits[i : i + _HIST_PIECE]
-        digits = piece[(piece >> high) == u.type(raw)] >> low
+    return raw, width, positive
+
+
+#: the first level's digits (the top 16 bits) read through a strided ``uint16`` view of the floats
+#: (little-endian hosts) instead of shifted into a new array (False: the shift; the comparison)
+TOP_BITS_VIEW = True
+
+
+def _top_digits(flat: Any, shift: int) -> Any:
+    """The first level's digits of the 1-D float array `flat`: its top 16 bits (``shift`` is the
+    bit width less 16), a strided ``uint16`` view of it (`TOP_BITS_VIEW`, little-endian) or shifted."""
+    size = flat.dtype.itemsize
+    if TOP_BITS_VIEW and sys.byteorder == "little":
+        return flat.view(np.uint16)[size // 2 - 1 :: size // 2]  # a view: no shift, no new array
+    u = np.dtype(f"u{size}")
+    return flat.view(u) >> u.type(shift)
+
+
+def _count_piece(out: Any, level: int, shift: int, v: Any, raw: int) -> None:
+    """Add to `out` (raw digit order) the histogram of the raw bits ``shift .. shift + 16`` of the
+    float piece `v` (at a level below the first: of its elements whose higher raw bits are `raw`).
+    ``np.bincount`` without ``minlength``: its counts reach only the largest digit present (a
+    tensor's magnitudes span a few exponents), so a piece adds and zeroes fewer bins."""
+    flat = np.ascontiguousarray(v).reshape(-1)
+    size = flat.dtype.itemsize
+    u = np.dtype(f"u{size}")
+    bits = flat.view(u)
+    if not level:
+        h = np.bincount(_top_digits(flat, shift))
+    else:
+        high, low, mask = u.type(shift + _RADIX), u.type(shift), u.type((1 << _RADIX) - 1)
+        digits = bits[(bits >> high) == u.type(raw)] >> low
         digits &= mask
-        out += np.bincount(digits, minlength=1 << _RADIX)
-    return out if positive else out[::-1].copy()
+        h = np.bincount(digits)
+    out[: h.shape[0]] += h
+
+
+def _histograms(level: int, shift: int, count: Any, fn: Any, n: int, *blocks: Any) -> Any:
+    """One Dask block of `Adapter.kth_largests`: for each output ``j`` of the element-wise `fn`
+    (``fn(outputs, *pieces)``: a list of float arrays, one per output index) on the `n` array
+    blocks (1-D, one grid; the rest: one 0-d prefix per output), the histogram of the key bits
+    ``shift .. shift + 16`` of its values among those whose higher key bits are the output's
+    prefix (every value at the first level), in counts of dtype `count`: shape
+    ``(outputs * 65536,)``, output by output.
+
+    `fn` runs on pieces of `_HIST_PIECE` elements (so no block of its values is ever made, and an
+    input block is read once for every output), and the counts are of the float's raw bits,
+    without making the keys (`_key`: four passes): at the first level the histogram of the raw
+    top 16 bits is permuted (`_KEY_TO_RAW`); below it the prefix fixes the sign, so the elements
+    are those whose raw high bits are the prefix's preimage and their digits are the raw ones
+    (non-negative floats) or their complements (negative: the histogram reversed). The same
+    counts, bin for bin, as a histogram of the keys of `fn`'s whole values."""
+    arrays, prefixes = blocks[:n], blocks[n:]
+    flat = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
+    size = int(flat[0].shape[0])
+    out = np.zeros((len(prefixes), 1 << _RADIX), dtype=count)
+    sel = tuple(range(len(prefixes)))
+    digits: list[tuple[int, int, bool]] = []
+    for i in range(0, size, _HIST_PIECE):  # cache-sized pieces of fn's values and their digits
+        vals = fn(sel, *(a[i : i + _HIST_PIECE] for a in flat))
+        if not digits:
+            digits = [
+                _digits_of(level, shift, v.dtype.itemsize, p) if level else (0, 0, True)
+                for v, p in zip(vals, prefixes, strict=True)
+            ]
+        for j, v in enumerate(vals):
+            _count_piece(out[j], level, shift, v, digits[j][0])
+    if not level:
+        out = out[:, _KEY_TO_RAW]
+    else:
+        for j, (_, _, positive) in enumerate(digits):
+            if not positive:
+                out[j] = out[j, ::-1].copy()
+    return out.reshape(-1)
+
+
+def _one(sel: Any, a: Any) -> Any:
+    """The element-wise function whose one output is its input (`Adapter.kth_largest`)."""
+    return [a]
 
 
 def _pick(k: int, which: int, hist: Any, prefix: Any, above: Any) -> Any:
@@ -339,41 +400,71 @@ class Adapter(MethodSlices):
         return False
 
     def kth_largest(self, a: Any, k: int) -> Any:
-        """A radix selection on the float's bits (float32, float64; None for other dtypes): each
-        element's bits made an unsigned key in the floats' order, then per 16 bits of the key, from
-        the top, one histogram of 65,536 bins per block (``np.bincount``) summed over the blocks,
-        which fixes those 16 bits of the k-th largest key (2 levels for float32, 4 for float64).
-        Every level is a small reduction that reads the blocks once and holds only histograms (the
-        two-pass save computes the levels one after the other), no candidates or sort; the same
-        value as a selection (``np.partition``) on the whole array."""
-        dt = np.dtype(a.dtype)
-        if dt.kind != "f" or dt.itemsize not in (4, 8):
+        """The `k`-th largest of `a`: `kth_largests` of the one output ``a`` itself."""
+        got = self.kth_largests(_one, (a,), (k,), a.dtype)
+        return None if got is None else got[0]
+
+    def kth_largests(self, fn: Any, arrays: Sequence[Any], ks: Sequence[int], dtype: Any) -> Any:
+        """For each ``j``, the ``ks[j]``-th largest of ``fn(outputs, *arrays)[j]`` (`fn` element-wise,
+        its outputs floats of `dtype` of ``arrays[0]``'s shape): a radix selection on the float's
+        bits (float32, float64; None for other dtypes). Per 16 bits of the key, from the top, one
+        task per block computes `fn` on pieces of the blocks and counts one histogram of 65,536
+        bins per output (`_histograms`: no block of `fn`'s values is made, each input block is read
+        once for every output), summed over the blocks, which fixes those 16 bits of each output's
+        k-th largest key (2 levels for float32, 4 for float64). Every level is a small reduction
+        that reads the blocks once and holds only histograms (the two-pass save computes the levels
+        one after the other), no candidates or sort; the same values as a selection
+        (``np.partition``) on each whole output."""
+        dt = np.dtype(dtype)
+        if dt.kind != "f" or dt.itemsize not in (4, 8) or not all(_is_dask(x) for x in arrays):
             return None
         da: Any = importlib.import_module("dask.array")
-        if a.ndim > 1:
-            a = a.rechunk({i: -1 for i in range(1, a.ndim)})  # rows whole, so the reshape is free
-        flat = a.reshape(-1) if a.ndim != 1 else a
-        nb = flat.numblocks[0]
+        x0 = arrays[0]
+        xs = [x0, *(x if x.chunks == x0.chunks else x.rechunk(x0.chunks) for x in arrays[1:])]
+        if x0.ndim > 1:  # rows whole, so the reshape is free
+            xs = [x.rechunk({i: -1 for i in range(1, x.ndim)}) for x in xs]
+        flat = [x.reshape(-1) if x.ndim != 1 else x for x in xs]
+        nb = flat[0].numblocks[0]
         nbits = 8 * dt.itemsize
-        prefix: Any = 0
-        above: Any = 0
-        scalar = np.empty((), dtype=np.uint64)
+        m = len(ks)
+        prefixes: list[Any] = [0] * m
+        aboves: list[Any] = [0] * m
+        # 0-d metas of zeros: Dask tokenizes `meta`, a 0-d one by its value (np.empty's garbage
+        # gave the same selection a different name in every call)
+        scalar = np.zeros((), dtype=np.uint64)
         # counts of at most the tensor's size: int32 where that fits (the histograms the reduction
         # holds are half the size: bench_merge's TIES rows)
-        count = np.dtype(np.int32 if flat.shape[0] < INT32_COUNTS else np.int64)
+        count = np.dtype(np.int32 if flat[0].shape[0] < INT32_COUNTS else np.int64)
+        bins = 1 << _RADIX
         for level in range(nbits // _RADIX):
             shift = nbits - _RADIX * (level + 1)
-            fn = functools.partial(_histogram, level, shift, count)
-            hists = flat.map_blocks(fn, prefix, chunks=((1 << _RADIX,) * nb,), dtype=count, meta=np.empty((0,), count))
-            total = hists.reshape(nb, 1 << _RADIX).sum(axis=0, dtype=count)
-            step = functools.partial(_pick, k)
-            prefix, above = (
-                da.map_blocks(
-                    functools.partial(step, i), total, prefix, above, drop_axis=0, dtype=np.uint64, meta=scalar
-                )
-                for i in (0, 1)
+            body = functools.partial(_histograms, level, shift, count, fn, len(flat))
+            hists = flat[0].map_blocks(
+                body, *flat[1:], *prefixes, chunks=((m * bins,) * nb,), dtype=count, meta=np.empty((0,), count)
             )
-        return da.map_blocks(functools.partial(_from_key, dt.str), prefix, dtype=dt, meta=np.empty((), dt))
+            total = hists.reshape(nb, m, bins).sum(axis=0, dtype=count, split_every=HIST_SPLIT)
+            steps = []
+            for j, k in enumerate(ks):
+                step = functools.partial(_pick, k)
+                steps.append(
+                    tuple(
+                        da.map_blocks(
+                            functools.partial(step, i),
+                            total[j],
+                            prefixes[j],
+                            aboves[j],
+                            drop_axis=0,
+                            dtype=np.uint64,
+                            meta=scalar,
+                        )
+                        for i in (0, 1)
+                    )
+                )
+            prefixes = [p for p, _ in steps]
+            aboves = [a for _, a in steps]
+        return [
+            da.map_blocks(functools.partial(_from_key, dt.str), p, dtype=dt, meta=np.zeros((), dt)) for p in prefixes
+        ]
 
     def reductions_first(self, xs: list[Any]) -> list[Any]:
         """The two-pass save's first pass: every small reduction that the blocks of an array of `xs`
