@@ -261,7 +261,8 @@ def run(check: Callable[[str, Callable[[], dict[str, Any]]], None], count: Any, 
         props = {n: getattr(DTensor, n) for n in ("placements", "device_mesh")}
         fits, same, fe = by_spec.spec_fits, by_spec.same_global_shape, torch_adapter.foreach_lerp_
         locals_, arith = _dtensor._locals, torch_adapter.foreach_arith_
-        assert fe is not None and arith is not None
+        assert fe is not None
+        assert arith is not None
 
         def locals_spy(xs: list[Any]) -> list[Any]:
             seen["local_reads"] += len(xs)
@@ -337,52 +338,51 @@ def run(check: Callable[[str, Callable[[], dict[str, Any]]], None], count: Any, 
 
     check("fast_ema", ema_step)
 
+    rows: dict[str, Callable[[Any, Any], Any]] = {  # the plain row kernel of each call, on one shard pair
+        "add": lambda x, y: torch.add(x, y),
+        "sub": lambda x, y: torch.sub(x, y),
+        "scale": lambda x, y: torch.mul(x, 3.0),
+        "lincomb": lambda x, y: torch.mul(x, 0.5).add_(y, alpha=2.0),
+        "mean": lambda x, y: torch.add(x, y).div_(2),
+        "lerp": lambda x, y: torch.lerp(x, y, 0.25),
+    }
+    calls: dict[str, Callable[[Any, Any, Any], Any]] = {
+        "add": lambda a, b, dst: fk.add(a, b, out=dst),
+        "sub": lambda a, b, dst: fk.sub(a, b, out=dst),
+        "scale": lambda a, b, dst: fk.scale(3.0, a, out=dst),
+        "lincomb": lambda a, b, dst: fk.lincomb([0.5, 2.0], [a, b], out=dst),
+        "mean": lambda a, b, dst: fk.mean([a, b], out=dst),
+        "lerp": lambda a, b, dst: fk.lerp(a, b, 0.25, out=dst),
+    }
+
     def arith_out() -> dict[str, Any]:
         """``out=`` arithmetic on two FSDP2 stacks of 4 Linear layers (8 DTensors each), in place
         and into a third stack: the local result of every shard, bit for bit the row kernels' on
         plain tensors, no collective, one batch of ``torch._foreach_*`` calls over the plain local
         shards, and each DTensor's local shard looked up once per call (where the models are
         matched; ``out_fast`` and the kernels are handed those)."""
-        g = fsdp_stack(4, 2)
         out: dict[str, Any] = {}
         for into in ("a", "c"):
             for name in ("add", "sub", "scale", "lincomb", "mean", "lerp"):
                 a, b, c = fsdp_stack(4, 0), fsdp_stack(4, 1), fsdp_stack(4, 3)
                 la = [p.to_local().detach().clone() for p in a.parameters()]
                 lb = [p.to_local().detach() for p in b.parameters()]
-                row = {
-                    "add": lambda x, y: torch.add(x, y),
-                    "sub": lambda x, y: torch.sub(x, y),
-                    "scale": lambda x, y: torch.mul(x, 3.0),
-                    "lincomb": lambda x, y: torch.mul(x, 0.5).add_(y, alpha=2.0),
-                    "mean": lambda x, y: torch.add(x, y).div_(2),
-                    "lerp": lambda x, y: torch.lerp(x, y, 0.25),
-                }[name]
-                want = [row(x, y) for x, y in zip(la, lb)]
+                want = [rows[name](x, y) for x, y in zip(la, lb)]
                 dst = a if into == "a" else c
-                call = {
-                    "add": lambda: fk.add(a, b, out=dst),
-                    "sub": lambda: fk.sub(a, b, out=dst),
-                    "scale": lambda: fk.scale(3.0, a, out=dst),
-                    "lincomb": lambda: fk.lincomb([0.5, 2.0], [a, b], out=dst),
-                    "mean": lambda: fk.mean([a, b], out=dst),
-                    "lerp": lambda: fk.lerp(a, b, 0.25, out=dst),
-                }[name]
                 with reads() as seen, count() as comms, torch.no_grad():
-                    got = call()
-                models = 2 if name != "scale" else 1
+                    got = calls[name](a, b, dst)
+                types = {t for _, ts in seen["arith"] for t in ts} | {t for ts in seen["foreach"] for t in ts}
                 out[f"{name}_{into}"] = {
                     "same": got is dst,
                     "exact": all(torch.equal(p.to_local(), w) for p, w in zip(dst.parameters(), want)),
                     "comms": comms,
                     "tensors": len(want),
-                    "models": models + (into == "c"),
+                    "models": (2 if name != "scale" else 1) + (into == "c"),
                     "local_reads": seen["local_reads"],
-                    "kernel_types": sorted({t for _, ts in seen["arith"] for t in ts} | {t for ts in seen["foreach"] for t in ts}),
+                    "kernel_types": sorted(types),
                     "kernels": len(seen["arith"]) + len(seen["foreach"]),
                     "placements_reads": seen["placements_reads"],
                 }
-        del g
         return out
 
     check("fast_arith_out", arith_out)
