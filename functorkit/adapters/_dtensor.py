@@ -586,12 +586,7 @@ def uniform_locals(arrays: list[Any]) -> list[Any] | None:
     names what it refuses). The mesh and placements are judged once per distinct ``DTensorSpec``
     (`_dtensor_columns.uniform_specs`), never per tensor. For `out_fast`: the memory tests then run
     on the local shards (bench_sharded's EMA rows)."""
-    if not arrays:
-        return None
-    local = stand_ins(arrays)  # every one a DTensor: their local shards
-    if local is None or not by_spec.uniform_specs(arrays):
-        return None
-    return local
+    return _locals(arrays) if uniform(arrays) else None
 
 
 def uniform(arrays: list[Any]) -> bool:
