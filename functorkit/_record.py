@@ -32,6 +32,7 @@ from ._registry import (
     resolve,
 )
 from ._treedef import _MISS, _NO_AUX, TreeDef, add_note
+from .adapters import tracing
 
 __all__ = ["all_distinct", "distinct_leaves", "flatten", "record", "record_plain", "unflatten"]
 
@@ -490,9 +491,11 @@ def all_distinct(objs: list[Any]) -> bool:
     sorts its buffer's words (one ``PyObject*`` per element on CPython) and compares neighbours.
     That avoids making a Python int per object: bench_walk's 10,000-leaf rows (``fk.fmap(f, t)``
     vs ``jax.tree_util.tree_map``); the test costs 3.4x less than sorting ``map(id, objs)`` and
-    4.8x less than a set of ids there. Without `OBJECT_WORDS` the ids themselves are sorted."""
+    4.8x less than a set of ids there. Without `OBJECT_WORDS` the ids themselves are sorted.
+    Under ``torch.compile`` (`tracing`: Dynamo cannot trace NumPy object arrays) a set of ids,
+    whatever the number (a 12-block ``nn.Module``: tests/test_inplace.py's compiled EMA step)."""
     n = len(objs)
-    if n < _DISTINCT_SORT:
+    if n < _DISTINCT_SORT or tracing():
         return len(set(map(id, objs))) == n
     if OBJECT_WORDS:
         held = np.fromiter(objs, dtype=object, count=n)

@@ -112,6 +112,32 @@ def test_fmap_and_arithmetic_trace_without_graph_breaks() -> None:
     _assert_trees_equal(_no_breaks(lambda u, v: fk.mean([u, v]), a, b), fk.mean([a, b]))
 
 
+def test_large_trees_trace_without_graph_breaks() -> None:
+    """Trees of more leaves and nodes than `all_distinct` hashes (its NumPy object-array sort, which
+    Dynamo cannot trace, takes over from there eagerly): `fk.add` on a dict and an in-place EMA step
+    on a Sequential of 43 Linear layers compile with ``fullgraph=True`` (which raises at any graph
+    break). Before the fix the tie test raised "attempted to trace numpy function" on every model
+    this size (a 12-block transformer)."""
+    torch = _torch()
+    from functorkit import _record
+
+    torch.manual_seed(2)
+    net = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(43)])  # 86 parameters, 44 modules
+    d = {f"l{i}": {"w": torch.randn(2), "b": torch.randn(1)} for i in range(43)}  # 86 leaves, 44 dicts
+    assert len(fk.leaves(d)) + 44 >= _record._DISTINCT_SORT  # (the large-tree branch is what is tested)
+    torch._dynamo.reset()
+    _assert_trees_equal(torch.compile(lambda u, v: fk.add(u, v), fullgraph=True, backend="eager")(d, d), fk.add(d, d))
+    ema = fk.copy(net)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.mul_(3.0)
+    want = fk.lerp(ema, net, 0.25)
+    torch.compile(lambda e, m: fk.lerp(e, m, 0.25, out=e), fullgraph=True, backend="eager")(ema, net)
+    for p, q in zip(ema.parameters(), want.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+        assert p.grad_fn is None
+
+
 def test_tracing_with_a_warm_plan_cache() -> None:
     """A dict model met before in eager calls has a generated matcher and builder (the plan cache):
     fk.fmap and re(p) compiled with fullgraph=True then trace through them. The cache's validity
