@@ -113,6 +113,17 @@ def timed(contenders: dict[str, Callable[[], Any]], rounds: int) -> dict[str, fl
     return best
 
 
+def blocked_copy(dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
+    """`src` copied into `dst` in blocks of `BLOCK_COPY` elements. glibc's ``memcpy`` writes
+    copies above a size threshold (here between 160 and 192 MB) with non-temporal stores, which
+    skip reading the destination into the cache first; ufuncs, torch's kernels and a copy of a
+    smaller array write with regular stores, which read it first. This copy moves the same bytes
+    with regular stores: the floor of any kernel that writes through the cache."""
+    d, s = dst.reshape(-1), src.reshape(-1)
+    for i in range(0, s.size, BLOCK_COPY):
+        np.copyto(d[i : i + BLOCK_COPY], s[i : i + BLOCK_COPY])
+
+
 def fresh_copy(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """`a` copied into a new array (kept, so its memory is not handed to the next one)."""
     o = np.empty_like(a)
@@ -472,6 +483,9 @@ SWITCHED = {
 
 #: the copy timed with each operation's contenders (the floor of its ratios)
 FLOOR = "numpy.copyto (the floor)"
+#: the same copy in blocks of `BLOCK_COPY` elements: regular stores (see `blocked_copy`)
+FLOOR_RS = "numpy.copyto in blocks (regular stores)"
+BLOCK_COPY = 1 << 17
 # bytes each operation must move, in units of one model's size
 TRAFFIC = {"lincomb": 4, "dot": 2, "norm": 1, "ema step": 3}
 
@@ -514,6 +528,7 @@ def _run(quick: bool) -> str:
     csrc = np.ones(min(model_bytes, 256 << 20) // 4, dtype=np.float32)
     cdst = np.zeros_like(csrc)
     bandwidths: list[float] = []
+    bandwidths_rs: list[float] = []
     backends: dict[str, dict[str, dict[str, Callable[[], Any]]]] = {"NumPy": numpy_contenders(ms)}
     with contextlib.suppress(ImportError):
         backends["torch (CPU)"] = torch_contenders(ms)
@@ -527,8 +542,13 @@ def _run(quick: bool) -> str:
 
     for backend, ops in backends.items():
         for op, contenders in ops.items():
-            best = timed({**contenders, FLOOR: lambda: np.copyto(cdst, csrc)}, rounds)
+            best = timed(
+                {**contenders, FLOOR: lambda: np.copyto(cdst, csrc), FLOOR_RS: lambda: blocked_copy(cdst, csrc)},
+                rounds,
+            )
             bw = 2 * csrc.nbytes / best.pop(FLOOR)
+            bw_rs = 2 * csrc.nbytes / best.pop(FLOOR_RS)
+            bandwidths_rs.append(bw_rs)
             bandwidths.append(bw)
             ref = best["hand loop"]
             if "torch._foreach" in best:
@@ -536,6 +556,9 @@ def _run(quick: bool) -> str:
                 mine = best.get("fk", best.get("fk, out="))
                 foreach.append(f"{op}: {ref / fe:.1f}x faster than the hand loop, fk {mine / fe:.2f}x its time")
             floor = TRAFFIC[op] * model_bytes / bw
+            # a kernel writing through the cache reads each destination line before writing it: one
+            # more pass over `out` where it is not an input (`lincomb, out=`: read 3, read + write 1)
+            floor_rs = (TRAFFIC[op] + 1) * model_bytes / bw
             for name, t in best.items():
                 if name == ("fk" if "fk" in best else "fk, out="):
                     ratios[(backend, op)] = t / ref
@@ -546,6 +569,11 @@ def _run(quick: bool) -> str:
             if op == "lincomb" and backend == "NumPy":
                 target("lincomb of 3 models, NumPy, `fk` / traffic floor", best["fk"] / floor, 1.5)
                 target("lincomb of 3 models, NumPy, `fk, out=` / traffic floor", best["fk, out="] / floor, 1.5)
+                target(
+                    "lincomb of 3 models, NumPy, `fk, out=` / traffic floor with regular stores",
+                    best["fk, out="] / floor_rs,
+                    1.5,
+                )
             if op == "lincomb" and "torch._foreach" in best:
                 target("lincomb of 3 models, torch, `fk` / `torch._foreach`", best["fk"] / best["torch._foreach"], 1.0)
                 into = best["torch._foreach, into dst"]
@@ -553,6 +581,11 @@ def _run(quick: bool) -> str:
                     "lincomb of 3 models, torch, `fk, out=` / `torch._foreach`, into dst", best["fk, out="] / into, 1
                 )
                 target("lincomb of 3 models, torch, `fk, out=` / traffic floor", best["fk, out="] / floor, 1.5)
+                target(
+                    "lincomb of 3 models, torch, `fk, out=` / traffic floor with regular stores",
+                    best["fk, out="] / floor_rs,
+                    1.5,
+                )
             if op == "ema step" and "torch._foreach" in best:
                 target(
                     "EMA step, torch, `fk, out=` / `torch._foreach_lerp_`",
@@ -605,12 +638,23 @@ Three GPT-2-small-shaped models ({n_arrays} float32 arrays, {n / 1e6:.1f} M valu
 each; {"**quick**: a scaled-down GPT-2, " if quick else ""}nested dicts of NumPy arrays, and of torch CPU tensors
 sharing that memory). `fk.lincomb([0.5, -0.25, 2.0], [m1, m2, m3])`, `fk.dot(m1, m2)`, `fk.norm(m1)`
 against the loop a user writes over the lists of leaves (**ratio 1.00**), the same loop with the best
-single calls (BLAS `vdot`, per-leaf `vector_norm`), `torch._foreach_*` and `optree.tree_map`. The last
-column divides each time by the memory-traffic floor: the bytes the operation must move (lincomb: read 3
-models, write 1; dot: read 2; norm: read 1) at this machine's `numpy.copyto` bandwidth,
+single calls (BLAS `vdot`, per-leaf `vector_norm`), `torch._foreach_*` and `optree.tree_map`. The
+`/ traffic floor` column divides each time by the memory-traffic floor: the bytes the operation
+must move (lincomb: read 3 models, write 1; dot: read 2; norm: read 1) at this machine's `numpy.copyto` bandwidth (of a
+{min(model_bytes, 256 << 20) >> 20} MB array),
 timed in the same interleaved rounds as each operation's contenders ({min(bandwidths) / 1e9:.1f} to
 {max(bandwidths) / 1e9:.1f} GB/s over the operations; {bandwidth / 1e9:.1f} GB/s measured alone first: a
 wide spread means a busy machine, and ratios within one operation's rows are then the numbers to read).
+That copy is glibc's `memcpy`, which above a size threshold (here between 160 and 192 MB) writes with
+non-temporal stores: they skip reading the destination into the cache before writing it. Every
+ufunc, every torch CPU kernel and every copy of a smaller array writes with regular stores, which
+read each destination line first: the same copy made in blocks of {BLOCK_COPY >> 10} Ki elements (`blocked_copy`,
+timed in the same rounds) moves {min(bandwidths_rs) / 1e9:.1f} to {max(bandwidths_rs) / 1e9:.1f} GB/s by the same count
+(with `GLIBC_TUNABLES=glibc.cpu.x86_non_temporal_threshold=0xffffffffffff` the 256 MB copy slows
+to the blocked copy's speed: 12.9 GB/s against 25.3, measured in session 19). So a kernel that
+writes into an array it does not read moves one pass more than the traffic counted here: the
+target rows `with regular stores` divide by that traffic (lincomb into `out`: read 3 models,
+read and write 1) at the same bandwidth.
 Best of {rounds} interleaved rounds, single-threaded (NumPy's BLAS through
 `threadpoolctl`, `torch.set_num_threads(1)`): interleaved, the two libraries' thread pools fight over the
 cores and the times stop meaning anything. `loss-landscapes` is not installed
