@@ -654,7 +654,10 @@ timed in the same rounds) moves {min(bandwidths_rs) / 1e9:.1f} to {max(bandwidth
 to the blocked copy's speed: 12.9 GB/s against 25.3, measured in session 19). So a kernel that
 writes into an array it does not read moves one pass more than the traffic counted here: the
 target rows `with regular stores` divide by that traffic (lincomb into `out`: read 3 models,
-read and write 1) at the same bandwidth.
+read and write 1) at the same bandwidth. What is left above it on NumPy is work in the cache: each
+block of a three-term lincomb goes through five ufuncs (three products, two sums: each operation
+rounded once, as the functional form and the other backends round it), and the same ufuncs alone,
+over one 160 MB block loop with nothing else, took 1.2-1.4x a 160 MB copy in session 19.
 Best of {rounds} interleaved rounds, single-threaded (NumPy's BLAS through
 `threadpoolctl`, `torch.set_num_threads(1)`): interleaved, the two libraries' thread pools fight over the
 cores and the times stop meaning anything. `loss-landscapes` is not installed
