@@ -15,6 +15,7 @@ checkpoint's bytes, in the same run (files in the page cache: memory-speed I/O).
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import statistics
 import sys
@@ -30,6 +31,13 @@ import bench_checkpoint
 
 MIB = 2**20
 HIDDEN, INTER, VOCAB = 1024, 2816, 8000
+HEADER = (
+    "| merge | wall time | vs floor | peak RSS | vs one checkpoint | above the imports | vs one checkpoint "
+    "| above a tiny merge's | vs one checkpoint |\n|---|---|---|---|---|---|---|---|---|"
+)
+#: the tiny checkpoints whose merges measure each method's fixed memory (one layer, about 0.4 MB
+#: of float32 each): what a merge costs whatever the size of its checkpoints
+TINY = (64, 176, 500)
 
 #: the methods whose tensors share reductions: also measured with the one-pass save (`TWO_PASS` off)
 REDUCING = ("slerp", "TIES (density 0.5)", "DARE (density 0.5, L1 rescale)", "model stock")
@@ -83,29 +91,37 @@ print(json.dumps({"wall": time.perf_counter() - t0, "base_kb": base_kb, "peak_kb
 """
 
 
-def _model(mb: int, seed: int, bf16: bool) -> dict[str, np.ndarray]:
+def _model(
+    mb: int, seed: int, bf16: bool, dims: tuple[int, int, int] = (HIDDEN, INTER, VOCAB)
+) -> dict[str, np.ndarray]:
+    """A Llama-shaped state dict of about `mb` megabytes of float32 (at least one layer)."""
     import ml_dtypes
 
+    hidden, inter, vocab = dims
     rng = np.random.default_rng(seed)
-    layer_mb = (4 * HIDDEN * HIDDEN + 3 * HIDDEN * INTER) * 4 / 1e6
-    n = max(1, round((mb - 2 * VOCAB * HIDDEN * 4 / 1e6) / layer_mb))
+    layer_mb = (4 * hidden * hidden + 3 * hidden * inter) * 4 / 1e6
+    n = max(1, round((mb - 2 * vocab * hidden * 4 / 1e6) / layer_mb))
     dt = ml_dtypes.bfloat16 if bf16 else np.float32
 
     def normal(*shape: int) -> np.ndarray:
         return (0.02 * rng.standard_normal(shape, dtype=np.float32)).astype(dt)
 
-    sd = {"model.embed_tokens.weight": normal(VOCAB, HIDDEN)}
+    sd = {"model.embed_tokens.weight": normal(vocab, hidden)}
     for i in range(n):
         p = f"model.layers.{i}."
         for k in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            sd[p + f"self_attn.{k}.weight"] = normal(HIDDEN, HIDDEN)
-        sd[p + "mlp.gate_proj.weight"] = normal(INTER, HIDDEN)
-        sd[p + "mlp.up_proj.weight"] = normal(INTER, HIDDEN)
-        sd[p + "mlp.down_proj.weight"] = normal(HIDDEN, INTER)
-        sd[p + "input_layernorm.weight"] = np.ones(HIDDEN, dt)
-    sd["model.norm.weight"] = np.ones(HIDDEN, dt)
-    sd["lm_head.weight"] = normal(VOCAB, HIDDEN)
+            sd[p + f"self_attn.{k}.weight"] = normal(hidden, hidden)
+        sd[p + "mlp.gate_proj.weight"] = normal(inter, hidden)
+        sd[p + "mlp.up_proj.weight"] = normal(inter, hidden)
+        sd[p + "mlp.down_proj.weight"] = normal(hidden, inter)
+        sd[p + "input_layernorm.weight"] = np.ones(hidden, dt)
+    sd["model.norm.weight"] = np.ones(hidden, dt)
+    sd["lm_head.weight"] = normal(vocab, hidden)
     return sd
+
+
+def _tiny_shapes() -> list[tuple[int, ...]]:
+    return [v.shape for v in _model(0, 0, False, TINY).values()]
 
 
 def _child(*args: str) -> dict[str, float]:
@@ -118,12 +134,17 @@ def measure(mb: int) -> dict[str, dict[str, object]]:
         with tempfile.TemporaryDirectory() as tmp:
             t = Path(tmp)
             folders = []
+            tiny = []
             for k in range(3):
                 m = _model(mb, k, bf16)
                 size = sum(v.nbytes for v in m.values())
                 folders.append(t / f"ckpt{k}")
                 fk.save(folders[-1], m, shard_size=size // 4)
                 del m
+                small = _model(0, k, bf16, TINY)
+                tiny_size = sum(v.nbytes for v in small.values())
+                tiny.append(t / f"tiny{k}")
+                fk.save(tiny[-1], small, shard_size=tiny_size // 4)
             floors = [bench_checkpoint._floor(folders, t / "floor.bin", size)]
             rows: dict[str, dict[str, float]] = {}
             runs = [(name, expr, "two") for name, expr in METHODS.items()]
@@ -141,8 +162,13 @@ def measure(mb: int) -> dict[str, dict[str, object]]:
                 rows[label] = _child(*map(str, folders), str(target), str(size // 4), expr, passes)
                 shutil.rmtree(target)
                 floors.append(bench_checkpoint._floor(folders, t / "floor.bin", size))  # between the merges
+            fixed: dict[str, float] = {}  # each method's peak above the imports on the tiny checkpoints
+            for name, expr in METHODS.items():
+                got = _child(*map(str, tiny), str(t / "tiny_merged"), str(tiny_size // 4), expr, "two")
+                shutil.rmtree(t / "tiny_merged")
+                fixed[name] = (got["peak_kb"] - got["base_kb"]) * 1024
             floor = statistics.median(floors)
-            out["bfloat16" if bf16 else "float32"] = {"size": size, "floor": floor, "rows": rows}
+            out["bfloat16" if bf16 else "float32"] = {"size": size, "floor": floor, "rows": rows, "fixed": fixed}
     return out
 
 
@@ -156,25 +182,35 @@ def section(r: dict[str, dict[str, object]], quick: bool) -> str:
         assert isinstance(rows, dict)
         sizes.append(f"{size / 1e6:.0f} MB in {dtype}")
         base = min(row["base_kb"] for row in rows.values()) * 1024
-        lines.append(f"| {dtype}: floor (read 3 + write 1) | {floor:.2f} s | 1.0x | | | | |")
+        lines.append(f"| {dtype}: floor (read 3 + write 1) | {floor:.2f} s | 1.0x | | | | | | |")
         lines.append(
             f"| {dtype}: the process after its imports (numpy, dask, functorkit, ml_dtypes) | | | {base / 1e6:.0f} MB "
-            f"| {base / size:.0%} | | |"
+            f"| {base / size:.0%} | | | | |"
         )
         imp = statistics.median(float(row["ml_dtypes_s"]) for row in rows.values())
         version = next(iter(rows.values()))["ml_dtypes"]
         lines.append(
             f"| {dtype}: `import ml_dtypes` ({version}), once per process, in no row's wall time (median) "
-            f"| {imp:.2f} s | {imp / floor:.1f}x | | | | |"
+            f"| {imp:.2f} s | {imp / floor:.1f}x | | | | | | |"
         )
+        fixed = res["fixed"]
+        assert isinstance(fixed, dict)
         for name, row in rows.items():
             peak = row["peak_kb"] * 1024
+            above = peak - row["base_kb"] * 1024
+            method = next(m for m in METHODS if name == m or name.startswith(m + ","))
+            grown = above - fixed[method]
             lines.append(
                 f"| {dtype}: {name} | {row['wall']:.2f} s | {row['wall'] / floor:.1f}x | {peak / 1e6:.0f} MB "
-                f"| {peak / size:.0%} | {(peak - row['base_kb'] * 1024) / 1e6:.0f} MB "
-                f"| {(peak - row['base_kb'] * 1024) / size:.0%} |"
+                f"| {peak / size:.0%} | {above / 1e6:.0f} MB | {above / size:.0%} "
+                f"| {grown / 1e6:.0f} MB | {grown / size:.0%} |"
             )
     body = "\n".join(lines)
+    fixed_list = "; ".join(
+        f"{dtype}: " + ", ".join(f"{name.split(' (')[0]} {v / 1e6:.1f} MB" for name, v in res["fixed"].items())  # type: ignore[union-attr]
+        for dtype, res in r.items()
+    )
+    tiny_kb = round(sum(math.prod(s) for s in _tiny_shapes()) * 4 / 1e3)
     return f"""## Merge methods out of core (fk.open, fk.ties/dare/slerp/..., fk.save)
 
 Three Llama-shaped checkpoints of {", ".join(sizes)} (sharded safetensors, written by the
@@ -187,10 +223,13 @@ once plus writing one (page cache), measured before and after every merge of the
 median). Each process imports numpy, Dask, functorkit and ml_dtypes (NumPy's bfloat16) before the
 timed merge; the import of ml_dtypes is shown on its own row. RSS: peak (`VmHWM`), in total and
 above the process's peak after its imports (what the merge itself costs a user who has imported
-them), each against one checkpoint.
+them), each against one checkpoint; and above the same method's peak (above the imports) in a
+merge of three tiny checkpoints of the same layout (hidden {TINY[0]}, one layer, {tiny_kb} KB
+each, in a fresh process: {fixed_list}): what grows with the checkpoints. That fixed part is
+code and threads, not data: functorkit's Dask adapter and array-api-compat's Dask namespace are
+imported at the first `fk.open`, Dask starts its thread pool, `fk.save` its read threads.
 
-| merge | wall time | vs floor | peak RSS | vs one checkpoint | above the imports | vs one checkpoint |
-|---|---|---|---|---|---|---|
+{HEADER}
 {body}
 """
 
