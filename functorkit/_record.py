@@ -493,7 +493,7 @@ def all_distinct(objs: list[Any]) -> bool:
     vs ``jax.tree_util.tree_map``); the test costs 3.4x less than sorting ``map(id, objs)`` and
     4.8x less than a set of ids there. Without `OBJECT_WORDS` the ids themselves are sorted.
     Under ``torch.compile`` (`tracing`: Dynamo cannot trace NumPy object arrays) a set of ids,
-    whatever the number (a 12-block ``nn.Module``: tests/test_inplace.py's compiled EMA step)."""
+    whatever the number (a 12-block ``nn.Module``: tests/test_compile.py's large-tree test)."""
     n = len(objs)
     if n < _DISTINCT_SORT or tracing():
         return len(set(map(id, objs))) == n
