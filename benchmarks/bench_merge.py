@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -234,11 +235,175 @@ imported at the first `fk.open`, Dask starts its thread pool, `fk.save` its read
 """
 
 
+#: elements per block of the hand-written NumPy TIES (`_hand_ties`): fk's histogram piece
+WORK_BLOCK = 1 << 16
+
+
+def _select(m: Any, v: Any) -> Any:
+    """``np.where(m, v, +0.0)`` for float32 `v`, bit for bit, in three branch-free passes (the bits
+    ANDed with ``-uint32(m)``; ``np.where`` with a scalar branches per element, about 10x slower)."""
+    bits = m.astype(np.uint32)
+    np.negative(bits, out=bits)
+    np.bitwise_and(bits, v.view(np.uint32), out=bits)
+    return bits.view(np.float32)
+
+
+def _magnitudes(b: Any, others: list[Any]) -> Any:
+    """Per block of `WORK_BLOCK` elements: the base's block in float32 and each model's ``|m_i - base|``."""
+    for s in range(0, b.shape[0], WORK_BLOCK):
+        xb = b[s : s + WORK_BLOCK].astype(np.float32)
+        yield xb, [np.abs(o[s : s + WORK_BLOCK].astype(np.float32) - xb) for o in others]
+
+
+def _hand_ties(
+    base: dict[str, Any], ms: list[dict[str, Any]], density: float, w: float, timings: dict[str, float]
+) -> dict[str, Any]:
+    """TIES (equal weights `w`, normalized) written by hand in NumPy over whole in-memory tensors in
+    blocks of `WORK_BLOCK` elements, as fk's out-of-core merge computes it (each model's threshold
+    by two 16-bit histogram levels of ``|m_i - base|``, then one merge pass; bfloat16 blocks cast to
+    float32 and the result rounded once): no Dask, no files, no checks. Adds each pass's time to
+    `timings`; the caller checks its bits equal ``fk.ties``'s."""
+    import time
+
+    out = {}
+    for key, x in base.items():
+        n, b = x.size, x.reshape(-1)
+        others = [m[key].reshape(-1) for m in ms]
+        k = max(1, math.floor(density * n))
+        t0 = time.perf_counter()
+        levels: list[list[Any]] = [[np.zeros(65536, np.int64) for _ in ms] for _ in range(2)]
+        for _, mags in _magnitudes(b, others):  # level 0: the top 16 bits
+            for h, a in zip(levels[0], mags, strict=True):
+                got = np.bincount(a.view(np.uint16)[1::2])
+                h[: got.shape[0]] += got
+        t1 = time.perf_counter()
+        tops, aboves = [], []
+        for h in levels[0]:
+            c = np.cumsum(h[::-1])
+            i = int(np.searchsorted(c, k))  # the first bin from the top whose count reaches k
+            tops.append(65535 - i)
+            aboves.append(int(c[i - 1]) if i else 0)
+        for _, mags in _magnitudes(b, others):  # level 1: the low 16 bits where the top bits are the k-th's
+            for h, a, top in zip(levels[1], mags, tops, strict=True):
+                u = a.view(np.uint16)
+                got = np.bincount(u[0::2][u[1::2] == top])
+                h[: got.shape[0]] += got
+        t2 = time.perf_counter()
+        thr = []
+        for h, top, above in zip(levels[1], tops, aboves, strict=True):
+            j = int(np.searchsorted(np.cumsum(h[::-1]), k - above))
+            thr.append(np.uint32((top << 16) | (65535 - j)).view(np.float32))
+        res = np.empty(n, x.dtype)
+        half = np.float32(w)
+        for s in range(0, n, WORK_BLOCK):
+            xb = b[s : s + WORK_BLOCK].astype(np.float32)
+            ds = []
+            for o, t in zip(others, thr, strict=True):
+                d = o[s : s + WORK_BLOCK].astype(np.float32) - xb
+                ds.append(_select(np.abs(d) >= t, d) * half)
+            total = ds[0]
+            for d in ds[1:]:
+                total = total + d
+            plus = total >= 0
+            minus = ~plus
+            mixed = div = None
+            for d in ds:
+                agree = (plus & (d > 0)) | (minus & (d < 0))
+                kept = _select(agree, d)
+                wm = agree * half  # the weight or +0.0
+                mixed = kept if mixed is None else mixed + kept
+                div = wm if div is None else div + wm
+            assert mixed is not None
+            assert div is not None
+            res[s : s + WORK_BLOCK] = xb + mixed / (div + (div == 0))  # a zero divisor made 1
+        t3 = time.perf_counter()
+        for name, dt in (("level 0", t1 - t0), ("level 1", t2 - t1), ("merge", t3 - t2)):
+            timings[name] = timings.get(name, 0.0) + dt
+        out[key] = res.reshape(x.shape)
+    return out
+
+
+def work_alone(mb: int, rounds: int = 3) -> str:
+    """TIES's element-wise work alone, in memory, against the read+write floor and the out-of-core
+    merge of the same checkpoints: what NumPy's kernels cost before any file or Dask task."""
+    import time
+
+    lines = []
+    for bf16 in (False, True):
+        dtype = "bfloat16" if bf16 else "float32"
+        models = [_model(mb, k, bf16) for k in range(3)]
+        size = sum(v.nbytes for v in models[0].values())
+        with tempfile.TemporaryDirectory() as tmp:
+            t = Path(tmp)
+            folders = []
+            for k, m in enumerate(models):
+                folders.append(t / f"ckpt{k}")
+                fk.save(folders[-1], m, shard_size=size // 4)
+            expr = METHODS["TIES (density 0.5)"]
+            want = fk.ties(models[0], models[1:], [0.5, 0.5], density=0.5)
+            best: dict[str, float] = {}
+            for _ in range(rounds):  # interleaved
+                timings: dict[str, float] = {}
+                t0 = time.perf_counter()
+                got = _hand_ties(models[0], models[1:], 0.5, 0.5, timings)
+                timings["hand-written NumPy TIES, in memory (the three passes)"] = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                fk.ties(models[0], models[1:], [0.5, 0.5], density=0.5)
+                timings["fk.ties on the models in memory (NumPy, eager)"] = time.perf_counter() - t0
+                timings["fk.open x 3, fk.ties, fk.save (a fresh process)"] = _child(
+                    *map(str, folders), str(t / "merged"), str(size // 4), expr, "two"
+                )["wall"]
+                shutil.rmtree(t / "merged")
+                timings["floor (read 3 + write 1)"] = bench_checkpoint._floor(folders, t / "floor.bin", size)
+                for name, v in timings.items():
+                    best[name] = min(best.get(name, math.inf), v)
+            for key in want:  # the same work: the same bits as fk's merge
+                a, b = np.asarray(want[key]), np.asarray(got[key])
+                assert a.dtype == b.dtype, key
+                assert a.tobytes() == b.tobytes(), key
+        floor = best.pop("floor (read 3 + write 1)")
+        lines.append(f"| {dtype}: floor (read 3 + write 1) | {floor:.2f} s | 1.00x |")
+        order = ["level 0", "level 1", "merge"]
+        names = {
+            "level 0": "hand-written: the first histogram pass (top 16 bits of each model's |m_i - base|)",
+            "level 1": "hand-written: the second histogram pass (the low 16 bits under the k-th's top bits)",
+            "merge": "hand-written: the merge pass (trim, sign election, weighted mean, one rounding)",
+        }
+        for name in order:
+            lines.append(f"| {dtype}: {names[name]} | {best[name]:.2f} s | {best[name] / floor:.2f}x |")
+        for name, v in best.items():
+            if name not in order:
+                lines.append(f"| {dtype}: {name} | {v:.2f} s | {v / floor:.2f}x |")
+        del models, want, got
+    return f"""### TIES's element-wise work alone
+
+What NumPy's kernels cost before any file is read or any Dask task runs: TIES written by hand over
+the three models held in memory (`_hand_ties`: blocks of {WORK_BLOCK:,} elements, each model's
+threshold by the same two 16-bit histogram levels of `|m_i - base|` as fk's out-of-core selection,
+then one merge pass; bit-selects instead of `np.where`; bfloat16 blocks cast to float32 and the
+result rounded once; one thread; no checks), whose result is checked to have the bits of
+`fk.ties`, against the floor of the same checkpoints on disk, `fk.ties` on the in-memory models
+and the out-of-core merge. Best of {rounds} interleaved rounds, {mb} MB float32 checkpoints and their
+bfloat16 versions:
+
+| TIES (density 0.5, two models and a base) | time | / floor |
+|---|---:|---:|
+{chr(10).join(lines)}
+"""
+
+
 def run(quick: bool) -> str:
-    return section(measure(30 if quick else 200), quick)
+    mb = 30 if quick else 200
+    return section(measure(mb), quick) + "\n" + work_alone(mb)
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=int, default=200, help="size of each float32 checkpoint in MB (default 200)")
-    print(section(measure(ap.parse_args().mb), False))
+    ap.add_argument(
+        "--work-alone",
+        action="store_true",
+        help="TIES's element-wise work alone (hand-written NumPy, in memory) against the floor and fk's merge",
+    )
+    args = ap.parse_args()
+    print(work_alone(args.mb) if args.work_alone else section(measure(args.mb), False))
