@@ -365,7 +365,7 @@ def work_alone(mb: int, rounds: int = 3) -> str:
         lines.append(f"| {dtype}: floor (read 3 + write 1) | {floor:.2f} s | 1.00x |")
         order = ["level 0", "level 1", "merge"]
         names = {
-            "level 0": "hand-written: the first histogram pass (top 16 bits of each model's |m_i - base|)",
+            "level 0": "hand-written: the first histogram pass (top 16 bits of each model's abs(m_i - base))",
             "level 1": "hand-written: the second histogram pass (the low 16 bits under the k-th's top bits)",
             "merge": "hand-written: the merge pass (trim, sign election, weighted mean, one rounding)",
         }
