@@ -93,3 +93,47 @@ def test_no_pool_outside_a_save(tmp_path: Path, small_blocks: None) -> None:
         _one_block(x, i)
     assert io.POOL.reused == before
     assert io.POOL._free == []
+
+
+@pytest.mark.parametrize("classes", [True, False])
+def test_blocks_of_several_sizes_share_buffers(
+    classes: bool, tmp_path: Path, small_blocks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks of several sizes (a checkpoint's full blocks, a tensor's shorter last block, blocks of
+    another row width) reuse freed buffers (`ReadPool.CLASSES`: buffers of power-of-two size
+    classes, a freed buffer that does not fit a read dropped): with the sync scheduler only the
+    reads at a change of size make new memory. Off (each buffer its block's size, a misfit put
+    back where the next read pops it again), most reads make new memory: this test fails when the
+    classes are not used."""
+    import dask
+
+    monkeypatch.setattr(io.ReadPool, "CLASSES", classes)
+    rng = np.random.default_rng(1)
+    paths = []
+    for k in range(3):  # blocks of 4 rows (256 or 240 bytes) and a last block of one row (64 or 60)
+        m = {f"t{i}": rng.standard_normal((65, 16 if i % 2 else 15)).astype(np.float32) for i in range(6)}
+        paths.append(tmp_path / f"m{k}")
+        fk.save(paths[-1], m, shard_size=1 << 20)
+    b, *ms = [fk.open(p) for p in paths]
+    reads = 0
+    real = io.ReadPool.empty
+
+    def counted(self: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return real(self, shape, dtype)
+
+    monkeypatch.setattr(io.ReadPool, "empty", counted)
+    before = io.POOL.reused
+    with dask.config.set(scheduler="sync"):
+        fk.save(tmp_path / f"out{classes}", fk.mean([b, *ms]), shard_size=1 << 20)
+    made = reads - (io.POOL.reused - before)
+    assert reads == 3 * 6 * 17  # every block of every model read once
+    if classes:
+        assert made <= reads // 6, (made, reads)  # about two tasks' buffers per tensor (39 here)
+    else:
+        assert made > reads // 2, (made, reads)  # the same sizes misfit again and again (283 here)
+    got = fk.load(tmp_path / f"out{classes}")
+    want = fk.mean([fk.load(p) for p in paths])
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key])
