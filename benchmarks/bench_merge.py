@@ -81,6 +81,9 @@ if passes == "one":
 if passes == "nopool":
     import functorkit._safetensors_io as sio
     sio.READ_POOL = False  # every block read into new memory: the comparison row
+if passes == "noclasses":
+    import functorkit._safetensors_io as sio
+    sio.ReadPool.CLASSES = False  # each buffer its block's size, a misfit put back: the comparison row
 if passes == "slow":
     import functorkit._pertensor as pt
     pt.BIT_SELECT = pt.UINT32_HASH = False  # np.where selects, int32 hashing: the comparison row
@@ -152,6 +155,7 @@ def measure(mb: int) -> dict[str, dict[str, object]]:
             runs += [(name, METHODS[name], "one") for name in REDUCING]
             runs += [(name, METHODS[name], "slow") for name in SELECTING]
             runs += [(name, METHODS[name], "nopool") for name in POOLED]
+            runs += [(name, METHODS[name], "noclasses") for name in POOLED]
             for i, (name, expr, passes) in enumerate(runs):
                 target = t / f"merged{i}"  # a new directory each time, as a user's merge writes
                 label = {
@@ -159,6 +163,7 @@ def measure(mb: int) -> dict[str, dict[str, object]]:
                     "one": f"{name}, one pass",
                     "slow": f"{name}, NumPy fast paths off",
                     "nopool": f"{name}, read pool off",
+                    "noclasses": f"{name}, read pool without size classes",
                 }[passes]
                 rows[label] = _child(*map(str, folders), str(target), str(size // 4), expr, passes)
                 shutil.rmtree(target)
@@ -219,7 +224,8 @@ benchmark{"; quick run" if quick else ""}); each merge in a fresh process, `fk.s
 merge of `fk.open`ed models into a new directory (the default two-pass save; "one pass": the
 reductions computed inside the single pass, for comparison; "NumPy fast paths off": `np.where` for
 the selections and the int32 hash for DARE's masks, for comparison; "read pool off": every block read
-into new memory, for comparison). Floor: reading the three checkpoints
+into new memory, for comparison; "read pool without size classes": each recycled buffer of its
+block's exact size and a buffer that does not fit put back, for comparison). Floor: reading the three checkpoints
 once plus writing one (page cache), measured before and after every merge of the run (the
 median). Each process imports numpy, Dask, functorkit and ml_dtypes (NumPy's bfloat16) before the
 timed merge; the import of ml_dtypes is shown on its own row. RSS: peak (`VmHWM`), in total and
