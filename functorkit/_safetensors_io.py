@@ -294,8 +294,8 @@ class ReadPool:
     the next power of two, so that the blocks of one checkpoint -- 2 MiB, and 2,095,104 bytes for a
     row of 2,816 float32 -- share buffers); a freed buffer that does not fit is dropped rather than
     put back, where it would be the next read's misfit again (before `CLASSES`, 147 of the linear
-    merge's 342 reads made new memory that way: 92,000-123,000 page faults against 16,000-22,000,
-    0.57-0.65 s against 0.37-0.50 s; bench_merge); at most `KEEP` buffers wait (a task's
+    merge's 342 reads made new memory that way: 56,000-123,000 page faults against 16,000-28,000;
+    bench_merge's "read pool without size classes" rows); at most `KEEP` buffers wait (a task's
     three inputs and one more: each kept buffer is resident memory, 6-9 MB more peak RSS in that
     merge), and the list is emptied when the last save ends (`active`, counted, for saves in several
     threads), so nothing is kept afterwards. Blocks below `SMALL` bytes are not pooled (malloc
